@@ -1,0 +1,1 @@
+"""ace-jax: AceGRPO and MLE-Ideator in JAX/Flax (the RL system)."""

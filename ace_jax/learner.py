@@ -1,0 +1,230 @@
+"""The GRPO learner step: one jitted (and, given shardings, sharded) function.
+
+``Learner.step(batch)`` does, inside one ``jax.jit``:
+
+1. group-relative advantages and the zero-variance-group filter from the batch's rewards
+   (over the whole batch, so microbatching never changes them);
+2. microbatched gradient accumulation (``lax.scan`` over ``optim.microbatches`` row slices), each
+   microbatch's loss weighted by its share of the aggregation denominator, so the accumulated
+   gradient equals the full-batch gradient for every aggregation mode;
+3. global-norm clipping and AdamW with linear warmup and cosine decay (optax);
+4. a non-finite guard: if the loss or the gradient norm is not finite the update is skipped,
+   parameters and optimizer state stay bitwise intact, and ``skipped = 1`` is reported.
+
+Master weights and optimizer state are kept in the model's ``param_dtype`` (fp32 by default); the
+forward runs in ``model.config.dtype`` (bf16 optional), with remat per ``config.remat_policy``.
+The router aux loss is added with ``optim.aux_loss_coef`` (0 by default for GRPO, as slime).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+
+from ace_jax import grpo
+from ace_jax.rollout_batch import TrainBatch, completion_logits, token_entropy, token_logprobs
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The ``optim`` section: optimizer, schedule, microbatching, sampling temperature."""
+    cfg = ml_collections.ConfigDict()
+    cfg.learning_rate = 1e-5        # peak learning rate
+    cfg.warmup_steps = 0            # linear warmup from 0 to the peak
+    cfg.decay_steps = 1000          # cosine decay length after warmup (total schedule steps)
+    cfg.end_lr_ratio = 0.1          # final lr = peak * end_lr_ratio
+    cfg.weight_decay = 0.0
+    cfg.b1 = 0.9
+    cfg.b2 = 0.999
+    cfg.eps = 1e-8
+    cfg.max_grad_norm = 1.0         # global-norm clipping (<= 0 disables)
+    cfg.microbatches = 1            # gradient accumulation steps per learner step
+    cfg.aux_loss_coef = 0.0         # router load-balancing loss coefficient
+    cfg.temperature = 1.0           # must equal the sampler's temperature (log-prob convention)
+    return cfg
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
+                                                             optax.Schedule]:
+    """AdamW with warmup + cosine decay and global-norm clipping; returns (optimizer, schedule)."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if cfg.warmup_steps else cfg.learning_rate, peak_value=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps, decay_steps=max(cfg.decay_steps, cfg.warmup_steps + 1),
+        end_value=cfg.learning_rate * cfg.end_lr_ratio)
+    parts = []
+    if cfg.max_grad_norm and cfg.max_grad_norm > 0:
+        parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
+    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay))
+    return optax.chain(*parts), schedule
+
+
+class LearnerState(NamedTuple):
+    params: Any        # nnx.State of nnx.Param leaves (master weights)
+    opt_state: Any     # optax state
+    step: jax.Array    # int32 scalar: completed (not skipped) optimizer steps
+
+
+@dataclasses.dataclass
+class Learner:
+    """Owns the policy's parameters and optimizer state and runs GRPO updates.
+
+    Attributes:
+      graphdef: the policy's static structure (``nnx.split``).
+      state: ``LearnerState``.
+      grpo_cfg / optim_cfg: the ``grpo`` and ``optim`` config sections.
+    """
+
+    graphdef: Any
+    state: LearnerState
+    grpo_cfg: ml_collections.ConfigDict
+    optim_cfg: ml_collections.ConfigDict
+    group_size: int
+    state_shardings: Any = None
+    batch_sharding: Any = None
+
+    @classmethod
+    def create(cls, model: nnx.Module, grpo_cfg, optim_cfg, *, group_size: int,
+               state_shardings: Any = None, batch_sharding: Any = None) -> "Learner":
+        """Builds the learner from a policy module (its current parameters are the start)."""
+        grpo.validate_config(grpo_cfg)
+        graphdef, params = nnx.split(model, nnx.Param)
+        # The step donates its state: own a copy, so the caller's module stays usable.
+        params = jax.tree.map(jnp.copy, params)
+        tx, _ = make_optimizer(optim_cfg)
+        state = LearnerState(params, tx.init(params), jnp.zeros((), jnp.int32))
+        if state_shardings is not None:
+            state = jax.device_put(state, state_shardings)
+        learner = cls(graphdef, state, grpo_cfg, optim_cfg, group_size, state_shardings,
+                      batch_sharding)
+        learner._build()
+        return learner
+
+    def _build(self) -> None:
+        tx, schedule = make_optimizer(self.optim_cfg)
+        step_fn = functools.partial(_learner_step, self.graphdef, tx, schedule, self.grpo_cfg,
+                                    self.optim_cfg, self.group_size)
+        kwargs = {}
+        if self.state_shardings is not None:
+            kwargs = dict(in_shardings=(self.state_shardings, self.batch_sharding),
+                          out_shardings=(self.state_shardings, None))
+        self._step = jax.jit(step_fn, donate_argnums=(0,), **kwargs)
+
+    @property
+    def params(self):
+        return self.state.params
+
+    def model(self) -> nnx.Module:
+        """A module view of the current parameters (e.g. for evaluation)."""
+        return nnx.merge(self.graphdef, self.state.params)
+
+    def step(self, batch: TrainBatch) -> dict[str, jax.Array]:
+        """One GRPO update on ``batch``; returns the step's metrics (device scalars)."""
+        n = batch.input_ids.shape[0]
+        mb = self.optim_cfg.microbatches
+        if n % mb:
+            raise ValueError(f"batch of {n} rows is not divisible by optim.microbatches={mb}")
+        if n % self.group_size:
+            raise ValueError(f"batch of {n} rows is not divisible by group_size={self.group_size}")
+        self.state, metrics = self._step(self.state, batch)
+        return metrics
+
+
+def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, advantages,
+                     sequence_mask, weight):
+    model = nnx.merge(graphdef, params)
+    logits, aux = completion_logits(model, mb)
+    tokens = mb.input_ids[:, mb.prompt_len:]
+    logprobs = token_logprobs(logits, tokens, optim_cfg.temperature)
+    entropy = token_entropy(logits, optim_cfg.temperature)
+    loss, metrics = grpo.clipped_policy_loss(
+        grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
+        advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
+        ref_logprobs=mb.ref_logprobs if grpo_cfg.beta else None, entropy=entropy)
+    total = weight * loss + optim_cfg.aux_loss_coef * aux / optim_cfg.microbatches
+    metrics["aux_loss"] = aux
+    return total, metrics
+
+
+def _aggregation_denominator(grpo_cfg, keep: jax.Array) -> jax.Array:
+    """The aggregation mode's denominator for a loss mask [n, T] (tokens or sequences)."""
+    agg = grpo.LOSS_AGGREGATIONS.get(grpo_cfg.loss_agg_mode)
+    _, den = agg(jnp.zeros_like(keep), keep, max_completion_length=max(
+        grpo_cfg.max_completion_length, 1))
+    return den
+
+
+def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, state: LearnerState,
+                  batch: TrainBatch):
+    n = batch.input_ids.shape[0]
+    k = optim_cfg.microbatches
+    grouped = grpo.group_rewards(batch.rewards, group_size)
+    advantages = grpo.compute_advantages(grouped, grpo_cfg).reshape(n)
+    zero_var = grpo.zero_variance_groups(grouped, grpo_cfg.zero_variance_atol)
+    if grpo_cfg.filter_zero_variance_groups:
+        sequence_mask = jnp.repeat(~zero_var, group_size)
+    else:
+        sequence_mask = jnp.ones((n,), bool)
+    keep = batch.completion_mask * sequence_mask[:, None].astype(jnp.float32)
+    split = lambda x: x.reshape((k, n // k) + x.shape[1:])
+    micro = jax.tree.map(split, (batch, advantages, sequence_mask, keep))
+    den_total = _aggregation_denominator(grpo_cfg, keep)
+
+    grad_fn = jax.value_and_grad(
+        lambda p, mb, adv, sm, w: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, p, mb, adv, sm,
+                                                   w), has_aux=True)
+
+    def accumulate(carry, xs):
+        grads, loss = carry
+        mb, adv, sm, kp = xs
+        den = _aggregation_denominator(grpo_cfg, kp)
+        weight = jnp.where(den_total > 0, den / jnp.maximum(den_total, 1e-9), 0.0)
+        (l, metrics), g = grad_fn(state.params, mb, adv, sm, weight)
+        grads = jax.tree.map(jnp.add, grads, g)
+        return (grads, loss + l), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (grads, loss), micro_metrics = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)),
+                                                micro)
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep_old = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = LearnerState(keep_old(new_params, state.params), keep_old(new_opt, state.opt_state),
+                             state.step + finite.astype(jnp.int32))
+
+    metrics = _reduce_micro_metrics(micro_metrics)
+    metrics.update(
+        loss=loss, grad_norm=grad_norm, skipped=1 - finite.astype(jnp.int32),
+        learning_rate=schedule(state.step),
+        frac_zero_variance_groups=zero_var.mean(dtype=jnp.float32),
+        reward_mean=batch.rewards.mean(), reward_std=batch.rewards.std(),
+        advantage_abs_mean=jnp.abs(advantages).mean(),
+        tokens=jnp.sum(batch.attention_mask).astype(jnp.float32))
+    return new_state, metrics
+
+
+def _reduce_micro_metrics(micro: dict[str, jax.Array]) -> dict:
+    """Combines per-microbatch metrics [k] into batch values (token-weighted means, max, sums)."""
+    w_keep = micro["num_tokens"]
+    w_comp = micro["num_completion_tokens"]
+    wmean = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+    out = {}
+    for name, x in micro.items():
+        if name in ("num_tokens", "num_completion_tokens"):
+            out[name] = jnp.sum(x)
+        elif name == "logprob_diff_max_abs":
+            out[name] = jnp.max(x)
+        elif name in ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl"):
+            out[name] = wmean(x, w_keep)
+        elif name == "aux_loss":
+            out[name] = jnp.mean(x)
+        else:  # approx_kl, logprob_diff_mean, entropy, tis_weight_mean: over completion tokens
+            out[name] = wmean(x, w_comp)
+    return out

@@ -1,0 +1,805 @@
+"""Flax NNX Qwen3 (dense) and Qwen3-MoE, with HF transformers semantics.
+
+Reads against transformers 5.24.0 ``models/qwen3_moe/modeling_qwen3_moe.py`` (and ``qwen3``): the
+classes below carry the HF names (``Qwen3Attention``, ``Qwen3MLP``, ``Qwen3MoeSparseMoeBlock``,
+``Qwen3DecoderLayer``, ``Qwen3ForCausalLM``) and the same order of operations; see
+``/work/shared/reference/qwen3_moe_spec.md`` section 1 for the spec each step follows.
+
+Parameter tree (``"/".join(path)`` of every ``nnx.Param`` in ``nnx.state(model, nnx.Param)``; the
+group index ``g`` is an int key of an ``nnx.List``, rendered as a decimal number). ``Lg`` is the
+number of layers of `LayerGroup` g (``config.layer_groups()``), H hidden, nq / nkv heads, d head_dim,
+I intermediate, Im moe_intermediate, E experts, V vocab. Kernels are ``[in, out]`` (HF Linear
+weights transposed), split per head for attention::
+
+  embed_tokens/embedding                      [V, H]          (vocab, embed)
+  layers/{g}/input_layernorm/scale            [Lg, H]         (layers, embed)
+  layers/{g}/post_attention_layernorm/scale   [Lg, H]         (layers, embed)
+  layers/{g}/self_attn/q_proj/kernel          [Lg, H, nq, d]  (layers, embed, heads, head_dim)
+  layers/{g}/self_attn/k_proj/kernel          [Lg, H, nkv, d] (layers, embed, kv_heads, head_dim)
+  layers/{g}/self_attn/v_proj/kernel          [Lg, H, nkv, d] (layers, embed, kv_heads, head_dim)
+  layers/{g}/self_attn/o_proj/kernel          [Lg, nq, d, H]  (layers, heads, head_dim, embed)
+  layers/{g}/self_attn/q_norm/scale           [Lg, d]         (layers, head_dim)
+  layers/{g}/self_attn/k_norm/scale           [Lg, d]         (layers, head_dim)
+  layers/{g}/mlp/gate_proj/kernel             [Lg, H, I]      (layers, embed, mlp)        dense groups
+  layers/{g}/mlp/up_proj/kernel               [Lg, H, I]      (layers, embed, mlp)
+  layers/{g}/mlp/down_proj/kernel             [Lg, I, H]      (layers, mlp, embed)
+  layers/{g}/mlp/gate/kernel                  [Lg, H, E]      (layers, embed, experts)    moe groups (router)
+  layers/{g}/mlp/experts/gate_proj            [Lg, E, H, Im]  (layers, experts, embed, mlp)
+  layers/{g}/mlp/experts/up_proj              [Lg, E, H, Im]  (layers, experts, embed, mlp)
+  layers/{g}/mlp/experts/down_proj            [Lg, E, Im, H]  (layers, experts, mlp, embed)
+  norm/scale                                  [H]             (embed,)
+  lm_head/kernel                              [H, V]          (embed, vocab)   absent when tied
+
+The logical axis names are kept on every Param as its ``out_sharding`` metadata (with
+``eager_sharding=False``, so creating the model needs no mesh); ``nnx.get_partition_spec(state)``
+reads them, and `logical_axes` returns them as a flat dict.
+
+Numerics (``config.dtype`` = compute dtype c, ``config.param_dtype`` = storage dtype):
+  * weights are cast to c where used; every matmul accumulates in fp32
+    (``preferred_element_type=float32``) and rounds its output to c;
+  * RMSNorm: normalise in fp32, round to the input dtype, then multiply by the weight cast to c;
+  * RoPE: inv_freq in fp32 exactly as HF computes it (default or YaRN), angle = position * inv_freq
+    in fp32, cos/sin (times the YaRN attention factor) rounded to c; rotate-half convention;
+  * attention scores ``q.k`` rounded to c, times head_dim**-0.5 in c, softmax in fp32, probabilities
+    rounded to c, then ``p.v``; a query row with no visible key gets uniform weights (finite, as HF);
+  * router logits in c; softmax in fp32 over all experts; top-k; renormalise iff norm_topk_prob;
+    routing weights rounded to c; the weighted sum of the k expert outputs is taken in fp32 and
+    rounded to c (MaxText's order; HF accumulates in c expert by expert);
+  * residual stream in c; logits = final-normed hidden state (c) times lm_head (cast to c) with
+    fp32 accumulation, returned as float32 [B, T, V] WITHOUT rounding to c.
+
+KV cache: `init_cache` / ``Qwen3ForCausalLM.init_cache`` -> `KVCache` (one k and one v array per
+layer group, each [Lg, B, S_max, nkv, d], plus ``kv_mask`` bool [B, S_max]). See
+``Qwen3ForCausalLM.__call__`` for the masking rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.configs import REMAT_POLICIES, LayerGroup, ModelConfig, yarn_mscale
+
+__all__ = [
+    "KVCache",
+    "ModelOutput",
+    "Qwen3ForCausalLM",
+    "Qwen3DecoderLayer",
+    "init_cache",
+    "flat_params",
+    "set_flat_params",
+    "logical_axes",
+    "param_counts",
+    "rope_inv_freq",
+    "load_balancing_loss",
+    "moe_dispatch_dense",
+    "moe_dispatch_ragged",
+    "moe_dispatch_capacity",
+    "expert_capacity",
+]
+
+_F32 = jnp.float32
+_MASK_VALUE = float(np.finfo(np.float32).min)  # added where a key is not visible (finite, like HF)
+
+
+# ============================================================================ parameter helpers
+def _new_param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype: Any, *, init: str,
+               std: float = 0.02) -> nnx.Param:
+    """A Param of ``shape`` with logical ``axes`` kept as ``out_sharding`` metadata.
+
+    init: "normal" (N(0, std^2), drawn in fp32 then cast; HF ``initializer_range``) or "ones".
+    """
+    if len(shape) != len(axes):
+        raise ValueError(f"shape {shape} and logical axes {axes} have different ranks")
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "normal":
+        value = (std * jax.random.normal(rngs.params(), shape, _F32)).astype(dtype)
+    else:
+        raise ValueError(f"unknown init {init!r}")
+    return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+def _stacked(num_layers: int | None, shape: tuple[int, ...], axes: tuple[str, ...]):
+    """Prepends the layer axis when the module is a stack of ``num_layers`` layers."""
+    if num_layers is None:
+        return shape, axes
+    return (num_layers, *shape), ("layers", *axes)
+
+
+def _einsum(equation: str, x: jax.Array, w: jax.Array, dtype: Any) -> jax.Array:
+    """``einsum`` of x and w cast to ``dtype``, accumulated in fp32, output rounded to ``dtype``."""
+    return jnp.einsum(equation, x.astype(dtype), w.astype(dtype), preferred_element_type=_F32).astype(dtype)
+
+
+class Projection(nnx.Module):
+    """A bias-free linear map stored as one ``kernel`` (``[in..., out...]``), applied by einsum.
+
+    ``equation`` contracts the input with the (per-layer) kernel, e.g. ``"...h,hnd->...nd"``.
+    Under a stack of layers the kernel has a leading ``layers`` axis; `Qwen3DecoderLayer` is always
+    called on one layer's slice, so the equation never sees that axis.
+    """
+
+    def __init__(self, shape: tuple[int, ...], axes: tuple[str, ...], equation: str, *, num_layers: int | None,
+                 config: ModelConfig, rngs: nnx.Rngs):
+        shape, axes = _stacked(num_layers, shape, axes)
+        self.kernel = _new_param(rngs, shape, axes, config.param_dtype, init="normal", std=config.initializer_range)
+        self.equation = equation
+        self.dtype = config.dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _einsum(self.equation, x, self.kernel[...], self.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """HF Qwen3RMSNorm: ``scale * cast_to_input_dtype(x32 * rsqrt(mean(x32**2, -1) + eps))``.
+
+    The normalised value is rounded to the input dtype BEFORE the multiply by ``scale`` (cast to the
+    compute dtype); the output is in the compute dtype. ``scale`` is [dim] (or [L, dim] stacked).
+    """
+
+    def __init__(self, dim: int, axis_name: str, *, num_layers: int | None, config: ModelConfig, rngs: nnx.Rngs):
+        shape, axes = _stacked(num_layers, (dim,), (axis_name,))
+        self.scale = _new_param(rngs, shape, axes, config.param_dtype, init="ones")
+        self.eps = config.rms_norm_eps
+        self.dtype = config.dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(_F32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        normed = (x32 * jax.lax.rsqrt(variance + self.eps)).astype(x.dtype)
+        return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+class Embedding(nnx.Module):
+    """Token embedding table ``embedding`` [V, H]; lookup (no scaling) and the tied-head ``attend``."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.embedding = _new_param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"),
+                                    config.param_dtype, init="normal", std=config.initializer_range)
+        self.dtype = config.dtype
+
+    def __call__(self, input_ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...], input_ids, axis=0).astype(self.dtype)
+
+    def attend(self, h: jax.Array) -> jax.Array:
+        """fp32 logits [..., V] of hidden states h [..., H] against the table (tied lm_head)."""
+        return jnp.einsum("...h,vh->...v", h.astype(self.dtype), self.embedding[...].astype(self.dtype),
+                          preferred_element_type=_F32)
+
+
+# ============================================================================ rotary embedding
+def rope_inv_freq(config: ModelConfig) -> tuple[np.ndarray, float]:
+    """(inv_freq float32 [head_dim // 2], attention_scaling) exactly as HF computes them.
+
+    Default RoPE: ``1 / theta ** (arange(0, d, 2) / d)`` in float32, scaling 1.0. YaRN
+    (``rope_scaling.rope_type == "yarn"``): HF ``_compute_yarn_parameters`` (blend of interpolated and
+    extrapolated frequencies with a linear ramp; scaling = attention_factor or 0.1 ln(factor) + 1).
+    """
+    d = config.head_dim
+    base = np.float32(config.rope_theta)
+    exponent = np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d)
+    pos_freqs = np.power(base, exponent, dtype=np.float32)
+    rs = config.rope_scaling
+    if rs is None:
+        return (np.float32(1.0) / pos_freqs).astype(np.float32), 1.0
+    factor = float(rs["factor"])
+    attention_factor = rs.get("attention_factor")
+    mscale, mscale_all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = yarn_mscale(factor)
+    beta_fast = rs.get("beta_fast") or 32
+    beta_slow = rs.get("beta_slow") or 1
+    original_max = rs.get("original_max_position_embeddings", config.max_position_embeddings)
+
+    def correction_dim(num_rotations):
+        return (d * math.log(original_max / (num_rotations * 2 * math.pi))) / (2 * math.log(config.rope_theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extrapolation_factor = (np.float32(1) - ramp).astype(np.float32)
+    inv_freq_extrapolation = np.float32(1.0) / pos_freqs
+    inv_freq_interpolation = np.float32(1.0) / (np.float32(factor) * pos_freqs)
+    inv_freq = (inv_freq_interpolation * (np.float32(1) - extrapolation_factor)
+                + inv_freq_extrapolation * extrapolation_factor)
+    return inv_freq.astype(np.float32), float(attention_factor)
+
+
+def rope_cos_sin(positions: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, head_dim] in the compute dtype for int positions [B, T] (HF rotary_emb)."""
+    inv_freq, scaling = rope_inv_freq(config)
+    freqs = positions.astype(_F32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    cos, sin = jnp.cos(emb) * scaling, jnp.sin(emb) * scaling
+    return cos.astype(config.dtype), sin.astype(config.dtype)
+
+
+def rotate_half(x: jax.Array) -> jax.Array:
+    half = x.shape[-1] // 2
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rotary_pos_emb(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, n, d] rotated by cos/sin [B, T, d] (split-half convention)."""
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return x * cos + rotate_half(x) * sin
+
+
+# ============================================================================ attention
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scaling: float,
+                          dtype: Any) -> jax.Array:
+    """GQA attention (HF eager order). q [B,T,nq,d], k/v [B,S,nkv,d], mask bool [B,T,S] -> [B,T,nq,d].
+
+    Query head j uses kv head ``j // (nq // nkv)`` (HF ``repeat_kv``).
+    """
+    b, t, nq, d = q.shape
+    nkv = k.shape[2]
+    q = q.reshape(b, t, nkv, nq // nkv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=_F32).astype(dtype) * scaling
+    scores = jnp.where(mask[:, None, None, :, :], scores.astype(_F32), _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype), preferred_element_type=_F32).astype(dtype)
+    return out.reshape(b, t, nq, d)
+
+
+class Qwen3Attention(nnx.Module):
+    """Self-attention with per-head q_norm / k_norm (before RoPE), GQA, optional KV cache."""
+
+    def __init__(self, config: ModelConfig, *, num_layers: int | None, rngs: nnx.Rngs):
+        h, nq, nkv, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        kw = dict(num_layers=num_layers, config=config, rngs=rngs)
+        self.q_proj = Projection((h, nq, d), ("embed", "heads", "head_dim"), "...h,hnd->...nd", **kw)
+        self.k_proj = Projection((h, nkv, d), ("embed", "kv_heads", "head_dim"), "...h,hnd->...nd", **kw)
+        self.v_proj = Projection((h, nkv, d), ("embed", "kv_heads", "head_dim"), "...h,hnd->...nd", **kw)
+        self.o_proj = Projection((nq, d, h), ("heads", "head_dim", "embed"), "...nd,ndh->...h", **kw)
+        self.q_norm = RMSNorm(d, "head_dim", **kw)  # per head, over head_dim only
+        self.k_norm = RMSNorm(d, "head_dim", **kw)
+        self.scaling = d ** -0.5
+        self.dtype = config.dtype
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+                 kv_cache: tuple[jax.Array, jax.Array] | None = None, cache_index: jax.Array | None = None):
+        """x [B,T,H] -> ([B,T,H], updated (k, v) cache [B,S,nkv,d] or None)."""
+        q = self.q_norm(self.q_proj(x))  # [B, T, nq, d]
+        k = self.k_norm(self.k_proj(x))  # [B, T, nkv, d]
+        v = self.v_proj(x)
+        q = apply_rotary_pos_emb(q, cos, sin)
+        k = apply_rotary_pos_emb(k, cos, sin)
+        if kv_cache is not None:
+            k_cache, v_cache = kv_cache
+            start = (0, cache_index, 0, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+            kv_cache = (k_cache, v_cache)
+            k, v = k_cache, v_cache
+        out = dot_product_attention(q, k, v, mask, self.scaling, self.dtype)
+        return self.o_proj(out), kv_cache
+
+
+# ============================================================================ MLP and MoE
+class Qwen3MLP(nnx.Module):
+    """Dense SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, width ``intermediate_size``."""
+
+    def __init__(self, config: ModelConfig, *, num_layers: int | None, rngs: nnx.Rngs):
+        h, i = config.hidden_size, config.intermediate_size
+        kw = dict(num_layers=num_layers, config=config, rngs=rngs)
+        self.gate_proj = Projection((h, i), ("embed", "mlp"), "...h,hi->...i", **kw)
+        self.up_proj = Projection((h, i), ("embed", "mlp"), "...h,hi->...i", **kw)
+        self.down_proj = Projection((i, h), ("mlp", "embed"), "...i,ih->...h", **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def moe_dispatch_dense(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype) -> jax.Array:
+    """Reference dispatch: every expert on every token, one-hot combine.
+
+    x [N, H]; top_k_index int [N, k]; top_k_weights [N, k]; w_gate / w_up [E, H, Im]; w_down [E, Im, H].
+    Returns float32 [N, H] = sum_k w_k * expert_{idx_k}(x) (activations [N, E, Im]: tests only).
+    """
+    gate = _einsum("nh,ehi->nei", x, w_gate, dtype)
+    up = _einsum("nh,ehi->nei", x, w_up, dtype)
+    y = _einsum("nei,eih->neh", jax.nn.silu(gate) * up, w_down, dtype)  # [N, E, H]
+    n, num_experts = x.shape[0], w_gate.shape[0]
+    combine = jnp.zeros((n, num_experts), _F32)
+    combine = combine.at[jnp.arange(n)[:, None], top_k_index].add(top_k_weights.astype(_F32))
+    return jnp.einsum("neh,ne->nh", y.astype(_F32), combine)
+
+
+def moe_dispatch_ragged(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype) -> jax.Array:
+    """Dropless grouped-matmul dispatch (shapes as `moe_dispatch_dense`; float32 [N, H] out).
+
+    The N*k token copies are sorted by expert id (stable), run through three ``jax.lax.ragged_dot``
+    grouped matmuls (group sizes = tokens per expert), unsorted, and summed with their weights.
+    """
+    n, k = top_k_index.shape
+    num_experts = w_gate.shape[0]
+    flat_expert = top_k_index.reshape(-1)  # [N*k]; copy c belongs to token c // k
+    order = jnp.argsort(flat_expert, stable=True)
+    x_sorted = jnp.take(x, order // k, axis=0).astype(dtype)  # [N*k, H], grouped by expert id
+    group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
+
+    def grouped(lhs, rhs):
+        return jax.lax.ragged_dot(lhs, rhs.astype(dtype), group_sizes, preferred_element_type=_F32).astype(dtype)
+
+    h = jax.nn.silu(grouped(x_sorted, w_gate)) * grouped(x_sorted, w_up)
+    y_sorted = grouped(h, w_down)  # [N*k, H]
+    y = jnp.take(y_sorted, jnp.argsort(order), axis=0).reshape(n, k, -1)  # back to (token, slot)
+    return jnp.einsum("nkh,nk->nh", y.astype(_F32), top_k_weights.astype(_F32))
+
+
+def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Slots per expert: ceil(capacity_factor * N * k / E), clipped to [1, N] (N: no drop possible)."""
+    return int(min(num_tokens, max(1, math.ceil(capacity_factor * num_tokens * top_k / num_experts))))
+
+
+def moe_dispatch_capacity(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, capacity: int) -> jax.Array:
+    """Capacity-bounded dispatch with batched (per-expert) matmuls (shapes as `moe_dispatch_dense`).
+
+    Each expert gets a buffer of ``capacity`` slots [E, C, H]. Assignments are admitted in token
+    order (token n's k choices before token n+1's); an assignment whose rank within its expert is
+    >= C is DROPPED (contributes 0; the other weights are not renormalised). With C = N (capacity
+    factor >= E / k) nothing can be dropped and the result equals the dropless dispatches.
+    """
+    n, k = top_k_index.shape
+    num_experts, h_dim = w_gate.shape[0], x.shape[-1]
+    flat_expert = top_k_index.reshape(-1)  # [N*k], assignment a = n * k + j
+    one_hot = jax.nn.one_hot(flat_expert, num_experts, dtype=jnp.int32)  # [N*k, E]
+    rank = jnp.sum((jnp.cumsum(one_hot, axis=0) - 1) * one_hot, axis=-1)  # rank within its expert
+    keep = rank < capacity
+    dump = num_experts * capacity  # one extra row that receives every dropped assignment
+    slot = jnp.where(keep, flat_expert * capacity + rank, dump)  # [N*k]
+    token = jnp.arange(n * k) // k
+    buffer = jnp.zeros((dump + 1, h_dim), dtype).at[slot].set(x[token].astype(dtype))
+    buffer = buffer[:dump].reshape(num_experts, capacity, h_dim)
+    h = jax.nn.silu(_einsum("ech,ehi->eci", buffer, w_gate, dtype)) * _einsum("ech,ehi->eci", buffer, w_up, dtype)
+    y = _einsum("eci,eih->ech", h, w_down, dtype).reshape(dump, h_dim)
+    y = jnp.concatenate([y, jnp.zeros((1, h_dim), dtype)], axis=0)
+    y = jnp.take(y, slot, axis=0).reshape(n, k, h_dim)  # dropped copies read the zero row
+    weights = jnp.where(keep.reshape(n, k), top_k_weights.astype(_F32), 0.0)
+    return jnp.einsum("nkh,nk->nh", y.astype(_F32), weights)
+
+
+class Qwen3MoeExperts(nnx.Module):
+    """E SwiGLU experts stored as 3-D weights: gate_proj/up_proj [E, H, Im], down_proj [E, Im, H].
+
+    ``config.moe_dispatch`` selects how the token -> expert assignment is executed:
+      "dense":    `moe_dispatch_dense` (reference; [N, E, Im] activations).
+      "ragged":   `moe_dispatch_ragged` (dropless, sorted grouped matmuls; production default).
+      "capacity": `moe_dispatch_capacity` with C = `expert_capacity` (config.moe_capacity_factor);
+                  drops assignments beyond capacity.
+    All three combine the k expert outputs in fp32 and round the sum to the compute dtype.
+    """
+
+    def __init__(self, config: ModelConfig, *, num_layers: int | None, rngs: nnx.Rngs):
+        e, h, im = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        init = dict(init="normal", std=config.initializer_range)
+        self.gate_proj = _new_param(rngs, *_stacked(num_layers, (e, h, im), ("experts", "embed", "mlp")),
+                                    config.param_dtype, **init)
+        self.up_proj = _new_param(rngs, *_stacked(num_layers, (e, h, im), ("experts", "embed", "mlp")),
+                                  config.param_dtype, **init)
+        self.down_proj = _new_param(rngs, *_stacked(num_layers, (e, im, h), ("experts", "mlp", "embed")),
+                                    config.param_dtype, **init)
+        self.num_experts = e
+        self.dispatch = config.moe_dispatch
+        self.capacity_factor = config.moe_capacity_factor
+        self.dtype = config.dtype
+
+    def __call__(self, x: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Array) -> jax.Array:
+        """x [N, H], top_k_index int [N, k], top_k_weights [N, k] -> [N, H] in the compute dtype."""
+        weights = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
+        if self.dispatch == "dense":
+            y = moe_dispatch_dense(x, top_k_index, top_k_weights, *weights, self.dtype)
+        elif self.dispatch == "ragged":
+            y = moe_dispatch_ragged(x, top_k_index, top_k_weights, *weights, self.dtype)
+        elif self.dispatch == "capacity":
+            n, k = top_k_index.shape
+            capacity = expert_capacity(n, k, self.num_experts, self.capacity_factor)
+            y = moe_dispatch_capacity(x, top_k_index, top_k_weights, *weights, self.dtype, capacity)
+        else:  # ModelConfig validates; kept for direct construction
+            raise ValueError(f"unknown moe_dispatch {self.dispatch!r}")
+        return y.astype(self.dtype)
+
+
+class Qwen3MoeSparseMoeBlock(nnx.Module):
+    """Router (``gate``, no bias) + experts; dropless top-k routing (spec 1.5)."""
+
+    def __init__(self, config: ModelConfig, *, num_layers: int | None, rngs: nnx.Rngs):
+        self.gate = Projection((config.hidden_size, config.num_experts), ("embed", "experts"), "nh,he->ne",
+                               num_layers=num_layers, config=config, rngs=rngs)
+        self.experts = Qwen3MoeExperts(config, num_layers=num_layers, rngs=rngs)
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+        self.dtype = config.dtype
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x [B, T, H] -> (out [B, T, H], router_logits [B*T, E] in the compute dtype)."""
+        b, t, h = x.shape
+        x = x.reshape(b * t, h)
+        router_logits = self.gate(x)  # compute dtype, like HF
+        router_probs = jax.nn.softmax(router_logits.astype(_F32), axis=-1)
+        top_value, top_index = jax.lax.top_k(router_probs, self.top_k)
+        if self.norm_topk_prob:
+            top_value = top_value / jnp.sum(top_value, axis=-1, keepdims=True)
+        top_value = top_value.astype(self.dtype)
+        out = self.experts(x, top_index, top_value)
+        return out.reshape(b, t, h), router_logits
+
+
+def router_load_stats(router_logits: jax.Array, token_mask: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """One layer's terms of HF ``load_balancing_loss_func``.
+
+    router_logits [N, E] (raw, compute dtype), token_mask float32 [N] (1 = real token).
+    Returns (masked count of top-k selections per expert [E], masked sum of router probs per
+    expert [E]), both float32. As in HF, the probabilities are ``softmax(logits)`` in the logits'
+    dtype (no upcast: fp32 math rounded to that dtype) and top-k is taken on them.
+    """
+    num_experts = router_logits.shape[-1]
+    probs = jax.nn.softmax(router_logits.astype(_F32), axis=-1).astype(router_logits.dtype)
+    _, selected = jax.lax.top_k(probs, top_k)
+    counts = jnp.sum(jax.nn.one_hot(selected, num_experts, dtype=_F32) * token_mask[:, None, None], axis=(0, 1))
+    prob_sum = jnp.sum(probs.astype(_F32) * token_mask[:, None], axis=0)
+    return counts, prob_sum
+
+
+def load_balancing_loss(counts: jax.Array, prob_sum: jax.Array, total_rows: jax.Array) -> jax.Array:
+    """``E * sum_e (counts_e / rows) * (prob_sum_e / rows)``; counts/prob_sum pooled over layers [E].
+
+    ``total_rows`` = (number of MoE layers) x (number of real tokens). Balanced routing gives top_k.
+    """
+    num_experts = counts.shape[-1]
+    rows = jnp.maximum(total_rows, 1.0)
+    return num_experts * jnp.sum((counts / rows) * (prob_sum / rows))
+
+
+# ============================================================================ decoder layer (stack)
+class Qwen3DecoderLayer(nnx.Module):
+    """Pre-norm decoder layer; built as a stack of ``num_layers`` layers of one kind.
+
+    Parameters carry a leading ``layers`` axis; ``__call__`` runs ONE layer and must be called on a
+    module merged from one layer's slice of the parameters (`_run_group` does this in a scan).
+    """
+
+    def __init__(self, config: ModelConfig, kind: str, *, num_layers: int, rngs: nnx.Rngs):
+        if kind not in ("dense", "moe"):
+            raise ValueError(f"layer kind must be 'dense' or 'moe', got {kind!r}")
+        kw = dict(num_layers=num_layers, rngs=rngs)
+        self.input_layernorm = RMSNorm(config.hidden_size, "embed", config=config, **kw)
+        self.self_attn = Qwen3Attention(config, **kw)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, "embed", config=config, **kw)
+        self.mlp = Qwen3MoeSparseMoeBlock(config, **kw) if kind == "moe" else Qwen3MLP(config, **kw)
+        self.kind = kind
+
+    def __call__(self, h, cos, sin, mask, kv_cache=None, cache_index=None):
+        """h [B,T,H] -> (h [B,T,H], kv_cache or None, router_logits [B*T,E] or None)."""
+        residual = h
+        x, kv_cache = self.self_attn(self.input_layernorm(h), cos, sin, mask, kv_cache, cache_index)
+        h = residual + x
+        residual = h
+        x = self.post_attention_layernorm(h)
+        router_logits = None
+        if self.kind == "moe":
+            x, router_logits = self.mlp(x)
+        else:
+            x = self.mlp(x)
+        return residual + x, kv_cache, router_logits
+
+
+def _remat(fn, config: ModelConfig):
+    if config.remat_policy == "none":
+        return fn
+    policy_name = REMAT_POLICIES[config.remat_policy]
+    policy = None if policy_name is None else getattr(jax.checkpoint_policies, policy_name)
+    return jax.checkpoint(fn, policy=policy, prevent_cse=not config.scan_layers)
+
+
+def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask, token_mask, kv, cache_index,
+               keep_router_logits: bool):
+    """Runs the ``Lg`` layers of one group over h [B,T,H].
+
+    kv: None or (k, v) [Lg, B, S, nkv, d]. Returns (h, new kv or None, (counts [E], prob_sum [E]) or
+    None, router_logits [Lg, B*T, E] or None). One ``jax.lax.scan`` when ``config.scan_layers``.
+    """
+    graphdef, params = nnx.split(stack)
+    top_k = config.num_experts_per_tok
+
+    def body(h, xs):
+        layer_params, layer_kv = xs
+        layer = nnx.merge(graphdef, layer_params)
+        h, layer_kv, router_logits = layer(h, cos, sin, mask, layer_kv, cache_index)
+        stats = None
+        if router_logits is not None:
+            stats = router_load_stats(router_logits, token_mask, top_k)
+            if not keep_router_logits:
+                router_logits = None
+        return h, (layer_kv, stats, router_logits)
+
+    body = _remat(body, config)
+    if config.scan_layers:
+        h, (kv, stats, router_logits) = jax.lax.scan(body, h, (params, kv))
+    else:
+        num_layers = jax.tree_util.tree_leaves(params)[0].shape[0]
+        outs = []
+        for i in range(num_layers):
+            take = lambda a: a[i]  # noqa: E731
+            h, y = body(h, jax.tree.map(take, (params, kv)))
+            outs.append(y)
+        kv, stats, router_logits = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+    if stats is not None:
+        stats = (jnp.sum(stats[0], axis=0), jnp.sum(stats[1], axis=0))
+    return h, kv, stats, router_logits
+
+
+# ============================================================================ cache and outputs
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Static-shape KV cache.
+
+    k, v: one array per layer group, each [Lg, B, S_max, nkv, head_dim] (normed + rotated keys).
+    kv_mask: bool [B, S_max]; True where the slot holds a real (non-padding) token.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    kv_mask: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.kv_mask.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.kv_mask.shape[1]
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+    """An empty cache for ``batch`` rows of ``max_len`` slots (dtype default: ``config.dtype``)."""
+    if batch < 1 or max_len < 1:
+        raise ValueError(f"init_cache: batch and max_len must be positive, got batch={batch}, max_len={max_len}")
+    dtype = dtype or config.dtype
+    shape = lambda g: (g.count, batch, max_len, config.num_key_value_heads, config.head_dim)  # noqa: E731
+    groups = config.layer_groups()
+    return KVCache(
+        k=tuple(jnp.zeros(shape(g), dtype) for g in groups),
+        v=tuple(jnp.zeros(shape(g), dtype) for g in groups),
+        kv_mask=jnp.zeros((batch, max_len), bool),
+    )
+
+
+class ModelOutput(NamedTuple):
+    """Outputs of `Qwen3ForCausalLM.__call__`.
+
+    logits: float32 [B, T, V], or None when called with ``compute_logits=False``.
+    cache: the updated `KVCache`, or None without a cache.
+    aux_loss: float32 scalar, HF ``load_balancing_loss_func`` pooled over all MoE layers (masked
+      mean over real tokens); 0.0 for dense models. NOT multiplied by router_aux_loss_coef.
+    hidden_states: [B, T, H] in the compute dtype, after the final norm (the lm_head input); use
+      ``model.lm_logits`` on slices of it to compute logits in chunks.
+    router_logits: None, or per layer group [Lg, B*T, E] (compute dtype; None for dense groups)
+      when called with ``return_router_logits=True``.
+    """
+
+    logits: jax.Array | None
+    cache: KVCache | None
+    aux_loss: jax.Array
+    hidden_states: jax.Array
+    router_logits: tuple[jax.Array | None, ...] | None = None
+
+
+# ============================================================================ the model
+class Qwen3ForCausalLM(nnx.Module):
+    """Qwen3 / Qwen3-MoE causal LM (HF ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM``)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed_tokens = Embedding(config, rngs=rngs)
+        self.layers = nnx.List([
+            Qwen3DecoderLayer(config, g.kind, num_layers=g.count, rngs=rngs) for g in config.layer_groups()
+        ])
+        self.norm = RMSNorm(config.hidden_size, "embed", num_layers=None, config=config, rngs=rngs)
+        if not config.tie_word_embeddings:
+            self.lm_head = Projection((config.hidden_size, config.vocab_size), ("embed", "vocab"), "...h,hv->...v",
+                                      num_layers=None, config=config, rngs=rngs)
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+        """Same as the module function `init_cache` for this model's config."""
+        return init_cache(self.config, batch, max_len, dtype)
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array, *, attention_mask: jax.Array | None = None,
+                 cache: KVCache | None = None, cache_index: jax.Array | int | None = None,
+                 compute_logits: bool = True, return_router_logits: bool = False) -> ModelOutput:
+        """Forward pass.
+
+        Args:
+          input_ids: int [B, T] token ids.
+          positions: int [B, T] RoPE positions, given by the caller (left-padded rows start at 0 at
+            their first real token).
+          attention_mask: bool [B, T] (or 0/1 ints), True = real token; None = all real.
+          cache: None, or a `KVCache` with S_max >= cache_index + T slots.
+          cache_index: int32 scalar, the slot of the first new token (same for every row); required
+            iff ``cache`` is given.
+          compute_logits: False skips the [B, T, V] logits (logits=None); the caller can then apply
+            `lm_logits` to chunks of ``hidden_states``.
+          return_router_logits: also return each group's router logits (for parity checks).
+
+        Masking: without a cache, query t sees key t' iff t' <= t and attention_mask[b, t']. With a
+        cache, the T new keys/values are written to slots [cache_index, cache_index + T), kv_mask of
+        those slots is set from attention_mask, and query t sees slot s iff s <= cache_index + t and
+        kv_mask[b, s].
+
+        Returns:
+          `ModelOutput` (logits float32 [B, T, V], cache, aux_loss, router_logits).
+        """
+        cfg = self.config
+        input_ids, positions, attention_mask = self._check_inputs(input_ids, positions, attention_mask, cache,
+                                                                  cache_index)
+        b, t = input_ids.shape
+        if cache is None:
+            idx = jnp.arange(t)
+            mask = (idx[None, :, None] >= idx[None, None, :]) & attention_mask[:, None, :]  # [B, T, T]
+            kv_mask = None
+        else:
+            cache_index = jnp.asarray(cache_index, jnp.int32)
+            kv_mask = jax.lax.dynamic_update_slice(cache.kv_mask, attention_mask, (0, cache_index))
+            slots = jnp.arange(cache.max_len)
+            visible = slots[None, :] <= cache_index + jnp.arange(t)[:, None]  # [T, S]
+            mask = visible[None] & kv_mask[:, None, :]  # [B, T, S]
+
+        h = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, cfg)
+        token_mask = attention_mask.reshape(-1).astype(_F32)
+
+        new_k, new_v, all_router_logits = [], [], []
+        counts = prob_sum = None
+        for g, stack in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[g], cache.v[g])
+            h, kv, stats, router_logits = _run_group(stack, cfg, h, cos, sin, mask, token_mask, kv, cache_index,
+                                                     return_router_logits)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+            if stats is not None:
+                counts = stats[0] if counts is None else counts + stats[0]
+                prob_sum = stats[1] if prob_sum is None else prob_sum + stats[1]
+            all_router_logits.append(router_logits)
+
+        h = self.norm(h)
+        logits = self.lm_logits(h) if compute_logits else None
+
+        if counts is None:
+            aux_loss = jnp.zeros((), _F32)
+        else:
+            aux_loss = load_balancing_loss(counts, prob_sum, cfg.num_moe_layers * jnp.sum(token_mask))
+        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask)
+        return ModelOutput(logits=logits, cache=new_cache, aux_loss=aux_loss, hidden_states=h,
+                           router_logits=tuple(all_router_logits) if return_router_logits else None)
+
+    def lm_logits(self, hidden_states: jax.Array) -> jax.Array:
+        """float32 logits [..., V] of final-normed hidden states [..., H] (compute dtype).
+
+        The lm_head (or, when tied, the embedding table) is cast to the compute dtype and the
+        product is accumulated in fp32 and NOT rounded to the compute dtype.
+        """
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.attend(hidden_states)
+        return jnp.einsum("...h,hv->...v", hidden_states.astype(self.config.dtype),
+                          self.lm_head.kernel[...].astype(self.config.dtype), preferred_element_type=_F32)
+
+    def _check_inputs(self, input_ids, positions, attention_mask, cache, cache_index):
+        cfg = self.config
+        input_ids = jnp.asarray(input_ids)
+        positions = jnp.asarray(positions)
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {input_ids.shape}")
+        if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+            raise TypeError(f"input_ids must be integer, got {input_ids.dtype}")
+        if positions.shape != input_ids.shape:
+            raise ValueError(f"positions shape {positions.shape} != input_ids shape {input_ids.shape}")
+        if not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise TypeError(f"positions must be integer, got {positions.dtype}")
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, bool)
+        else:
+            attention_mask = jnp.asarray(attention_mask)
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+            attention_mask = attention_mask.astype(bool)
+        if (cache is None) != (cache_index is None):
+            raise ValueError("cache and cache_index must be given together (or neither)")
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            groups = cfg.layer_groups()
+            if len(cache.k) != len(groups) or len(cache.v) != len(groups):
+                raise ValueError(f"cache has {len(cache.k)} layer groups, the model has {len(groups)}")
+            for g, (grp, k) in enumerate(zip(groups, cache.k)):
+                want = (grp.count, input_ids.shape[0], cache.max_len, cfg.num_key_value_heads, cfg.head_dim)
+                if k.shape != want or cache.v[g].shape != want:
+                    raise ValueError(f"cache group {g}: k/v shapes {k.shape}/{cache.v[g].shape}, expected {want}")
+            if input_ids.shape[1] > cache.max_len:
+                raise ValueError(f"{input_ids.shape[1]} new tokens do not fit a cache of {cache.max_len} slots")
+            if jnp.ndim(cache_index) != 0:
+                raise ValueError(f"cache_index must be a scalar, got shape {jnp.shape(cache_index)}")
+        return input_ids, positions, attention_mask
+
+
+# ============================================================================ flat views of the parameters
+def _flat_param_state(model: nnx.Module) -> dict[str, nnx.Param]:
+    state = nnx.state(model, nnx.Param)
+    return {"/".join(str(p) for p in path): var for path, var in nnx.to_flat_state(state)}
+
+
+def flat_params(model: nnx.Module) -> dict[str, jax.Array]:
+    """{"layers/0/self_attn/q_proj/kernel": array, ...} for every Param (see the module docstring)."""
+    return {name: var.get_value() for name, var in _flat_param_state(model).items()}
+
+
+def logical_axes(model: nnx.Module) -> dict[str, tuple[str, ...]]:
+    """{param name: tuple of logical axis names} (one name per array dimension)."""
+    return {name: tuple(var.get_metadata()["out_sharding"]) for name, var in _flat_param_state(model).items()}
+
+
+def set_flat_params(model: nnx.Module, flat: Mapping[str, Any]) -> None:
+    """Replaces every Param of ``model`` in place from ``flat`` (names as in `flat_params`).
+
+    Every name must be present, no extra name is allowed, and every shape must match exactly. Values
+    are cast to each Param's existing dtype (``config.param_dtype``).
+
+    Raises:
+      KeyError: listing missing and unexpected names.
+      ValueError: naming the tensor, the expected and the given shape.
+    """
+    state = nnx.state(model, nnx.Param)
+    flat_state = nnx.to_flat_state(state)
+    by_name = {"/".join(str(p) for p in path): var for path, var in flat_state}
+    missing = sorted(set(by_name) - set(flat))
+    unexpected = sorted(set(flat) - set(by_name))
+    if missing or unexpected:
+        raise KeyError(f"set_flat_params: missing tensors {missing}; unexpected tensors {unexpected}")
+    for name, var in by_name.items():
+        value = flat[name]
+        if tuple(np.shape(value)) != tuple(var.shape):
+            raise ValueError(f"set_flat_params: {name}: expected shape {tuple(var.shape)}, got {tuple(np.shape(value))}")
+    for name, var in by_name.items():
+        var.set_value(jnp.asarray(flat[name], dtype=var.dtype))
+    nnx.update(model, state)
+
+
+# ============================================================================ parameter counts
+def param_counts(config: ModelConfig) -> tuple[int, int]:
+    """(total, active_per_token) parameter counts, from the module's abstract shapes (no allocation).
+
+    ``total`` counts every Param (the tied lm_head once). ``active_per_token`` is total minus the
+    weights of the experts a token does NOT use: in each MoE layer only ``num_experts_per_tok`` of the
+    ``num_experts`` experts count. So it includes the embedding table, attention, norms, routers and
+    the lm_head (HF's "A3B / A22B" convention). Qwen3-30B-A3B: 30,532,122,624 / 3,353,032,704
+    (= spec 5.1's 3,041,865,728 matmul params + 311,164,928 embedding + 2,048 final norm);
+    Qwen3-235B-A22B: 235,093,634,560 / 22,190,763,520.
+    """
+    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)))
+    total = inactive = 0
+    for name, var in _flat_param_state(abstract).items():
+        size = math.prod(var.shape)
+        total += size
+        if "/mlp/experts/" in name:
+            per_expert = size // config.num_experts
+            inactive += per_expert * (config.num_experts - config.num_experts_per_tok)
+    return total, total - inactive
