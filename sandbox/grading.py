@@ -1,0 +1,397 @@
+"""Grading contract shared by every task.
+
+Holds the typed format error, the metric registry, submission format validation, MLE-bench's medal
+thresholds and MLE-Dojo's position score (HumanRank).
+
+Conventions:
+  * A submission and the hidden answers share one column layout: an id column plus ``k`` target
+    columns (a label, a probability per class, a score, or one or more real values).
+  * Every metric takes ``y_true`` and ``y_pred`` as arrays of shape ``[n_rows, k]`` aligned by id
+    and returns one float. ``lower_is_better`` belongs to the metric, never inferred from data.
+  * Every format problem raises ``InvalidSubmissionError`` with a message that names the problem;
+    the score is never computed on a malformed file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+
+class InvalidSubmissionError(ValueError):
+    """A submission has a format problem (shape, ids, columns, NaN, ...); the message says which."""
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+#: What the prediction columns must contain for a metric.
+#:   label:       one categorical column; values must be among the task's labels.
+#:   probability: one column per class, values in [0, 1], rows renormalised (Kaggle log loss).
+#:   score:       finite reals (ranking metrics such as AUC); one column per binary target.
+#:   real:        finite reals (regression); one column per target.
+PREDICTION_KINDS = ("label", "probability", "score", "real")
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """A registered metric.
+
+    Attributes:
+      name: registry key, e.g. ``"log_loss"``.
+      lower_is_better: the direction of the metric.
+      kind: one of ``PREDICTION_KINDS``; drives format validation.
+      fn: ``fn(y_true [n, k], y_pred [n, k]) -> float``.
+    """
+
+    name: str
+    lower_is_better: bool
+    kind: str
+    fn: Callable[[np.ndarray, np.ndarray], float]
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def register_metric(name: str, *, lower_is_better: bool, kind: str):
+    """Decorator: registers ``fn(y_true, y_pred) -> float`` under ``name``."""
+    if kind not in PREDICTION_KINDS:
+        raise ValueError(f"metric kind must be one of {PREDICTION_KINDS}, got {kind!r}")
+
+    def deco(fn):
+        if name in METRICS:
+            raise ValueError(f"metric {name!r} is already registered")
+        METRICS[name] = Metric(name, lower_is_better, kind, fn)
+        return fn
+
+    return deco
+
+
+def get_metric(name: str) -> Metric:
+    """Returns the registered metric ``name``; raises KeyError listing the known names."""
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise KeyError(f"unknown metric {name!r}; registered: {sorted(METRICS)}") from None
+
+
+@register_metric("accuracy", lower_is_better=False, kind="label")
+def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Fraction of rows (all columns) predicted exactly. Arrays [n, k] of labels."""
+    return float(np.mean(np.all(np.asarray(y_true) == np.asarray(y_pred), axis=1)))
+
+
+@register_metric("macro_f1", lower_is_better=False, kind="label")
+def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Unweighted mean over the true classes of per-class F1. Arrays [n, 1] of labels."""
+    t, p = np.asarray(y_true)[:, 0], np.asarray(y_pred)[:, 0]
+    f1s = []
+    for c in np.unique(t):
+        tp = np.sum((t == c) & (p == c))
+        fp = np.sum((t != c) & (p == c))
+        fn = np.sum((t == c) & (p != c))
+        f1s.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(f1s))
+
+
+@register_metric("log_loss", lower_is_better=True, kind="probability")
+def log_loss(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Multi-class log loss in nats. y_true [n, C] one-hot; y_pred [n, C] probabilities.
+
+    Kaggle's rule: rows are divided by their sum, then clipped to [1e-15, 1 - 1e-15].
+    """
+    p = np.asarray(y_pred, dtype=np.float64)
+    p = p / p.sum(axis=1, keepdims=True)
+    p = np.clip(p, 1e-15, 1 - 1e-15)
+    return float(-np.mean(np.sum(np.asarray(y_true, dtype=np.float64) * np.log(p), axis=1)))
+
+
+def _binary_auc(t: np.ndarray, s: np.ndarray) -> float:
+    """ROC AUC with ties counted one half (Mann-Whitney U). t in {0, 1}, s real; shapes [n]."""
+    t = t.astype(bool)
+    n_pos, n_neg = int(t.sum()), int((~t).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC is undefined when the answers hold a single class")
+    ranks = pd.Series(s).rank(method="average").to_numpy()
+    return float((ranks[t].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+@register_metric("auc", lower_is_better=False, kind="score")
+def auc(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """ROC AUC, mean over columns. y_true [n, k] in {0, 1}; y_pred [n, k] real scores."""
+    yt, yp = np.asarray(y_true, dtype=np.float64), np.asarray(y_pred, dtype=np.float64)
+    return float(np.mean([_binary_auc(yt[:, j], yp[:, j]) for j in range(yt.shape[1])]))
+
+
+@register_metric("rmse", lower_is_better=True, kind="real")
+def rmse(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Root mean squared error, mean over columns (column-wise RMSE). Arrays [n, k], target units."""
+    d = np.asarray(y_true, dtype=np.float64) - np.asarray(y_pred, dtype=np.float64)
+    return float(np.mean(np.sqrt(np.mean(d**2, axis=0))))
+
+
+@register_metric("mae", lower_is_better=True, kind="real")
+def mae(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Mean absolute error, mean over columns. Arrays [n, k], target units."""
+    d = np.asarray(y_true, dtype=np.float64) - np.asarray(y_pred, dtype=np.float64)
+    return float(np.mean(np.mean(np.abs(d), axis=0)))
+
+
+@register_metric("rmsle", lower_is_better=True, kind="real")
+def rmsle(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Root mean squared log error, mean over columns; predictions must be > -1. Arrays [n, k]."""
+    yt, yp = np.asarray(y_true, dtype=np.float64), np.asarray(y_pred, dtype=np.float64)
+    if np.any(yp <= -1):
+        raise InvalidSubmissionError("rmsle needs every prediction > -1")
+    d = np.log1p(yp) - np.log1p(yt)
+    return float(np.mean(np.sqrt(np.mean(d**2, axis=0))))
+
+
+# --------------------------------------------------------------------------------------------
+# Format validation (one code path for validate and grade)
+# --------------------------------------------------------------------------------------------
+
+def _fmt_ids(ids: Sequence[str], limit: int = 5) -> str:
+    ids = list(ids)
+    head = ", ".join(repr(i) for i in ids[:limit])
+    return head + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+
+def canonical_label(value) -> str:
+    """Label as a string; integral floats lose their ``.0`` (``3.0`` -> ``"3"``)."""
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def read_submission(path: "os.PathLike | str", id_column: str) -> pd.DataFrame:
+    """Reads a submission CSV with the id column as strings; format errors are typed."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InvalidSubmissionError(f"no submission file at {path}")
+    if not path.endswith(".csv"):
+        raise InvalidSubmissionError(f"submission must be a .csv file, got {os.path.basename(path)}")
+    try:
+        df = pd.read_csv(path, dtype={id_column: str}, keep_default_na=True)
+    except pd.errors.EmptyDataError:
+        raise InvalidSubmissionError("submission file is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise InvalidSubmissionError(f"submission is not a readable CSV: {e}") from None
+    return df
+
+
+def validate_submission(
+    submission: pd.DataFrame,
+    *,
+    id_column: str,
+    target_columns: Sequence[str],
+    expected_ids: Sequence[str],
+    metric: "Metric | str",
+    labels: Optional[Sequence[str]] = None,
+) -> pd.DataFrame:
+    """Checks a submission's format and returns it indexed by id, target columns typed.
+
+    Args:
+      submission: the submission as read from CSV (id column as strings).
+      id_column: name of the id column.
+      target_columns: the prediction columns, in the answers' order.
+      expected_ids: every id the submission must cover (dev and final halves together), [n].
+      metric: the metric (or its name); its ``kind`` decides the value checks.
+      labels: the allowed labels for ``label`` metrics (strings).
+
+    Returns:
+      DataFrame [n, k] indexed by id (string), columns ``target_columns``; floats for numeric kinds,
+      canonical label strings for ``label``.
+
+    Raises:
+      InvalidSubmissionError: naming the first problem found (columns, row count, duplicate, missing
+        or extra ids, NaN/inf, non-numeric values, probabilities out of [0, 1], unknown labels).
+    """
+    metric = get_metric(metric) if isinstance(metric, str) else metric
+    if not isinstance(submission, pd.DataFrame):
+        raise InvalidSubmissionError(f"submission must be a DataFrame, got {type(submission).__name__}")
+    cols = [str(c) for c in submission.columns]
+    expected_cols = [id_column, *target_columns]
+    missing = [c for c in expected_cols if c not in cols]
+    extra = [c for c in cols if c not in expected_cols]
+    if missing or extra:
+        raise InvalidSubmissionError(
+            f"wrong columns: missing {missing}, unexpected {extra}; expected exactly {expected_cols}")
+    if len(set(cols)) != len(cols):
+        raise InvalidSubmissionError(f"duplicate column names in {cols}")
+    n_expected = len(expected_ids)
+    if len(submission) != n_expected:
+        raise InvalidSubmissionError(f"wrong row count: {len(submission)} rows, expected {n_expected}")
+    ids = submission[id_column]
+    if ids.isna().any():
+        raise InvalidSubmissionError(f"{int(ids.isna().sum())} rows have an empty {id_column!r}")
+    ids = ids.astype(str).str.strip()
+    dup = ids[ids.duplicated()].unique().tolist()
+    if dup:
+        raise InvalidSubmissionError(f"duplicate ids: {_fmt_ids(dup)}")
+    expected = set(map(str, expected_ids))
+    got = set(ids)
+    if got != expected:
+        raise InvalidSubmissionError(
+            f"id mismatch: missing ids {_fmt_ids(sorted(expected - got))}; "
+            f"unknown ids {_fmt_ids(sorted(got - expected))}")
+    out = submission.copy()
+    out[id_column] = ids
+    out = out.set_index(id_column)[list(target_columns)]
+
+    if metric.kind == "label":
+        if out.isna().any().any():
+            raise InvalidSubmissionError("empty (NaN) labels in the submission")
+        out = out.map(canonical_label)
+        if labels is not None:
+            allowed = set(map(str, labels))
+            bad = sorted(set(out.to_numpy().ravel()) - allowed)
+            if bad:
+                raise InvalidSubmissionError(
+                    f"unknown labels {bad[:5]}; expected one of {sorted(allowed)}")
+        return out
+
+    for c in target_columns:
+        col = pd.to_numeric(out[c], errors="coerce")
+        non_numeric = col.isna() & out[c].notna()
+        if non_numeric.any():
+            raise InvalidSubmissionError(
+                f"non-numeric values in column {c!r}, e.g. {out[c][non_numeric].iloc[0]!r}")
+        if col.isna().any():
+            raise InvalidSubmissionError(f"NaN in column {c!r} ({int(col.isna().sum())} rows)")
+        if not np.all(np.isfinite(col.to_numpy(dtype=np.float64))):
+            raise InvalidSubmissionError(f"infinite values in column {c!r}")
+        out[c] = col.astype(np.float64)
+    if metric.kind == "probability":
+        v = out.to_numpy()
+        if np.any(v < 0) or np.any(v > 1):
+            raise InvalidSubmissionError("probabilities must lie in [0, 1]")
+        if np.any(v.sum(axis=1) <= 0):
+            raise InvalidSubmissionError("a row of probabilities sums to 0")
+    return out
+
+
+def score_submission(
+    validated: pd.DataFrame, answers: pd.DataFrame, metric: "Metric | str"
+) -> float:
+    """Scores a validated submission on the answer rows.
+
+    Args:
+      validated: output of ``validate_submission`` (indexed by id), covering at least the answer ids.
+      answers: the answers, indexed by id (strings), same target columns.
+      metric: the metric or its name.
+    Returns:
+      the metric value (float).
+    """
+    metric = get_metric(metric) if isinstance(metric, str) else metric
+    pred = validated.loc[answers.index, list(answers.columns)]
+    y_true = answers.to_numpy()
+    if metric.kind == "label":
+        y_true = np.vectorize(canonical_label, otypes=[object])(y_true)
+    return float(metric.fn(y_true, pred.to_numpy()))
+
+
+# --------------------------------------------------------------------------------------------
+# Medals (MLE-bench) and position score (MLE-Dojo HumanRank)
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MedalThresholds:
+    """Scores needed for each medal (inclusive) and the leaderboard median (to beat strictly)."""
+
+    gold: float
+    silver: float
+    bronze: float
+    median: float
+    lower_is_better: bool
+    num_teams: int
+
+
+def _sorted_best_first(leaderboard: Sequence[float], lower_is_better: bool) -> list[float]:
+    scores = [float(s) for s in leaderboard]
+    if not scores:
+        raise ValueError("empty reference leaderboard: no medal thresholds or position score")
+    if any(not math.isfinite(s) for s in scores):
+        raise ValueError("reference leaderboard holds a non-finite score")
+    return sorted(scores, reverse=not lower_is_better)
+
+
+def medal_thresholds(leaderboard: Sequence[float], lower_is_better: bool) -> MedalThresholds:
+    """MLE-bench's ``get_thresholds``: Kaggle progression positions on a reference leaderboard.
+
+    Args:
+      leaderboard: the reference scores (any order; sorted best-first here using the declared
+        direction, not inferred from the order).
+      lower_is_better: metric direction.
+    Returns:
+      MedalThresholds; with N teams and pos(k) the k-th best score (1-indexed):
+      N<100: gold pos(max(1,floor(.1N))), silver pos(max(1,floor(.2N))), bronze pos(max(1,floor(.4N)));
+      100<=N<250: pos(10), .2N, .4N; 250<=N<1000: pos(10+floor(.002N)), pos(50), pos(100);
+      N>=1000: pos(10+floor(.002N)), pos(max(1,floor(.05N))), pos(max(1,floor(.1N))).
+    """
+    s = _sorted_best_first(leaderboard, lower_is_better)
+    n = len(s)
+
+    def pos(k: int) -> float:
+        return s[min(max(1, k), n) - 1]
+
+    if n < 100:
+        g, sv, b = pos(int(0.1 * n)), pos(int(0.2 * n)), pos(int(0.4 * n))
+    elif n < 250:
+        g, sv, b = pos(10), pos(int(0.2 * n)), pos(int(0.4 * n))
+    elif n < 1000:
+        g, sv, b = pos(10 + int(0.002 * n)), pos(50), pos(100)
+    else:
+        g, sv, b = pos(10 + int(0.002 * n)), pos(int(0.05 * n)), pos(int(0.1 * n))
+    return MedalThresholds(g, sv, b, float(np.median(s)), lower_is_better, n)
+
+
+@dataclasses.dataclass(frozen=True)
+class MedalReport:
+    """MLE-bench's per-run flags. An invalid submission (score None) gets every flag False."""
+
+    score: Optional[float]
+    gold: bool
+    silver: bool
+    bronze: bool
+    above_median: bool
+
+    @property
+    def any_medal(self) -> bool:
+        return self.gold or self.silver or self.bronze
+
+
+def medal_report(score: Optional[float], thresholds: MedalThresholds) -> MedalReport:
+    """Medal flags for ``score`` (inclusive thresholds; above-median is strict)."""
+    if score is None or not math.isfinite(score):
+        return MedalReport(None, False, False, False, False)
+
+    def at_least(thr: float) -> bool:
+        return score <= thr if thresholds.lower_is_better else score >= thr
+
+    gold = at_least(thresholds.gold)
+    silver = not gold and at_least(thresholds.silver)
+    bronze = not gold and not silver and at_least(thresholds.bronze)
+    above = (score < thresholds.median) if thresholds.lower_is_better else (score > thresholds.median)
+    return MedalReport(float(score), gold, silver, bronze, above)
+
+
+def position_score(score: Optional[float], leaderboard: Sequence[float], lower_is_better: bool) -> float:
+    """HumanRank as MLE-Dojo computes it: (N - p + 1) / N in [0, 1].
+
+    p is the 1-indexed position of the first leaderboard entry (best first) that ``score`` beats or
+    ties, N + 1 if none; equivalently 1 - #(entries strictly better than score) / N. A missing or
+    invalid submission (``None``/NaN) scores 0.
+    """
+    s = _sorted_best_first(leaderboard, lower_is_better)
+    n = len(s)
+    if score is None or not math.isfinite(score):
+        return 0.0
+    position = next((i + 1 for i, v in enumerate(s)
+                     if (score <= v if lower_is_better else score >= v)), n + 1)
+    return (n - position + 1) / n

@@ -1,0 +1,26 @@
+"""iris-species: rf50 baseline."""
+import os
+
+import numpy as np
+import pandas as pd
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.metrics import log_loss
+from sklearn.model_selection import train_test_split
+
+train = pd.read_csv("./input/train.csv")
+test = pd.read_csv("./input/test.csv")
+X = train.drop(columns=["id", "species"])
+y = train["species"]
+X_test = test.drop(columns=["id"])
+X_tr, X_va, y_tr, y_va = train_test_split(X, y, test_size=0.2, random_state=0, stratify=y)
+
+model = RandomForestClassifier(n_estimators=50, random_state=0)
+model.fit(X_tr, y_tr)
+score = log_loss(y_va, model.predict_proba(X_va), labels=model.classes_)
+print(f"VALIDATION_METRIC: {score:.5f}")
+
+model.fit(X, y)
+sub = pd.DataFrame(model.predict_proba(X_test), columns=[str(c) for c in model.classes_])
+sub.insert(0, "id", test["id"])
+os.makedirs("./submission", exist_ok=True)
+sub.to_csv("./submission/submission.csv", index=False)

@@ -1,0 +1,24 @@
+"""wine-alcohol: tree depth3 baseline."""
+import os
+
+import numpy as np
+import pandas as pd
+from sklearn.model_selection import train_test_split
+from sklearn.tree import DecisionTreeRegressor
+
+train = pd.read_csv("./input/train.csv")
+test = pd.read_csv("./input/test.csv")
+X = train.drop(columns=["id", "alcohol"])
+y = train["alcohol"]
+X_test = test.drop(columns=["id"])
+X_tr, X_va, y_tr, y_va = train_test_split(X, y, test_size=0.2, random_state=0)
+
+model = DecisionTreeRegressor(max_depth=3, random_state=0)
+model.fit(X_tr, y_tr)
+score = np.mean(np.abs(model.predict(X_va) - y_va))
+print(f"VALIDATION_METRIC: {score:.5f}")
+
+model.fit(X, y)
+sub = pd.DataFrame({"id": test["id"], "alcohol": model.predict(X_test)})
+os.makedirs("./submission", exist_ok=True)
+sub.to_csv("./submission/submission.csv", index=False)
