@@ -1,0 +1,556 @@
+"""GRPO building blocks: advantage estimators, loss aggregation, KL estimators, the clipped loss.
+
+Vocabulary follows TRL and verl so recipes port by name. Every part that changes the gradient
+scale is a registry entry picked by name in the config (`default_config()`); a new variant is one
+small registered function, not a fork:
+
+    @register_advantage_estimator("my_estimator")
+    def my_estimator(rewards, *, eps, std_ddof): ...   # [num_groups, G] -> [num_groups, G]
+
+Registries (unknown names raise `UnknownNameError`, which lists the valid names):
+
+- advantage estimators, rewards [num_groups, G] -> advantages [num_groups, G]:
+  `grpo`   (r - mean) / (std + eps), std with `std_ddof` (default 1 = unbiased, as TRL and verl's
+           `torch.std`; 0 = biased, as `jnp.std`);
+  `drgrpo` r - mean (Dr.GRPO: no std scaling);
+  `rloo`   r - mean of the other G - 1 rewards (= G / (G - 1) * (r - mean)).
+  Whatever the estimator, a group whose rewards agree within `zero_variance_atol` gets advantage
+  exactly 0 (float rounding in the mean is never amplified by 1 / (std + eps)); with
+  `filter_zero_variance_groups` its tokens also leave every loss denominator.
+- loss aggregation modes, per-token loss [N, T] and loss mask [N, T] -> (numerator, denominator);
+  loss = numerator / denominator. The denominator depends on the mask only, so for gradient
+  accumulation compute `aggregation_denominator(loss_mask(...))` once on the full batch and pass
+  it as `loss_denominator` to every micro-batch: the micro-batch losses and gradients then sum to
+  the full-batch ones exactly (up to float summation order):
+  `token_mean`               sum of all loss tokens / number of loss tokens (verl's default);
+  `seq_mean_token_mean`      mean over sequences of (per-sequence token mean) (tunix's default);
+  `seq_mean_token_sum_norm`  mean over sequences of (per-sequence token sum / max_completion_length)
+                             (Dr.GRPO; the same normaliser as TRL's `dr_grpo`).
+  "Sequences" are the rows with at least one loss token: padding rows and filtered groups do not
+  count in any denominator.
+- KL estimators of KL(pi || pi_ref) per token, from log-probs of the sampled tokens:
+  `k1` logp - ref, `k2` (logp - ref)^2 / 2, `k3` exp(ref - logp) - (ref - logp) - 1,
+  `low_var_kl` k3 with verl's clamps (log-ratio to [-20, 20], result to [-10, 10]).
+
+Loss (`clipped_policy_loss`, or `grpo_loss` which also computes advantages from rewards):
+
+    ratio_t  = exp(logp_t - base_t),   base = old_logprobs if given else behaviour_logprobs
+    w_t      = min(exp(old_t - behaviour_t), tis_cap)   (detached; 1 when old_logprobs is None)
+    loss_t   = -w_t * min(ratio_t * A, clip(ratio_t, 1 - epsilon_low, 1 + epsilon_high) * A)
+               + beta * KL_t(logp_t, ref_t)
+    loss     = aggregate(loss_t over loss tokens)
+
+`behaviour_logprobs` are the sampler's log-probs recorded at generation time; `old_logprobs`
+(optional) are the learner's own log-probs of the policy that generated the data, recomputed
+before the update. When the sampler and the learner are numerically the same policy, pass
+`old_logprobs=None`: the ratio is then taken against the behaviour log-probs directly.
+
+Loss tokens are completion tokens (`completion_mask`) of sequences that survive the zero-variance
+group filter. Prompt tokens and padding are removed with `jnp.where` BEFORE any exp, so their
+log-probs (even inf or nan in non-differentiated inputs) change neither the loss nor its gradient.
+
+Shapes: N = number of sequences (num_groups * G, group-major: rows [g*G, (g+1)*G) are group g),
+T = completion length in tokens. Log-probs are natural-log probabilities (nats).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = [
+    "UnknownNameError",
+    "Registry",
+    "ADVANTAGE_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "register_advantage_estimator",
+    "register_loss_aggregation",
+    "register_kl_estimator",
+    "default_config",
+    "validate_config",
+    "describe",
+    "group_rewards",
+    "compute_advantages",
+    "zero_variance_groups",
+    "aggregate_loss",
+    "aggregation_denominator",
+    "loss_mask",
+    "kl_divergence",
+    "clipped_policy_loss",
+    "grpo_loss",
+]
+
+
+class UnknownNameError(KeyError):
+    """A registry lookup with a name that is not registered; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would otherwise print the repr of the message.
+        return str(self.args[0])
+
+
+class Registry(Generic[F]):
+    """A named table of functions of one kind ("advantage estimator", "loss aggregation", ...)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._table: dict[str, F] = {}
+
+    def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[F], F]:
+        """Decorator registering `fn` under `name` (and `aliases`); duplicate names are an error."""
+
+        def decorator(fn: F) -> F:
+            for key in (name, *aliases):
+                if key in self._table:
+                    raise ValueError(f"{self.kind} {key!r} is already registered")
+                self._table[key] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> F:
+        """The function registered as `name`; `UnknownNameError` listing valid names otherwise."""
+        try:
+            return self._table[name]
+        except (KeyError, TypeError):
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._table)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table
+
+
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
+LOSS_AGGREGATIONS: Registry = Registry("loss aggregation mode")
+KL_ESTIMATORS: Registry = Registry("KL estimator")
+
+register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
+register_loss_aggregation = LOSS_AGGREGATIONS.register
+register_kl_estimator = KL_ESTIMATORS.register
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------
+
+def default_config() -> ml_collections.ConfigDict:
+    """The GRPO section of a config; every knob that changes the gradient is explicit here."""
+    cfg = ml_collections.ConfigDict()
+    cfg.advantage_estimator = "grpo"      # grpo | drgrpo | rloo
+    cfg.advantage_eps = 1e-6              # grpo: (r - mean) / (std + eps)
+    cfg.advantage_std_ddof = 1            # 1: unbiased group std (TRL, verl); 0: biased (jnp.std)
+    cfg.loss_agg_mode = "token_mean"      # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+    cfg.max_completion_length = 0         # seq_mean_token_sum_norm divisor, tokens; must be > 0 there
+    cfg.epsilon_low = 0.2                 # ratio clipped below at 1 - epsilon_low
+    cfg.epsilon_high = 0.2                # ratio clipped above at 1 + epsilon_high (DAPO: 0.28)
+    cfg.kl_estimator = "k3"               # k1 | k2 | k3 | low_var_kl; used only when beta > 0
+    cfg.beta = 0.0                        # KL coefficient; 0 means no reference model is needed
+    cfg.filter_zero_variance_groups = True
+    cfg.zero_variance_atol = 1e-6         # a group is zero-variance when max(r) - min(r) <= atol
+    cfg.tis_cap = 2.0                     # truncated IS weight cap; None disables the correction
+    return cfg
+
+
+def validate_config(cfg: ml_collections.ConfigDict) -> None:
+    """Raise `UnknownNameError` / `ValueError` naming the bad field of a GRPO config section."""
+    ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator)
+    LOSS_AGGREGATIONS.get(cfg.loss_agg_mode)
+    if cfg.beta:
+        KL_ESTIMATORS.get(cfg.kl_estimator)
+    if cfg.beta < 0:
+        raise ValueError(f"grpo.beta must be >= 0, got {cfg.beta}")
+    if not (0 <= cfg.epsilon_low < 1):
+        raise ValueError(f"grpo.epsilon_low must be in [0, 1), got {cfg.epsilon_low}")
+    if cfg.epsilon_high < 0:
+        raise ValueError(f"grpo.epsilon_high must be >= 0, got {cfg.epsilon_high}")
+    if cfg.advantage_std_ddof not in (0, 1):
+        raise ValueError(f"grpo.advantage_std_ddof must be 0 or 1, got {cfg.advantage_std_ddof}")
+    if cfg.tis_cap is not None and cfg.tis_cap <= 0:
+        raise ValueError(f"grpo.tis_cap must be > 0 or None, got {cfg.tis_cap}")
+    if cfg.loss_agg_mode == "seq_mean_token_sum_norm" and not cfg.max_completion_length > 0:
+        raise ValueError("grpo.loss_agg_mode='seq_mean_token_sum_norm' needs "
+                         f"grpo.max_completion_length > 0, got {cfg.max_completion_length}")
+
+
+def describe(cfg: ml_collections.ConfigDict) -> str:
+    """One line stating the GRPO mode (logged once at start)."""
+    adv = cfg.advantage_estimator
+    if adv == "grpo":
+        adv += f"[(r-mean)/(std_ddof{cfg.advantage_std_ddof}+{cfg.advantage_eps:g})]"
+    agg = cfg.loss_agg_mode
+    if agg == "seq_mean_token_sum_norm":
+        agg += f"[L={cfg.max_completion_length}]"
+    kl = f"kl={cfg.kl_estimator} beta={cfg.beta:g}" if cfg.beta else "kl=off (beta=0, no reference)"
+    tis = f"tis_cap={cfg.tis_cap:g}" if cfg.tis_cap is not None else "tis=off"
+    zv = (f"filter_zero_variance_groups(atol={cfg.zero_variance_atol:g})"
+          if cfg.filter_zero_variance_groups else "zero-variance groups kept")
+    return (f"GRPO: adv={adv} agg={agg} clip=[1-{cfg.epsilon_low:g}, 1+{cfg.epsilon_high:g}] "
+            f"{kl} {tis} {zv}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Advantage estimators: rewards [num_groups, G] -> advantages [num_groups, G]
+# ----------------------------------------------------------------------------------------------
+
+def group_rewards(rewards: jax.Array, group_size: int | None = None) -> jax.Array:
+    """Rewards as [num_groups, G]: 2-D input is returned as is; flat [N] input needs `group_size`."""
+    rewards = jnp.asarray(rewards)
+    if rewards.ndim == 2:
+        if group_size is not None and rewards.shape[1] != group_size:
+            raise ValueError(f"rewards have group size {rewards.shape[1]}, group_size={group_size}")
+        grouped = rewards
+    elif rewards.ndim == 1:
+        if group_size is None:
+            raise ValueError("flat rewards [N] need group_size")
+        if group_size < 1 or rewards.shape[0] % group_size:
+            raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
+        grouped = rewards.reshape(-1, group_size)
+    else:
+        raise ValueError(f"rewards must be [num_groups, G] or [N], got shape {rewards.shape}")
+    if grouped.shape[1] < 2:
+        raise ValueError(f"GRPO needs at least 2 completions per group, got G={grouped.shape[1]}")
+    return grouped
+
+
+@register_advantage_estimator("grpo")
+def grpo_advantages(rewards: jax.Array, *, eps: float, std_ddof: int) -> jax.Array:
+    """(r - mean) / (std + eps) per group; std with `std_ddof` (1 unbiased, 0 biased)."""
+    mean = rewards.mean(axis=-1, keepdims=True)
+    std = rewards.std(axis=-1, keepdims=True, ddof=std_ddof)
+    return (rewards - mean) / (std + eps)
+
+
+@register_advantage_estimator("drgrpo")
+def drgrpo_advantages(rewards: jax.Array, *, eps: float, std_ddof: int) -> jax.Array:
+    """r - mean per group (Dr.GRPO removes the std scaling); eps and std_ddof are unused."""
+    del eps, std_ddof
+    return rewards - rewards.mean(axis=-1, keepdims=True)
+
+
+@register_advantage_estimator("rloo")
+def rloo_advantages(rewards: jax.Array, *, eps: float, std_ddof: int) -> jax.Array:
+    """r_i - mean_{j != i} r_j (leave-one-out baseline); eps and std_ddof are unused."""
+    del eps, std_ddof
+    g = rewards.shape[-1]
+    others_mean = (rewards.sum(axis=-1, keepdims=True) - rewards) / (g - 1)
+    return rewards - others_mean
+
+
+def zero_variance_groups(rewards: jax.Array, atol: float) -> jax.Array:
+    """bool [num_groups]: groups whose rewards all agree within `atol` (max - min <= atol).
+
+    A range test, not `std != 0`: float noise in rewards would defeat an exact test."""
+    return (rewards.max(axis=-1) - rewards.min(axis=-1)) <= atol
+
+
+def compute_advantages(rewards: jax.Array, cfg: ml_collections.ConfigDict,
+                       group_size: int | None = None) -> jax.Array:
+    """Advantages for rewards [num_groups, G] (or flat [N] with `group_size`), same shape as input.
+
+    The estimator is `cfg.advantage_estimator`. Groups whose rewards agree within
+    `cfg.zero_variance_atol` get advantage exactly 0 (whatever the estimator, filtered or not)."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    grouped = group_rewards(rewards, group_size)
+    fn = ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator)
+    adv = fn(grouped, eps=cfg.advantage_eps, std_ddof=cfg.advantage_std_ddof)
+    # Groups whose rewards agree within zero_variance_atol carry no signal: their advantage is
+    # exactly 0, so float rounding in the mean is never amplified by 1 / (std + eps).
+    flat = zero_variance_groups(grouped, cfg.zero_variance_atol)
+    adv = jnp.where(flat[:, None], 0.0, adv)
+    return adv.reshape(rewards.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss aggregation: (per-token loss [N, T], mask [N, T]) -> (numerator, denominator)
+# ----------------------------------------------------------------------------------------------
+
+def _masked(loss: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.where(mask > 0, loss * mask, 0.0)
+
+
+@register_loss_aggregation("token_mean")
+def token_mean(loss: jax.Array, mask: jax.Array, *, max_completion_length: int):
+    """Sum over all loss tokens / number of loss tokens."""
+    del max_completion_length
+    return _masked(loss, mask).sum(), mask.sum()
+
+
+@register_loss_aggregation("seq_mean_token_mean")
+def seq_mean_token_mean(loss: jax.Array, mask: jax.Array, *, max_completion_length: int):
+    """Mean over sequences with >= 1 loss token of that sequence's token mean."""
+    del max_completion_length
+    tokens = mask.sum(axis=-1)
+    has_tokens = tokens > 0
+    per_seq = _masked(loss, mask).sum(axis=-1) / jnp.where(has_tokens, tokens, 1.0)
+    return jnp.where(has_tokens, per_seq, 0.0).sum(), has_tokens.sum().astype(loss.dtype)
+
+
+@register_loss_aggregation("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(loss: jax.Array, mask: jax.Array, *, max_completion_length: int):
+    """Dr.GRPO: mean over sequences with >= 1 loss token of (token sum / max_completion_length)."""
+    if not max_completion_length > 0:
+        raise ValueError("seq_mean_token_sum_norm needs max_completion_length > 0, "
+                         f"got {max_completion_length}")
+    has_tokens = mask.sum(axis=-1) > 0
+    numerator = _masked(loss, mask).sum() / max_completion_length
+    return numerator, has_tokens.sum().astype(loss.dtype)
+
+
+def aggregate_loss(loss: jax.Array, mask: jax.Array, mode: str, *,
+                   max_completion_length: int = 0) -> jax.Array:
+    """Scalar loss from per-token loss [N, T] and loss mask [N, T] with aggregation `mode`.
+
+    Returns 0 when the mask selects nothing."""
+    if loss.shape != mask.shape or loss.ndim != 2:
+        raise ValueError(f"loss {loss.shape} and mask {mask.shape} must both be [N, T]")
+    num, den = LOSS_AGGREGATIONS.get(mode)(loss, mask.astype(loss.dtype),
+                                          max_completion_length=max_completion_length)
+    return _safe_divide(num, den)
+
+
+def aggregation_denominator(loss_mask: jax.Array, mode: str, *,
+                            max_completion_length: int = 0) -> jax.Array:
+    """The denominator `mode` uses for loss mask [N, T] (it depends on the mask only).
+
+    For micro-batching, compute it once on the full batch's loss mask (completion mask times the
+    zero-variance filter, see `loss_mask`) and pass it as `loss_denominator` to every micro-batch."""
+    mask = jnp.asarray(loss_mask, jnp.float32)
+    return LOSS_AGGREGATIONS.get(mode)(jnp.zeros_like(mask), mask,
+                                       max_completion_length=max_completion_length)[1]
+
+
+def loss_mask(completion_mask: jax.Array, rewards: jax.Array, group_size: int,
+              cfg: ml_collections.ConfigDict) -> jax.Array:
+    """float [N, T]: the tokens `grpo_loss` trains on (completion tokens of kept groups)."""
+    keep = completion_mask > 0
+    if cfg.filter_zero_variance_groups:
+        grouped = group_rewards(jnp.asarray(rewards, jnp.float32), group_size)
+        keep = keep & jnp.repeat(~zero_variance_groups(grouped, cfg.zero_variance_atol),
+                                 group_size)[:, None]
+    return keep.astype(jnp.float32)
+
+
+def _safe_divide(num: jax.Array, den: jax.Array) -> jax.Array:
+    return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# KL estimators: per-token KL(pi || pi_ref) from log-probs of the sampled tokens
+# ----------------------------------------------------------------------------------------------
+
+@register_kl_estimator("k1")
+def kl_k1(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """logp - ref (unbiased, high variance, can be negative)."""
+    return logprobs - ref_logprobs
+
+
+@register_kl_estimator("k2")
+def kl_k2(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """(logp - ref)^2 / 2 (biased, low variance, >= 0)."""
+    return 0.5 * jnp.square(logprobs - ref_logprobs)
+
+
+@register_kl_estimator("k3")
+def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """exp(ref - logp) - (ref - logp) - 1 (unbiased, low variance, >= 0; Schulman's k3)."""
+    d = ref_logprobs - logprobs
+    return jnp.exp(d) - d - 1.0
+
+
+@register_kl_estimator("low_var_kl")
+def kl_low_var(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """k3 with verl's clamps: log-ratio clipped to [-20, 20], the estimate to [-10, 10]."""
+    d = jnp.clip(ref_logprobs - logprobs, -20.0, 20.0)
+    return jnp.clip(jnp.exp(d) - d - 1.0, -10.0, 10.0)
+
+
+def kl_divergence(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str) -> jax.Array:
+    """Per-token KL estimate, same shape as the inputs, by registered `estimator` name."""
+    return KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs)
+
+
+# ----------------------------------------------------------------------------------------------
+# The clipped policy loss
+# ----------------------------------------------------------------------------------------------
+
+def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    return _safe_divide(jnp.where(mask, x, 0.0).sum(), mask.sum().astype(x.dtype))
+
+
+def _check_shapes(**arrays: jax.Array | None) -> tuple[int, int]:
+    shape = arrays["logprobs"].shape
+    if len(shape) != 2:
+        raise ValueError(f"logprobs must be [N, T], got shape {shape}")
+    for name, x in arrays.items():
+        if x is not None and x.shape != shape:
+            raise ValueError(f"{name} has shape {x.shape}, expected {shape} like logprobs")
+    return shape
+
+
+def clipped_policy_loss(
+    cfg: ml_collections.ConfigDict,
+    *,
+    logprobs: jax.Array,
+    behaviour_logprobs: jax.Array,
+    advantages: jax.Array,
+    completion_mask: jax.Array,
+    sequence_mask: jax.Array | None = None,
+    old_logprobs: jax.Array | None = None,
+    ref_logprobs: jax.Array | None = None,
+    entropy: jax.Array | None = None,
+    loss_denominator: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped-ratio policy loss with given advantages.
+
+    Args:
+      cfg: the GRPO config section (`default_config()`).
+      logprobs: [N, T] learner log-probs of the sampled tokens (differentiated).
+      behaviour_logprobs: [N, T] sampler log-probs recorded at generation.
+      advantages: [N] per sequence or [N, T] per token.
+      completion_mask: [N, T], 1 on completion tokens, 0 on prompt tokens and padding.
+      sequence_mask: [N] bool, False drops the whole sequence (zero-variance filter); None keeps all.
+      old_logprobs: [N, T] learner log-probs of the data-generating policy; when given the ratio is
+        taken against them and a detached truncated IS weight min(exp(old - behaviour), tis_cap)
+        corrects for the sampler/learner mismatch.
+      ref_logprobs: [N, T] frozen reference log-probs; required iff cfg.beta > 0.
+      entropy: [N, T] per-token policy entropy (nats), only reported.
+      loss_denominator: scalar; when given, loss = numerator / loss_denominator instead of the
+        batch's own denominator. For gradient accumulation pass the full batch's
+        `aggregation_denominator(...)` to every micro-batch: the micro-batch losses (and
+        gradients) then sum exactly to the full-batch ones.
+
+    Returns:
+      (scalar loss, metrics). Metrics (all detached): `clip_frac_low` / `clip_frac_high` (fraction of
+      loss tokens whose gradient the lower / upper clip zeroes), `ratio_mean`, `approx_kl` (k3
+      estimate of KL(behaviour || learner) from the sampled tokens), `logprob_diff_mean` (learner - sampler) and
+      `logprob_diff_max_abs` over all completion tokens, `num_tokens` (loss tokens),
+      `num_completion_tokens`, `kl` (when beta > 0), `entropy` (when given), `tis_weight_mean`
+      (when old_logprobs is given).
+    """
+    _check_shapes(logprobs=logprobs, behaviour_logprobs=behaviour_logprobs,
+                  completion_mask=completion_mask, old_logprobs=old_logprobs,
+                  ref_logprobs=ref_logprobs, entropy=entropy)
+    n, t = logprobs.shape
+    if cfg.beta and ref_logprobs is None:
+        raise ValueError(f"grpo.beta={cfg.beta} needs ref_logprobs")
+    if advantages.shape == (n,):
+        advantages = jnp.broadcast_to(advantages[:, None], (n, t))
+    elif advantages.shape != (n, t):
+        raise ValueError(f"advantages must be [N]={n} or [N, T]={(n, t)}, got {advantages.shape}")
+    if sequence_mask is not None and sequence_mask.shape != (n,):
+        raise ValueError(f"sequence_mask must be [N]={(n,)}, got {sequence_mask.shape}")
+
+    dtype = jnp.float32
+    completion = completion_mask > 0
+    keep = completion if sequence_mask is None else completion & sequence_mask[:, None]
+    # Sanitise every masked position before any arithmetic: no inf/nan can reach exp or the
+    # gradient from prompt tokens or padding.
+    logp = jnp.where(keep, logprobs.astype(dtype), 0.0)
+    behaviour = jax.lax.stop_gradient(jnp.where(completion, behaviour_logprobs.astype(dtype), 0.0))
+    adv = jax.lax.stop_gradient(jnp.where(keep, advantages.astype(dtype), 0.0))
+    if old_logprobs is not None:
+        old = jax.lax.stop_gradient(jnp.where(completion, old_logprobs.astype(dtype), 0.0))
+        base = old
+        if cfg.tis_cap is not None:
+            tis = jnp.minimum(jnp.exp(old - behaviour), cfg.tis_cap)
+        else:
+            tis = jnp.ones_like(old)
+    else:
+        base, tis = behaviour, jnp.ones_like(behaviour)
+
+    log_ratio = jnp.where(keep, logp - base, 0.0)
+    ratio = jnp.exp(log_ratio)
+    clipped_ratio = jnp.clip(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
+    per_token = -tis * jnp.minimum(ratio * adv, clipped_ratio * adv)
+    metrics: dict[str, jax.Array] = {}
+    if cfg.beta:
+        ref = jax.lax.stop_gradient(jnp.where(keep, ref_logprobs.astype(dtype), 0.0))
+        kl = kl_divergence(logp, ref, cfg.kl_estimator)
+        per_token = per_token + cfg.beta * kl
+        metrics["kl"] = _masked_mean(jax.lax.stop_gradient(kl), keep)
+
+    numerator, denominator = LOSS_AGGREGATIONS.get(cfg.loss_agg_mode)(
+        per_token, keep.astype(dtype), max_completion_length=cfg.max_completion_length)
+    if loss_denominator is not None:
+        denominator = jnp.asarray(loss_denominator, dtype)
+    loss = _safe_divide(numerator, denominator)
+    metrics["loss_denominator"] = jax.lax.stop_gradient(denominator)
+
+    sg = jax.lax.stop_gradient
+    r = sg(ratio)
+    metrics["clip_frac_low"] = _masked_mean(((r < 1.0 - cfg.epsilon_low) & (adv < 0)).astype(dtype),
+                                            keep)
+    metrics["clip_frac_high"] = _masked_mean(((r > 1.0 + cfg.epsilon_high) & (adv > 0)).astype(dtype),
+                                             keep)
+    metrics["ratio_mean"] = _masked_mean(r, keep)
+    # Sampler-vs-learner diagnostics over ALL completion tokens (filtered groups included).
+    learner = sg(jnp.where(completion, logprobs.astype(dtype), 0.0))
+    diff = jnp.where(completion, learner - behaviour, 0.0)
+    # k3 with the behaviour policy as the sampling distribution: KL(behaviour || learner) ~
+    # E_behaviour[r - 1 - log r], r = pi_learner / pi_behaviour.
+    metrics["approx_kl"] = _masked_mean(jnp.exp(diff) - diff - 1.0, completion)
+    metrics["logprob_diff_mean"] = _masked_mean(diff, completion)
+    metrics["logprob_diff_max_abs"] = jnp.max(jnp.abs(diff))
+    metrics["num_tokens"] = keep.sum().astype(dtype)
+    metrics["num_completion_tokens"] = completion.sum().astype(dtype)
+    if entropy is not None:
+        metrics["entropy"] = _masked_mean(sg(entropy.astype(dtype)), completion)
+    if old_logprobs is not None:
+        metrics["tis_weight_mean"] = _masked_mean(tis, completion)
+    return loss, metrics
+
+
+def grpo_loss(
+    cfg: ml_collections.ConfigDict,
+    *,
+    logprobs: jax.Array,
+    behaviour_logprobs: jax.Array,
+    rewards: jax.Array,
+    completion_mask: jax.Array,
+    group_size: int,
+    old_logprobs: jax.Array | None = None,
+    ref_logprobs: jax.Array | None = None,
+    entropy: jax.Array | None = None,
+    loss_denominator: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GRPO loss from rewards: advantages, zero-variance filter, then `clipped_policy_loss`.
+
+    Args:
+      rewards: [N] per sequence, group-major (rows [g*G, (g+1)*G) form group g), N = num_groups*G.
+        A micro-batch must therefore hold whole groups (or compute advantages on the full batch
+        and call `clipped_policy_loss`).
+      group_size: G.
+      Other arguments as in `clipped_policy_loss`.
+
+    Returns:
+      (loss, metrics): the metrics of `clipped_policy_loss` plus `frac_zero_variance_groups` (the
+      fraction of groups whose rewards all agree, whether or not they were filtered),
+      `reward_mean`, `reward_std` (over the batch, biased) and `advantage_abs_mean`.
+    """
+    n = logprobs.shape[0]
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if rewards.shape != (n,):
+        raise ValueError(f"rewards must be [N]={(n,)}, got {rewards.shape}")
+    grouped = group_rewards(rewards, group_size)
+    advantages = compute_advantages(grouped, cfg).reshape(n)
+    zero_var = zero_variance_groups(grouped, cfg.zero_variance_atol)
+    sequence_mask = None
+    if cfg.filter_zero_variance_groups:
+        sequence_mask = jnp.repeat(~zero_var, group_size)
+    loss, metrics = clipped_policy_loss(
+        cfg, logprobs=logprobs, behaviour_logprobs=behaviour_logprobs, advantages=advantages,
+        completion_mask=completion_mask, sequence_mask=sequence_mask, old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs, entropy=entropy, loss_denominator=loss_denominator)
+    metrics["frac_zero_variance_groups"] = zero_var.mean(dtype=jnp.float32)
+    metrics["reward_mean"] = rewards.mean()
+    metrics["reward_std"] = rewards.std()
+    metrics["advantage_abs_mean"] = jnp.abs(advantages).mean()
+    return loss, metrics

@@ -1,0 +1,62 @@
+"""Train an agent with AceGRPO: the project's main job.
+
+  python launch/tpu_train.py --config=configs/local.py              # 2-core CPU, the default
+  python launch/tpu_train.py --config=configs/ace30b.py             # TPU pod (every host)
+  python launch/tpu_train.py --config=configs/ace30b.py --dry_run   # memory / step-time plan
+  python launch/tpu_train.py --config=configs/local.py --config.rl.group_size=8
+
+Any setting is overridable with --config.<section>.<key>=<value>; a misspelt key is refused with
+the list of valid keys. Re-running the same command after an interruption resumes the run.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from ace_jax import config_utils  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/local.py", "Path to a config file.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Build the model, learner and generation steps "
+                             "abstractly and print the per-device memory and step-time plan.")
+_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the terminal progress bar.")
+
+
+def main(argv):
+    del argv
+    cfg = _CONFIG.value
+    if _DRY_RUN.value:
+        from ace_jax import dry_run
+
+        print(dry_run.format_report(dry_run.run_dry_run(cfg)))
+        return
+    from ace_jax import sharding, trainer
+
+    sharding.maybe_initialize_distributed(cfg.mesh)
+    t = trainer.Trainer(cfg, progress=not _NO_PROGRESS.value)
+    try:
+        summary = t.run()
+    finally:
+        t.close()
+    logging.info("done: %s", summary)
+
+
+def _precheck_overrides(argv):
+    """Refuses misspelt --config.* keys with the valid keys, before absl parses them."""
+    path = "configs/local.py"
+    for a in argv:
+        if a.startswith("--config="):
+            path = a.split("=", 1)[1]
+    try:
+        cfg = config_utils.load_config_file(path)
+        config_utils.check_overrides(cfg, argv)
+    except (config_utils.ConfigKeyError, FileNotFoundError, AttributeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    _precheck_overrides(sys.argv[1:])
+    app.run(main)
