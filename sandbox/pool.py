@@ -1,0 +1,303 @@
+"""``SandboxPool``: run agent code for tasks on N concurrent workers and grade it.
+
+Each job is (task, code[, split]). A worker thread compiles the code in the host (a syntax error
+never reaches a sandbox), hands it to the isolation backend (``sandbox.backends``), then turns
+the backend's ``RawExecution`` into an ``ExecutionResult``: the status, the bounded output, the
+reported metric (``sandbox.metric_parse``) and the grade of ./submission/submission.csv on the
+hidden dev split (and the final-test split when ``split="test"``, evaluation only).
+
+The pool never dies of one execution: any exception (a backend failure, a broken task object)
+becomes status ``sandbox_error`` with the reason. ``close()`` kills running executions and
+cancels queued ones. Example::
+
+    with SandboxPool.from_config(default_config()) as pool:
+        results = pool.map([(task, code_a), (task, code_b)])
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import re
+import threading
+import time
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+import ml_collections
+
+from sandbox import metric_parse
+from sandbox.backends import Backend, RawExecution, make_backend
+from sandbox.grading import InvalidSubmissionError
+from sandbox.result import ExecutionResult, Status
+
+SPLITS = ("dev", "test")
+
+# The last lines of stderr that mean "out of memory" (Python, numpy, C/C++ allocators, BLAS).
+_OOM_PATTERN = re.compile(
+    r"MemoryError|Unable to allocate|Cannot allocate memory|std::bad_alloc|out of memory|"
+    r"OutOfMemory|failed to allocate|memory allocation failed", re.IGNORECASE)
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b.*)$")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Defaults of ``SandboxPool.from_config``; every knob of the pool and its backend.
+
+    backend: "bwrap" (namespaces; the default isolation), "process" (no isolation beyond
+    rlimits), "docker" (an engine is required). Limits time/memory come from each task.
+    """
+    cfg = ml_collections.ConfigDict()
+    cfg.backend = "bwrap"
+    cfg.num_workers = 2
+    cfg.max_code_bytes = 1 << 20
+    cfg.backend_options = ml_collections.ConfigDict({
+        "root_dir": None,            # working dirs; None = $TMPDIR/ace_sandbox
+        "keep": False,               # keep working dirs after each run
+        "threads": 1,                # OMP/OPENBLAS/MKL thread count in the sandbox
+        "use_cgroup": "auto",        # per-execution pids cgroup when the host allows it
+        "output_head_bytes": 4096,
+        "output_tail_bytes": 4096,
+        "submission_max_mb": 256,
+        "cpu_factor": 2.0,           # RLIMIT_CPU = ceil(time * cpu_factor) + 1
+        "pids_max": 64,
+        "file_size_mb": 256,
+        "disk_mb": 1024,
+        "open_files": 256,
+        "grace_s": 1.0,
+    })
+    return cfg
+
+
+def _backend_from(name_or_backend: Union[str, Backend], options: Mapping[str, Any]) -> Backend:
+    if isinstance(name_or_backend, Backend):
+        if options:
+            raise ValueError("backend options are only used when the backend is given by name")
+        return name_or_backend
+    return make_backend(name_or_backend, **dict(options))
+
+
+class SandboxPool:
+    """Runs executions on ``num_workers`` threads, each driving one sandboxed process tree.
+
+    Args:
+      backend: a ``Backend`` instance, or a registered name ("process", "bwrap", "docker").
+      num_workers: concurrent executions.
+      max_code_bytes: longer code is refused (runtime_error) without running.
+      **backend_options: passed to ``make_backend`` when ``backend`` is a name.
+    """
+
+    def __init__(self, backend: Union[str, Backend] = "bwrap", num_workers: int = 2, *,
+                 max_code_bytes: int = 1 << 20, **backend_options: Any):
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        self.backend = _backend_from(backend, backend_options)
+        self.num_workers = num_workers
+        self.max_code_bytes = int(max_code_bytes)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=num_workers, thread_name_prefix=f"sandbox-{self.backend.name}")
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._closed = False
+        self._running: dict[int, float] = {}
+        self._next_id = 0
+        self._busy_s = 0.0
+        self._since = time.monotonic()
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "SandboxPool":
+        """Builds a pool from a config shaped like ``default_config()`` (missing keys: defaults)."""
+        merged = default_config()
+        merged.update(dict(cfg) if not isinstance(cfg, ml_collections.ConfigDict) else cfg.to_dict())
+        options = merged.backend_options
+        options = options.to_dict() if isinstance(options, ml_collections.ConfigDict) else dict(options)
+        options = {k: v for k, v in options.items() if not (k == "root_dir" and v is None)}
+        return cls(merged.backend, int(merged.num_workers),
+                   max_code_bytes=int(merged.max_code_bytes), **options)
+
+    # ------------------------------------------------------------------------------------
+
+    def submit(self, task: Any, code: str, *, split: str = "dev"
+               ) -> concurrent.futures.Future:
+        """Queues one execution; the future's result is an ``ExecutionResult`` (never raises).
+
+        Raises (at once, not in the future): TypeError for non-str code, ValueError for an
+        unknown split, RuntimeError if the pool is closed.
+        """
+        if not isinstance(code, str):
+            raise TypeError(f"code must be str, got {type(code).__name__}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("SandboxPool is closed")
+            return self._executor.submit(self._work, task, code, split)
+
+    def run(self, task: Any, code: str, *, split: str = "dev") -> ExecutionResult:
+        """Runs one execution and waits for its result."""
+        return self.submit(task, code, split=split).result()
+
+    def map(self, jobs: Iterable[Union[Sequence[Any], Mapping[str, Any]]]) -> list[ExecutionResult]:
+        """Runs many jobs concurrently; results come back in the order of ``jobs``.
+
+        A job is ``(task, code)``, ``(task, code, split)`` or ``{"task":, "code":, "split":}``.
+        """
+        futures = []
+        for job in jobs:
+            if isinstance(job, Mapping):
+                task, code, split = job["task"], job["code"], job.get("split", "dev")
+            elif len(job) in (2, 3):
+                task, code, split = (tuple(job) + ("dev",))[:3]
+            else:
+                raise ValueError(f"a job is (task, code[, split]) or a dict, got {job!r}")
+            futures.append(self.submit(task, code, split=split))
+        return [f.result() for f in futures]
+
+    def utilization(self) -> float:
+        """Busy worker-seconds / (num_workers x wall seconds) since start or ``reset_utilization``."""
+        now = time.monotonic()
+        with self._lock:
+            busy = self._busy_s + sum(now - max(s, self._since) for s in self._running.values())
+            wall = now - self._since
+        return busy / (self.num_workers * wall) if wall > 0 else 0.0
+
+    def reset_utilization(self) -> None:
+        with self._lock:
+            self._since = time.monotonic()
+            self._busy_s = 0.0
+
+    def close(self) -> None:
+        """Cancels queued jobs, kills running executions, waits for the workers. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._cancel.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.backend.close()
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------
+
+    def _work(self, task: Any, code: str, split: str) -> ExecutionResult:
+        with self._lock:
+            job_id = self._next_id
+            self._next_id += 1
+            started = self._running[job_id] = time.monotonic()
+        try:
+            return execute_and_grade(self.backend, task, code, split=split, cancel=self._cancel,
+                                     max_code_bytes=self.max_code_bytes)
+        except Exception as e:  # the pool never dies of one execution
+            return ExecutionResult(status=Status.SANDBOX_ERROR, error=f"{type(e).__name__}: {e}")
+        finally:
+            with self._lock:
+                del self._running[job_id]
+                self._busy_s += time.monotonic() - max(started, self._since)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def check_syntax(code: str) -> Optional[str]:
+    """None if ``code`` compiles, else a one-line reason ("SyntaxError: ... (line 3)")."""
+    try:
+        compile(code, "solution.py", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"{type(e).__name__}: {e.msg} (line {e.lineno})"
+    except (ValueError, RecursionError, MemoryError, OverflowError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def last_exception_line(stderr: str) -> str:
+    """The final ``SomeError: message`` line of a traceback in ``stderr`` ("" if none)."""
+    for line in reversed(stderr.strip().splitlines()):
+        m = _EXCEPTION_LINE.match(line.strip())
+        if m:
+            return m.group(1)[:500]
+    return ""
+
+
+def classify(raw: RawExecution) -> tuple[Status, str]:
+    """Status and reason of a finished execution, before grading (``OK`` = go and grade)."""
+    exc = last_exception_line(raw.stderr)
+    if raw.cancelled:
+        return Status.SANDBOX_ERROR, "cancelled: the pool was closed during the execution"
+    if raw.error:
+        return Status.SANDBOX_ERROR, raw.error
+    if raw.timed_out:
+        return Status.TIMEOUT, "wall-clock time limit exceeded; the process tree was killed"
+    if raw.cpu_limit_hit:
+        return Status.TIMEOUT, "CPU time limit exceeded (SIGXCPU)"
+    if raw.oom_killed:
+        return Status.OOM, "killed by the memory limit"
+    if raw.disk_limit_hit:
+        return Status.RUNTIME_ERROR, "disk limit exceeded: the working dir grew too large; killed"
+    if raw.exit_code != 0:
+        tail = raw.stderr[-2048:]
+        if _OOM_PATTERN.search(tail):
+            return Status.OOM, exc or "out of memory"
+        if raw.exit_code == -9:  # RLIMIT_AS never kills, so there is no evidence of memory
+            return Status.RUNTIME_ERROR, ("killed by SIGKILL, not by the sandbox (the host's OOM "
+                                          "killer or the script itself)")
+        if raw.exit_code is not None and raw.exit_code < 0:
+            return Status.RUNTIME_ERROR, exc or f"killed by signal {-raw.exit_code}"
+        return Status.RUNTIME_ERROR, exc or f"exit code {raw.exit_code}"
+    if raw.submission_error:
+        return Status.INVALID_SUBMISSION, raw.submission_error
+    if raw.submission is None:
+        return Status.NO_SUBMISSION, "exited 0 but wrote no ./submission/submission.csv"
+    return Status.OK, ""
+
+
+def _grade(task: Any, submission, split: str) -> float:
+    score = task.grade(submission, split)
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        raise ValueError(f"grader returned {score!r} for split {split!r}, not a finite number")
+    return float(score)
+
+
+def execute_and_grade(backend: Backend, task: Any, code: str, *, split: str = "dev",
+                      cancel: Optional[threading.Event] = None,
+                      max_code_bytes: int = 1 << 20) -> ExecutionResult:
+    """One execution, start to finish, without a pool (the pool's workers call this)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if len(code.encode("utf-8", errors="replace")) > max_code_bytes:
+        return ExecutionResult(status=Status.RUNTIME_ERROR,
+                               error=f"code is larger than {max_code_bytes} bytes; not run")
+    syntax = check_syntax(code)
+    if syntax is not None:
+        return ExecutionResult(status=Status.SYNTAX_ERROR, stderr=syntax, error=syntax)
+    raw = backend.execute(task, code, cancel=cancel)
+    try:
+        status, reason = classify(raw)
+        result = ExecutionResult(
+            status=status, exit_code=raw.exit_code, wall_s=raw.wall_s,
+            peak_memory_mb=raw.peak_memory_mb, stdout=raw.stdout, stderr=raw.stderr,
+            reported_metric=metric_parse.parse_reported_metric(raw.stdout), error=reason)
+        if status is not Status.OK:
+            return result
+        try:
+            result.dev_score = _grade(task, raw.submission, "dev")
+            if split == "test":
+                result.test_score = _grade(task, raw.submission, "test")
+        except InvalidSubmissionError as e:
+            result.status, result.error = Status.INVALID_SUBMISSION, str(e)[:1000]
+            result.dev_score = result.test_score = None
+            return result
+        except Exception as e:  # a grader bug is not the agent's fault
+            result.status, result.error = Status.GRADER_ERROR, f"{type(e).__name__}: {e}"[:1000]
+            result.dev_score = result.test_score = None
+            return result
+        result.valid_submission = True
+        return result
+    finally:
+        if raw.submission is not None:
+            try:
+                os.unlink(raw.submission)
+            except OSError:
+                pass

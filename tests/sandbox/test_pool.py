@@ -1,0 +1,280 @@
+"""SandboxPool: statuses, grading, ordering, utilization, shutdown; metric parsing; classification."""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import os
+import pathlib
+import threading
+import time
+import uuid
+
+import pytest
+
+from sandbox import metric_parse
+from sandbox.backends import Backend, RawExecution, make_backend
+from sandbox.backends.base import BoundedCapture, collect_submission
+from sandbox.pool import SandboxPool, classify, default_config, last_exception_line
+from sandbox.result import ExecutionResult, Status
+from tests.sandbox.conftest import GOOD_CODE, processes_with
+
+
+@pytest.fixture(scope="module")
+def proc_pool(tmp_path_factory):
+    token = uuid.uuid4().hex
+    p = SandboxPool("process", num_workers=2, root_dir=tmp_path_factory.mktemp("runs"),
+                    extra_env={"ACE_TEST_POOL": token}, grace_s=0.3)
+    p.test_token = token
+    yield p
+    p.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# statuses and grading
+
+
+def test_ok_is_graded_on_dev_and_reports_the_metric(proc_pool, fake_task):
+    r = proc_pool.run(fake_task, GOOD_CODE)
+    assert r.status is Status.OK, (r.error, r.stderr)
+    assert r.valid_submission and r.dev_score == 0.0 and r.test_score is None
+    assert r.reported_metric == 0.0 and r.exit_code == 0 and r.error == ""
+    assert r.wall_s > 0
+
+
+def test_test_split_grades_both_splits(proc_pool, fake_task):
+    code = GOOD_CODE.replace("2 * float(r['x'])", "2 * float(r['x']) + 1")
+    r = proc_pool.run(fake_task, code, split="test")
+    assert r.status is Status.OK
+    assert r.dev_score == pytest.approx(1.0) and r.test_score == pytest.approx(1.0)
+
+
+def test_runtime_error_keeps_the_exception_line(proc_pool, fake_task):
+    r = proc_pool.run(fake_task, "print('before')\nraise KeyError('no column y')\n")
+    assert r.status is Status.RUNTIME_ERROR and r.exit_code == 1
+    assert r.error == "KeyError: 'no column y'"
+    assert "before" in r.stdout and "Traceback" in r.stderr
+
+
+def test_no_submission(proc_pool, fake_task):
+    r = proc_pool.run(fake_task, "print('VALIDATION_METRIC: 0.9')\n")
+    assert r.status is Status.NO_SUBMISSION and r.reported_metric == 0.9 and r.dev_score is None
+
+
+def test_syntax_error_never_runs(proc_pool, fake_task):
+    r = proc_pool.run(fake_task, "import os\nif True\n    pass\n")
+    assert r.status is Status.SYNTAX_ERROR and r.exit_code is None and "line 2" in r.error
+
+
+def test_wrong_columns_are_invalid(proc_pool, fake_task):
+    code = "open('submission/submission.csv','w').write('id,target\\n')\n"
+    r = proc_pool.run(fake_task, code)
+    assert r.status is Status.INVALID_SUBMISSION and "columns" in r.error
+
+
+def test_grader_bug_is_grader_error(proc_pool, fake_task):
+    r = proc_pool.run(dataclasses.replace(fake_task, grader_bug=True), GOOD_CODE)
+    assert r.status is Status.GRADER_ERROR and "grader bug" in r.error
+    assert r.dev_score is None and not r.valid_submission
+
+
+def test_oversized_code_is_refused(fake_task, tmp_path):
+    pool = SandboxPool("process", num_workers=1, root_dir=tmp_path, max_code_bytes=100)
+    with pool:
+        r = pool.run(fake_task, "x = 1\n" * 50)
+    assert r.status is Status.RUNTIME_ERROR and "larger than 100 bytes" in r.error
+
+
+class ExplodingBackend(Backend):
+    name = "exploding"
+
+    def __init__(self):
+        self.calls = 0
+
+    def execute(self, task, code, *, cancel=None):
+        self.calls += 1
+        if "boom" in code:
+            raise OSError("disk on fire")
+        return RawExecution(exit_code=0, wall_s=0.01)
+
+
+def test_a_backend_exception_becomes_sandbox_error_and_the_pool_survives(fake_task):
+    with SandboxPool(ExplodingBackend(), num_workers=1) as pool:
+        bad = pool.run(fake_task, "boom = 1\n")
+        good = pool.run(fake_task, "x = 1\n")
+    assert bad.status is Status.SANDBOX_ERROR and "OSError: disk on fire" in bad.error
+    assert good.status is Status.NO_SUBMISSION
+
+
+def test_a_task_without_a_budget_is_sandbox_error(proc_pool):
+    r = proc_pool.run(object(), "x = 1\n")
+    assert r.status is Status.SANDBOX_ERROR and "budget" in r.error
+
+
+def test_bad_arguments_raise_at_submit(proc_pool, fake_task):
+    with pytest.raises(ValueError, match="split"):
+        proc_pool.submit(fake_task, "x=1", split="train")
+    with pytest.raises(TypeError, match="code must be str"):
+        proc_pool.submit(fake_task, b"x=1")
+    with pytest.raises(ValueError, match="num_workers"):
+        SandboxPool("process", num_workers=0)
+    with pytest.raises(KeyError, match="known"):
+        SandboxPool("vm")
+
+
+def test_result_round_trips_through_json(proc_pool, fake_task):
+    r = proc_pool.run(fake_task, GOOD_CODE)
+    assert ExecutionResult.from_json(r.to_json()) == r
+
+
+# ---------------------------------------------------------------------------------------------
+# concurrency
+
+
+def test_map_preserves_order_and_runs_concurrently(proc_pool, fake_task):
+    jobs = [(fake_task, f"import time\ntime.sleep({d})\nprint('job {i}')\n")
+            for i, d in enumerate([0.6, 0.05, 0.3, 0.0])]
+    jobs.append({"task": fake_task, "code": GOOD_CODE, "split": "test"})
+    t0 = time.monotonic()
+    results = proc_pool.map(jobs)
+    elapsed = time.monotonic() - t0
+    for i, r in enumerate(results[:4]):
+        assert r.status is Status.NO_SUBMISSION and f"job {i}" in r.stdout
+    assert results[4].status is Status.OK and results[4].test_score == 0.0
+    assert elapsed < 0.6 + 0.05 + 0.3 + 0.0 + 0.8  # two workers overlap the sleeps
+
+
+def test_utilization(fake_task, tmp_path):
+    with SandboxPool("process", num_workers=2, root_dir=tmp_path) as pool:
+        pool.map([(fake_task, "import time\ntime.sleep(0.5)\n")] * 2)
+        busy = pool.utilization()
+        time.sleep(0.6)
+        after_idle = pool.utilization()
+        pool.reset_utilization()
+        time.sleep(0.05)
+        reset = pool.utilization()
+    assert 0.5 < busy <= 1.0
+    assert after_idle < busy * 0.8
+    assert reset == 0.0
+
+
+def test_close_kills_running_and_cancels_queued(fake_task, tmp_path):
+    token = uuid.uuid4().hex
+    pool = SandboxPool("process", num_workers=1, root_dir=tmp_path, extra_env={"ACE_TEST_POOL": token})
+    long_task = dataclasses.replace(fake_task, time_limit_s=60)
+    running = pool.submit(long_task, "while True:\n    pass\n")
+    queued = pool.submit(long_task, "x = 1\n")
+    deadline = time.monotonic() + 10
+    while not processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    pool.close()
+    assert time.monotonic() - t0 < 5
+    r = running.result(timeout=1)
+    assert r.status is Status.SANDBOX_ERROR and "cancelled" in r.error
+    assert queued.cancelled()
+    assert processes_with(token) == []
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(fake_task, "x = 1\n")
+    pool.close()  # idempotent
+
+
+def test_from_config(fake_task, tmp_path):
+    cfg = default_config()
+    cfg.backend = "process"
+    cfg.num_workers = 1
+    cfg.backend_options.root_dir = str(tmp_path)
+    cfg.backend_options.pids_max = 16
+    with SandboxPool.from_config(cfg) as pool:
+        assert pool.backend.name == "process" and pool.num_workers == 1
+        assert pool.backend.limits.pids_max == 16
+        assert pool.run(fake_task, GOOD_CODE).status is Status.OK
+
+
+# ---------------------------------------------------------------------------------------------
+# classification and parsing units
+
+
+def test_classify_units():
+    def raw(**kw):
+        return RawExecution(**{"exit_code": 1, **kw})
+
+    assert classify(raw(timed_out=True, exit_code=-15))[0] is Status.TIMEOUT
+    assert classify(raw(cpu_limit_hit=True, exit_code=-24))[0] is Status.TIMEOUT
+    assert classify(raw(oom_killed=True, exit_code=-9))[0] is Status.OOM
+    assert classify(raw(stderr="Traceback...\nnumpy._core._exceptions._ArrayMemoryError: "
+                               "Unable to allocate 8.0 GiB"))[0] is Status.OOM
+    assert classify(raw(stderr="terminate called after throwing an instance of 'std::bad_alloc'",
+                        exit_code=-6))[0] is Status.OOM
+    assert classify(raw(exit_code=-9))[0] is Status.RUNTIME_ERROR  # no evidence of memory
+    assert classify(raw(error="bwrap: Can't mount proc"))[0] is Status.SANDBOX_ERROR
+    assert classify(raw(exit_code=-11)) == (Status.RUNTIME_ERROR, "killed by signal 11")
+    assert classify(raw(disk_limit_hit=True))[0] is Status.RUNTIME_ERROR
+    assert classify(raw(cancelled=True))[0] is Status.SANDBOX_ERROR
+    assert classify(raw(exit_code=0))[0] is Status.NO_SUBMISSION
+    assert classify(raw(exit_code=0, submission_error="submission.csv is a symlink"))[0] \
+        is Status.INVALID_SUBMISSION
+    assert classify(raw(exit_code=0, submission=pathlib.Path("/x.csv"))) == (Status.OK, "")
+
+
+def test_last_exception_line():
+    tb = ("Traceback (most recent call last):\n  File \"solution.py\", line 3\n"
+          "ValueError: Input contains NaN\n\nsome trailing noise\n")
+    assert last_exception_line(tb) == "ValueError: Input contains NaN"
+    assert last_exception_line("nothing here") == ""
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("epoch 1\nVALIDATION_METRIC: 0.81\n", 0.81),
+    ("VALIDATION_METRIC=1e-3", 1e-3),
+    ("Validation accuracy: 0.93\n", 0.93),
+    ("val_rmse=1.2", 1.2),
+    ("CV score = 0.75 (+/- 0.02)", 0.75),
+    ("fold 1 val_loss: 0.5 - val_acc: 0.7\nfold 2 val_loss: 0.4 - val_acc: 0.8\n", 0.8),
+    ("Validation RMSE: 0.5\nVALIDATION_METRIC: 0.9\nValidation RMSE: 0.1\n", 0.9),  # strict wins
+    ("VALIDATION_METRIC: 0.3\nVALIDATION_METRIC: 0.4\n", 0.4),  # last wins
+    ("VALIDATION_METRIC: nan\n", None),
+    ("val_loss: inf\n", None),
+    ("VALIDATION_METRIC: 0.5\nVALIDATION_METRIC: nan\n", None),  # the winner is rejected
+    ("accuracy: 0.9\ntrain loss 0.1\n", None),
+    ("interval=3\nevaluation: 0.4\n", None),
+    ("", None),
+])
+def test_metric_parse(text, expected):
+    got = metric_parse.parse_reported_metric(text)
+    assert got == expected if expected is None else got == pytest.approx(expected)
+
+
+def test_metric_parse_match_details():
+    m = metric_parse.find_metric("x\nval_rmse=1.25\n")
+    assert m.name == "val_rmse" and not m.strict and m.line == "val_rmse=1.25"
+    with pytest.raises(TypeError):
+        metric_parse.parse_reported_metric(b"VALIDATION_METRIC: 1")
+
+
+def test_bounded_capture():
+    cap = BoundedCapture(head_bytes=5, tail_bytes=4)
+    for chunk in (b"hello", b" big ", b"world", b"!end"):
+        cap.feed(chunk)
+    assert cap.total == 19 and cap.omitted == 10
+    assert cap.text() == "hello\n...[10 bytes omitted]...\n!end"
+    small = BoundedCapture(8, 8)
+    small.feed("héllo".encode())
+    assert small.text() == "héllo"
+
+
+def test_collect_submission_refuses_symlinks_and_oversize(tmp_path):
+    (tmp_path / "submission").mkdir()
+    secret = tmp_path / "answers.csv"
+    secret.write_text("id,y\n1,2\n")
+    (tmp_path / "submission" / "submission.csv").symlink_to(secret)
+    path, why = collect_submission(tmp_path, max_bytes=1 << 20)
+    assert path is None and "symlink" in why
+    (tmp_path / "submission" / "submission.csv").unlink()
+    (tmp_path / "submission" / "submission.csv").write_text("id,y\n" + "1,2\n" * 100)
+    path, why = collect_submission(tmp_path, max_bytes=50)
+    assert path is None and "limit" in why
+    path, why = collect_submission(tmp_path, max_bytes=1 << 20)
+    assert why == "" and path.read_text().startswith("id,y\n1,2")
+    os.unlink(path)
