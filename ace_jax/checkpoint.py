@@ -215,6 +215,15 @@ class Checkpointer:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    def delete_after(self, step: int) -> list[int]:
+        """Deletes every checkpoint newer than `step` (e.g. one whose companion buffer commit
+        never landed), so those steps can be saved again; returns the deleted steps."""
+        newer = [s for s in self.all_steps() if s > step]
+        for s in newer:
+            self._manager.delete(s)
+        self._manager.reload()
+        return newer
+
     # ------------------------------------------------------------------ restoring
 
     def restore(self, step: int, target: TrainState) -> TrainState:
