@@ -368,7 +368,8 @@ class ModelConfig:
             intermediate_size=d.get("intermediate_size", 6144),
             num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=num_heads,
-            num_key_value_heads=d.get("num_key_value_heads") or (4 if is_moe_type else num_heads),
+            # HF class defaults when the key is absent: 4 (qwen3_moe) / 32 (qwen3); explicit null -> nq
+            num_key_value_heads=(d.get("num_key_value_heads", 4 if is_moe_type else 32) or num_heads),
             head_dim=head_dim,
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,

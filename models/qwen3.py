@@ -48,9 +48,19 @@ Numerics (``config.dtype`` = compute dtype c, ``config.param_dtype`` = storage d
   * residual stream in c; logits = final-normed hidden state (c) times lm_head (cast to c) with
     fp32 accumulation, returned as float32 [B, T, V] WITHOUT rounding to c.
 
+Layers: each `LayerGroup` is one `Qwen3DecoderLayer` stack run by one ``jax.lax.scan`` (compile
+time does not grow with depth; ``scan_layers=False`` unrolls it), each layer wrapped in
+``jax.checkpoint`` with the policy named by ``config.remat_policy``.
+
+MoE dispatch (``config.moe_dispatch``): "dense" reference, "ragged" (dropless, ``ragged_dot``) and
+"capacity" (batched matmuls over per-expert buffers, drops overflow); see `Qwen3MoeExperts`.
+
 KV cache: `init_cache` / ``Qwen3ForCausalLM.init_cache`` -> `KVCache` (one k and one v array per
 layer group, each [Lg, B, S_max, nkv, d], plus ``kv_mask`` bool [B, S_max]). See
 ``Qwen3ForCausalLM.__call__`` for the masking rules.
+
+Precision note: on TPU, fp32 matmuls run at the backend's default precision unless
+``jax_default_matmul_precision`` is raised; the fp32 test tolerances here assume CPU.
 """
 
 from __future__ import annotations
@@ -65,7 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.configs import REMAT_POLICIES, LayerGroup, ModelConfig, yarn_mscale
+from models.configs import REMAT_POLICIES, ModelConfig, yarn_mscale
 
 __all__ = [
     "KVCache",
@@ -635,7 +645,8 @@ class Qwen3ForCausalLM(nnx.Module):
           attention_mask: bool [B, T] (or 0/1 ints), True = real token; None = all real.
           cache: None, or a `KVCache` with S_max >= cache_index + T slots.
           cache_index: int32 scalar, the slot of the first new token (same for every row); required
-            iff ``cache`` is given.
+            iff ``cache`` is given. The caller keeps cache_index + T <= S_max: a concrete index is
+            checked, a traced one cannot be (``dynamic_update_slice`` would clamp it).
           compute_logits: False skips the [B, T, V] logits (logits=None); the caller can then apply
             `lm_logits` to chunks of ``hidden_states``.
           return_router_logits: also return each group's router logits (for parity checks).
@@ -738,6 +749,11 @@ class Qwen3ForCausalLM(nnx.Module):
                 raise ValueError(f"{input_ids.shape[1]} new tokens do not fit a cache of {cache.max_len} slots")
             if jnp.ndim(cache_index) != 0:
                 raise ValueError(f"cache_index must be a scalar, got shape {jnp.shape(cache_index)}")
+            if not isinstance(cache_index, jax.core.Tracer):  # a traced index cannot be checked here
+                start = int(cache_index)
+                if start < 0 or start + input_ids.shape[1] > cache.max_len:
+                    raise ValueError(f"tokens [{start}, {start + input_ids.shape[1]}) do not fit a cache of "
+                                     f"{cache.max_len} slots")
         return input_ids, positions, attention_mask
 
 

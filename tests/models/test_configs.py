@@ -189,3 +189,16 @@ def test_param_counts_abstract(name):
         expected = EXPECTED_DENSE[name]
         assert active == total
         assert abs(total - expected) <= 0.5 * 10 ** (len(str(int(expected))) - 4), (total, expected)
+
+
+@pytest.mark.parametrize("minimal", [
+    {"model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4},
+    {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "intermediate_size": 48},
+])
+def test_missing_keys_take_the_transformers_class_defaults(minimal):
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    cls = Qwen3MoeConfig if minimal["model_type"] == "qwen3_moe" else Qwen3Config
+    filled = cls(**{k: v for k, v in minimal.items() if k != "model_type"}).to_dict()
+    assert ModelConfig.from_hf_dict(minimal) == ModelConfig.from_hf_dict(filled)

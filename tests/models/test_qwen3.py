@@ -166,23 +166,29 @@ def test_set_flat_params_validates_names_and_shapes():
 
 
 # ------------------------------------------------------------------------------------------ MoE dispatch
-@pytest.mark.parametrize("other", ["ragged", "capacity"])
-def test_dispatch_strategies_agree_with_dense_reference(moe_model, other):
-    dense = _with_config(moe_model, moe_dispatch="dense")
-    # capacity factor E / k gives C = N slots per expert: nothing can be dropped
-    ragged = _with_config(moe_model, moe_dispatch=other, moe_capacity_factor=4.0)
-    ids, pos, mask = _batch(moe_model.config)
+def _loss_and_grads(model):
+    ids, pos, mask = _batch(model.config)
 
     def loss(model):
         out = model(ids, pos, attention_mask=mask)
         return jnp.mean(jax.nn.log_softmax(out.logits)[..., 0] * mask) + 0.1 * out.aux_loss, out
 
-    grad_fn = nnx.jit(nnx.value_and_grad(loss, has_aux=True))
-    (_, out_d), g_d = grad_fn(dense)
-    (_, out_r), g_r = grad_fn(ragged)
+    (_, out), grads = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+    return out, flat_params(grads)
+
+
+@pytest.fixture(scope="module")
+def dense_dispatch_reference(moe_model):
+    return _loss_and_grads(_with_config(moe_model, moe_dispatch="dense"))
+
+
+@pytest.mark.parametrize("other", ["ragged", "capacity"])
+def test_dispatch_strategies_agree_with_dense_reference(moe_model, dense_dispatch_reference, other):
+    out_d, g_d = dense_dispatch_reference
+    # capacity factor E / k gives C = N slots per expert: nothing can be dropped
+    out_r, g_r = _loss_and_grads(_with_config(moe_model, moe_dispatch=other, moe_capacity_factor=4.0))
     np.testing.assert_allclose(out_r.logits, out_d.logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out_r.aux_loss, out_d.aux_loss, rtol=1e-6)
-    g_d, g_r = flat_params(g_d), flat_params(g_r)
     for name in g_d:
         np.testing.assert_allclose(g_r[name], g_d[name], rtol=1e-4, atol=1e-6, err_msg=name)
     assert float(jnp.abs(g_r["layers/0/mlp/experts/down_proj"]).max()) > 0
@@ -196,6 +202,8 @@ def test_capacity_dispatch_drops_late_assignments_beyond_capacity():
     w = rng.rand(n, k).astype(np.float32)
     wg, wu, wd = (rng.randn(*s).astype(np.float32) * 0.3 for s in ((e, h, im), (e, h, im), (e, im, h)))
     assert expert_capacity(n, k, e, 1.0) == 6 and expert_capacity(n, k, e, 100.0) == n
+    capacity_fn = jax.jit(moe_dispatch_capacity, static_argnums=(6, 7))
+    dense_fn = jax.jit(moe_dispatch_dense, static_argnums=(6,))
     for capacity in (1, 2, 3, n):
         # admitted in token order: the first `capacity` assignments of each expert survive
         seen = np.zeros(e, int)
@@ -205,19 +213,23 @@ def test_capacity_dispatch_drops_late_assignments_beyond_capacity():
                 if seen[idx[t, j]] < capacity:
                     kept_w[t, j] = w[t, j]
                 seen[idx[t, j]] += 1
-        got = moe_dispatch_capacity(x, idx, w, wg, wu, wd, jnp.float32, capacity)
-        want = moe_dispatch_dense(x, idx, kept_w, wg, wu, wd, jnp.float32)
+        got = capacity_fn(x, idx, w, wg, wu, wd, jnp.float32, capacity)
+        want = dense_fn(x, idx, kept_w, wg, wu, wd, jnp.float32)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"capacity={capacity}")
         if capacity < 3:
             assert (kept_w == 0).any()  # the case really drops something
-    np.testing.assert_allclose(moe_dispatch_ragged(x, idx, w, wg, wu, wd, jnp.float32),
-                               moe_dispatch_dense(x, idx, w, wg, wu, wd, jnp.float32), rtol=1e-5, atol=1e-6)
+    ragged_fn = jax.jit(moe_dispatch_ragged, static_argnums=(6,))
+    np.testing.assert_allclose(ragged_fn(x, idx, w, wg, wu, wd, jnp.float32),
+                               dense_fn(x, idx, w, wg, wu, wd, jnp.float32), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ KV cache
-@pytest.mark.parametrize("kind", ["moe", "dense"])
+@pytest.mark.parametrize("kind", ["moe", "dense", "mixed_unrolled"])
 def test_cache_prefill_and_decode_match_full_forward(kind, moe_model, dense_model):
-    model = moe_model if kind == "moe" else dense_model
+    if kind == "mixed_unrolled":  # 3 layer groups (3 cache groups), python loop over layers, remat
+        model = _model(tiny_moe(num_hidden_layers=3, mlp_only_layers=(1,), scan_layers=False, remat_policy="full"))
+    else:
+        model = moe_model if kind == "moe" else dense_model
     cfg = model.config
     total, prefill = 9, 4
     ids, pos, mask = _batch(cfg, b=3, t=total, pad=(0, 2, 3), seed=1)
@@ -258,6 +270,8 @@ def test_cache_rejects_bad_inputs(moe_model):
         moe_model(ids, pos, cache=init_cache(cfg, 2, 8))
     with pytest.raises(ValueError, match="do not fit"):
         moe_model(ids, pos, cache=init_cache(cfg, 2, 4), cache_index=0)
+    with pytest.raises(ValueError, match=r"tokens \[5, 11\) do not fit a cache of 8 slots"):
+        moe_model(ids, pos, cache=init_cache(cfg, 2, 8), cache_index=5)
     with pytest.raises(ValueError, match="expected"):
         moe_model(ids, pos, cache=init_cache(cfg, 3, 8), cache_index=0)
     with pytest.raises(ValueError, match="positions shape"):
@@ -382,18 +396,20 @@ def test_aux_loss_is_top_k_for_balanced_routing():
 
 
 # ------------------------------------------------------------------------------------------ RoPE, dtypes
-@pytest.mark.parametrize("rope_scaling", [
-    None,
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128, "beta_fast": 16,
-     "mscale": 1.0, "mscale_all_dim": 0.5},
+@pytest.mark.parametrize("rope_scaling,head_dim,theta", [
+    (None, 16, 1e4),
+    (None, 128, 1e6),  # the real Qwen3 setting
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, 16, 1e4),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 128, 1e6),
+    ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128, "beta_fast": 16,
+      "mscale": 1.0, "mscale_all_dim": 0.5}, 16, 1e4),
 ])
-def test_rope_inv_freq_matches_transformers(rope_scaling):
+def test_rope_inv_freq_matches_transformers(rope_scaling, head_dim, theta):
     from transformers import Qwen3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    cfg = tiny_dense(rope_scaling=rope_scaling, max_position_embeddings=512)
+    cfg = tiny_dense(rope_scaling=rope_scaling, head_dim=head_dim, rope_theta=theta, max_position_embeddings=131072)
     hf_cfg = Qwen3Config(**cfg.to_hf_dict())
     if rope_scaling is None:
         inv_freq, scaling = Qwen3RotaryEmbedding.compute_default_rope_parameters(hf_cfg)
