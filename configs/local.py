@@ -1,0 +1,77 @@
+"""The embedded default: AceGRPO on the offline MLE suite with a tiny Qwen3-MoE, on one 2-core CPU.
+
+  python launch/tpu_train.py --config=configs/local.py
+  python launch/tpu_train.py --config=configs/local.py --config.rl.group_size=4 --config.rl.num_steps=30
+
+Every section is the ``default_config()`` of the module that reads it, so each constant is
+documented next to its use; this file only states what differs for the local run.
+"""
+import ml_collections
+
+from ace_jax import agent, buffer, checkpoint, grpo, learnability, learner, rewards, sft, sharding
+from sandbox import pool
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "local"
+    c.workdir = "runs/local"          # checkpoints, buffer, metrics, tokenizer, warm start
+    c.seed = 0
+
+    # The policy: a tiny Qwen3-MoE (models.configs preset + overrides), compute in fp32 on CPU.
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "tiny_moe"
+    c.model.hf_path = ""              # a local or gs:// HF directory to load instead of a preset
+    c.model.tokenizer_path = ""       # "" = train a BPE on the task suite into <workdir>/tokenizer
+    c.model.runtime = ml_collections.ConfigDict(dict(dtype="float32"))  # with hf_path
+    c.model.overrides = ml_collections.ConfigDict(dict(
+        vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=2048,
+        tie_word_embeddings=True, dtype="float32", moe_dispatch="ragged", remat_policy="none"))
+
+    c.mesh = sharding.default_config()          # 1 CPU device: fsdp = -1 = 1
+
+    # The RL loop.
+    c.rl = ml_collections.ConfigDict()
+    c.rl.num_steps = 24
+    c.rl.batch_states = 4             # B states sampled by the LP sampler per step
+    c.rl.group_size = 4               # G completions per state
+    c.rl.async_rollouts = True        # sandbox of step t overlaps generation / learning of t+1
+    c.rl.max_staleness = 1            # policy versions a rollout may lag behind the learner
+    c.rl.reward = "acegrpo_step"      # a name in ace_jax.rewards
+    c.rl.max_prompt_tokens = 768      # longer prompts keep their last tokens (counted in metrics)
+    c.rl.seed_with_references = True  # seed the buffer with the reference solutions too
+
+    c.sampling = ml_collections.ConfigDict()
+    c.sampling.max_new_tokens = 384
+    c.sampling.temperature = 1.0
+    c.sampling.top_k = 0
+    c.sampling.top_p = 1.0
+    c.sampling.prompt_bucket = 64
+
+    c.grpo = grpo.default_config()
+    c.optim = learner.default_config()
+    c.optim.learning_rate = 2e-5
+    c.optim.decay_steps = 24
+    c.buffer = buffer.default_config()
+    c.buffer.capacity = 2048
+    c.lp = learnability.default_config()
+    c.lp.explore_steps = 8
+    c.lp.anneal_steps = 16
+
+    c.sandbox = pool.default_config()  # bwrap isolation, 2 workers
+
+    c.agent = agent.default_config()
+    c.rewards = rewards.default_config()
+    c.sft = sft.default_config()       # warm start when no checkpoint exists
+
+    c.tasks = ml_collections.ConfigDict()
+    c.tasks.source = "offline"        # offline | mlebench
+    c.tasks.ids = ()                  # () = the whole offline suite
+    c.tasks.cache_dir = "cache/tasks"
+    c.tasks.seed = 0
+
+    c.checkpoint = checkpoint.default_config()
+    c.checkpoint.keep = 2
+    return c
