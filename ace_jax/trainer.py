@@ -96,22 +96,40 @@ class PendingStep:
 
 # --------------------------------------------------------------------------------------- setup
 
+def check_gcs_credentials(path: str) -> None:
+    """SetupError unless Google credentials are available for ``path`` (a gs:// URL).
+
+    Skipped against a storage emulator (``STORAGE_EMULATOR_HOST``). Looks for application-default
+    credentials (env var, gcloud's file, or the metadata server of a GCE / TPU VM).
+    """
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return
+    import google.auth
+    import google.auth.exceptions
+
+    try:
+        google.auth.default()
+    except google.auth.exceptions.DefaultCredentialsError as e:
+        raise SetupError(f"{path} needs Google Cloud credentials and none were found: set "
+                         "GOOGLE_APPLICATION_CREDENTIALS to a service-account key, run `gcloud "
+                         "auth application-default login`, or run on a TPU VM with a service "
+                         f"account ({e})") from e
+
+
 def check_writable(path: str) -> None:
     """Fails early (SetupError) when ``path`` (local or gs://) cannot be written."""
     if path.startswith("gs://"):
-        import gcsfs  # noqa: F401  (credentials are checked on first use below)
-
+        check_gcs_credentials(path)
         try:
             import fsspec
+
             fs, root = fsspec.core.url_to_fs(path)
             fs.makedirs(root, exist_ok=True)
             probe = root.rstrip("/") + "/.write_probe"
             fs.pipe(probe, b"ok")
             fs.rm(probe)
         except Exception as e:  # noqa: BLE001 - reported with the path and the reason
-            raise SetupError(f"cannot write to {path}: {type(e).__name__}: {e}. For gs:// set "
-                             "GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth "
-                             "application-default login`.") from e
+            raise SetupError(f"cannot write to {path}: {type(e).__name__}: {e}") from e
         return
     p = pathlib.Path(path)
     try:

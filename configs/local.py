@@ -70,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.tasks.source = "offline"        # offline | mlebench
     c.tasks.ids = ()                  # () = the whole offline suite
     c.tasks.cache_dir = "cache/tasks"
+    c.tasks.data_dir = ""             # mlebench: the directory of prepared competitions
     c.tasks.seed = 0
 
     c.checkpoint = checkpoint.default_config()

@@ -1,0 +1,62 @@
+"""Setup errors of the trainer are clear and come before any heavy work."""
+import pytest
+
+from ace_jax import config_utils, trainer
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    c = config_utils.load_config_file("configs/local.py")
+    c.workdir = str(tmp_path / "run")
+    c.tasks.cache_dir = str(tmp_path / "tasks")
+    return c
+
+
+def test_gs_without_credentials_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("NO_GCE_CHECK", "true")           # not on a GCE VM: no metadata server
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud application-default file
+    with pytest.raises(trainer.SetupError, match="credentials"):
+        trainer.check_writable("gs://some-bucket/run")
+
+
+def test_unknown_task_is_refused_with_the_available_ones(cfg):
+    cfg.tasks.ids = ("iris-species", "no-such-task")
+    with pytest.raises(trainer.SetupError, match="no-such-task.*available"):
+        trainer.Trainer(cfg, progress=False)
+
+
+def test_unknown_reward_and_bad_group_size(cfg):
+    cfg.rl.reward = "nope"
+    with pytest.raises(KeyError, match="acegrpo_step"):
+        trainer.Trainer(cfg, progress=False)
+    cfg.rl.reward = "acegrpo_step"
+    cfg.rl.group_size = 1
+    with pytest.raises(trainer.SetupError, match="group_size"):
+        trainer.Trainer(cfg, progress=False)
+
+
+def test_missing_mlebench_dir(cfg, tmp_path):
+    cfg.tasks.source = "mlebench"
+    cfg.tasks.data_dir = str(tmp_path / "absent")
+    with pytest.raises(trainer.SetupError, match="not a directory"):
+        trainer.Trainer(cfg, progress=False)
+
+
+def test_tokenizer_that_does_not_match_the_model(cfg, tmp_path):
+    from flax import nnx
+
+    from models import configs, hf_mapping, qwen3, tokenizer
+
+    tok_dir = tmp_path / "tok"
+    tokenizer.train_bpe_tokenizer(["print('hello world')\n" * 50, "import numpy as np\n" * 50],
+                                  300, str(tok_dir))
+    small = qwen3.Qwen3ForCausalLM(configs.tiny_dense(vocab_size=128), rngs=nnx.Rngs(0))
+    hf_dir = tmp_path / "hf"
+    hf_mapping.export_hf(small, small.config, str(hf_dir))
+    cfg.model.hf_path = str(hf_dir)
+    cfg.model.tokenizer_path = str(tok_dir)
+    cfg.tasks.ids = ("iris-species",)
+    with pytest.raises(trainer.SetupError, match="do not belong together"):
+        trainer.Trainer(cfg, progress=False)
