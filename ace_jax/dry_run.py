@@ -452,7 +452,7 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
         key = jax.eval_shape(lambda: jax.random.key(0))
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
         p_in = jax.tree.map(_with_sharding, params, psh)
-        args = (graphdef, m, g, p_in, knobs, ids, ids, msk, key)
+        args = (graphdef, m, g, None, p_in, knobs, ids, ids, msk, key)  # placement: none
         lowering["generate_rollout"], _ = _trace_and_lower(generate._rollout, args, platform)
 
     report = {

@@ -97,6 +97,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.tasks.source = "mlebench"       # prepared competitions (`mlebench prepare`), see docs/tpu.md
     c.tasks.ids = ()                  # () = every prepared competition under data_dir
     c.tasks.data_dir = "/mnt/mlebench/data"   # placeholder: the MLE-bench data dir on every host
+    c.tasks.time_limit_s = 0.0        # 0 = each competition's own budget
     c.tasks.cache_dir = "cache/tasks"
     c.tasks.seed = 0
 

@@ -107,3 +107,14 @@ def test_kill9_and_resume_matches_uninterrupted_run(tmp_path):
     assert _metrics_steps(resumed) == [0, 1, 2, 3, 4]
     assert _rollouts(resumed) == _rollouts(straight)  # same states, completions, rewards
     assert _buffer_states(resumed) == _buffer_states(straight)
+
+
+def test_dry_run_of_the_production_config_prints_the_plan():
+    out = subprocess.run([sys.executable, str(REPO / "launch/tpu_train.py"),
+                          "--config=configs/ace30b.py", "--dry_run"], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "30,532,122,624" in text or "30532122624" in text, text[:2000]
+    assert "HBM" in text
+    assert "learner_step       ok" in text and "generate_rollout   ok" in text, text[-3000:]
