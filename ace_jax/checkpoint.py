@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 from typing import Any
 
@@ -152,7 +153,9 @@ class Checkpointer:
             raise ValueError("checkpoint directory is empty")
         if save_interval_steps < 1:
             raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
-        self.directory = epath.Path(directory)
+        # Orbax needs absolute local paths; URLs (gs://...) pass through.
+        self.directory = epath.Path(directory if "://" in str(directory)
+                                    else os.path.abspath(directory))
         self.save_interval_steps = int(save_interval_steps)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=1, create=True,

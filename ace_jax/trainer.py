@@ -160,6 +160,9 @@ def load_tasks(cfg: ml_collections.ConfigDict) -> list:
         tasks = [mlebench.load_mlebench_task(i, data_dir, seed=cfg.tasks.seed) for i in ids]
     else:
         raise SetupError(f"tasks.source={cfg.tasks.source!r}; valid: offline, mlebench")
+    if cfg.tasks.get("time_limit_s", 0):  # a tighter per-execution budget than the tasks' own
+        for t in tasks:
+            t.time_limit_s = min(float(t.time_limit_s), float(cfg.tasks.time_limit_s))
     for t in tasks:
         if not t.leaderboard:
             raise SetupError(f"task {t.task_id} has no reference leaderboard (needed for the "

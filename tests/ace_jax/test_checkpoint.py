@@ -319,3 +319,21 @@ def test_gcs_round_trip_against_emulator():
     proc = subprocess.run([sys.executable, "-c", GCS_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=240)
     assert "GCS_ROUND_TRIP_OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_relative_directory_is_made_absolute(tmp_path, monkeypatch):
+    """A relative directory (the local config's runs/local) works: Orbax needs absolute paths."""
+    import jax.numpy as jnp
+
+    from ace_jax.checkpoint import Checkpointer, TrainState
+
+    monkeypatch.chdir(tmp_path)
+    state = TrainState(step=1, params={"w": jnp.ones(3)}, opt_state={"m": jnp.zeros(3)},
+                       rng=jax.random.key(0), sampler_state={"a": 1})
+    with Checkpointer("runs/rel/checkpoints", keep=2, async_save=False) as ck:
+        assert ck.save(state, force=True)
+        ck.wait_until_finished()
+        assert ck.all_steps() == [1]
+        back = ck.restore(1, state)
+    assert back.sampler_state == {"a": 1}
+    assert (tmp_path / "runs/rel/checkpoints/1").is_dir()
