@@ -147,10 +147,21 @@ def sample_token(key: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
     """Draws one token per row. logits float32 [N, V] -> (token int32 [N], logprob float32 [N]).
 
     The log-prob is that of log_softmax(logits / T) (T = 1 when greedy), before top-k / top-p.
+    With top-k and top-p off (the RL setting) the vocabulary sort is skipped at run time
+    (``lax.cond`` on the traced knobs), which is most of the cost of a decode step on CPU.
     """
     greedy = knobs.temperature <= 0.0
     scaled = logits / jnp.where(greedy, 1.0, knobs.temperature)
     logp = jax.nn.log_softmax(scaled, axis=-1)
+    untruncated = (knobs.top_k <= 0) & (knobs.top_p >= 1.0)
+    filtered = jax.lax.cond(untruncated, lambda s: s, lambda s: _truncate(s, knobs), scaled)
+    sampled = jax.random.categorical(key, filtered, axis=-1)
+    token = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+def _truncate(scaled: jax.Array, knobs: SamplingKnobs) -> jax.Array:
+    """Top-k / top-p filtering of scaled logits [N, V]: dropped tokens get -inf."""
     sorted_desc = jnp.sort(scaled, axis=-1)[:, ::-1]
     vocab = scaled.shape[-1]
     # top-k: keep logits >= the k-th largest (k = 0 keeps everything).
@@ -161,10 +172,7 @@ def sample_token(key: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
     probs = jax.nn.softmax(jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf), axis=-1)
     keep_sorted = (jnp.cumsum(probs, axis=-1) - probs) < knobs.top_p
     cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    filtered = jnp.where((scaled >= kth) & (scaled >= cutoff), scaled, -jnp.inf)
-    sampled = jax.random.categorical(key, filtered, axis=-1)
-    token = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
-    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    return jnp.where((scaled >= kth) & (scaled >= cutoff), scaled, -jnp.inf)
 
 
 def share_cache(cache: qwen3.KVCache, g: int) -> qwen3.KVCache:
@@ -176,17 +184,24 @@ def share_cache(cache: qwen3.KVCache, g: int) -> qwen3.KVCache:
                          kv_mask=jnp.repeat(cache.kv_mask, g, axis=0))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _rollout(graphdef, max_new_tokens: int, group_size: int, params, knobs: SamplingKnobs, ids,
-             positions, mask, key):
+def _constrain_cache(cache: qwen3.KVCache, placement) -> qwen3.KVCache:
+    if placement is None:
+        return cache
+    return jax.lax.with_sharding_constraint(cache, placement.kv_cache(cache))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
+             knobs: SamplingKnobs, ids, positions, mask, key):
     model = nnx.merge(graphdef, params)
     b, p = ids.shape
     m, g = max_new_tokens, group_size
     n = b * g
-    cache = qwen3.init_cache(model.config, b, p + m)
-    out = model(ids, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0))
-    last_logits = jnp.repeat(out.logits[:, -1, :], g, axis=0)
-    cache = share_cache(out.cache, g)
+    cache = _constrain_cache(qwen3.init_cache(model.config, b, p + m), placement)
+    out = model(ids, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0),
+                compute_logits=False)  # only the last position's logits are needed
+    last_logits = jnp.repeat(model.lm_logits(out.hidden_states[:, -1, :]), g, axis=0)
+    cache = _constrain_cache(share_cache(out.cache, g), placement)
     next_pos = jnp.repeat(positions[:, -1] + 1, g, axis=0)
     stops = knobs.stop_table
     window0 = jnp.full((n, stops.shape[1]), -2, jnp.int32)
@@ -215,8 +230,8 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, params, knobs: Samp
         step_out = model(tok[:, None], (next_pos + t)[:, None],
                          attention_mask=jnp.ones((n, 1), bool), cache=cache,
                          cache_index=jnp.int32(p) + t)
-        return (t + 1, step_out.logits[:, -1, :], step_out.cache, tokens, logprobs, done, lengths,
-                reason, window)
+        return (t + 1, step_out.logits[:, -1, :], _constrain_cache(step_out.cache, placement),
+                tokens, logprobs, done, lengths, reason, window)
 
     init = (jnp.int32(0), last_logits, cache, jnp.full((n, m), knobs.pad_id, jnp.int32),
             jnp.zeros((n, m), jnp.float32), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32),
@@ -235,11 +250,15 @@ class Generator:
       gen.update_weights(nnx.state(new_model, nnx.Param))          # after a learner step
     """
 
-    def __init__(self, model: nnx.Module, sampling: SamplingConfig):
+    def __init__(self, model: nnx.Module, sampling: SamplingConfig, *, placement=None):
+        """``placement``: an `ace_jax.placement.Placement` to run sharded: the prompts and the KV
+        cache are split over its 'batch' rule (place the params with ``placement.place_params``
+        first). None: wherever the params live (one device)."""
         self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(self.rest):
             raise ValueError("the policy holds non-parameter state; Generator expects params only")
         self.sampling = sampling
+        self.placement = placement
 
     def update_weights(self, params: nnx.State) -> None:
         """Installs new parameters (same structure and shapes; e.g. after a learner step)."""
@@ -253,6 +272,8 @@ class Generator:
         """Samples ``group_size`` completions for each prompt (token-id lists of any lengths)."""
         cfg = sampling or self.sampling
         ids, pos, mask = left_pad(prompts, cfg.prompt_bucket, cfg.pad_id)
-        return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, self.params,
-                        SamplingKnobs.from_config(cfg), jnp.asarray(ids), jnp.asarray(pos),
-                        jnp.asarray(mask), key)
+        inputs = (ids, pos, mask)
+        if self.placement is not None:
+            inputs = self.placement.place_batch(inputs)
+        return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, self.placement,
+                        self.params, SamplingKnobs.from_config(cfg), *map(jnp.asarray, inputs), key)

@@ -72,11 +72,17 @@ def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationR
 
 def completion_logits(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
     """Runs the policy on full rows; returns (logits float32 [N, M, V] that predict the completion
-    tokens, router aux loss scalar)."""
-    out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask)
+    tokens, router aux loss scalar).
+
+    Only the M positions that predict completion tokens go through the lm_head (the prompt
+    positions' [N, P, V] logits are never formed), which saves that share of the lm_head matmul
+    in the forward and the backward pass.
+    """
+    out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
+                compute_logits=False)
     p = batch.prompt_len
     m = batch.completion_mask.shape[1]
-    return out.logits[:, p - 1:p - 1 + m, :], out.aux_loss
+    return model.lm_logits(out.hidden_states[:, p - 1:p - 1 + m, :]), out.aux_loss
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float):

@@ -76,3 +76,9 @@ def active_matmul_params(cfg) -> int:
 def attention_flops_per_token(cfg, context: float) -> float:
     """Forward FLOPs of QK^T and AV for one token attending to ``context`` positions."""
     return 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
+
+
+def dropless_capacity_factor(cfg) -> float:
+    """The smallest ``moe_capacity_factor`` for which the "capacity" dispatch can never drop an
+    assignment: E / k gives ceil(factor * N * k / E) = N slots per expert (so it is exact)."""
+    return float(cfg.num_experts) / float(cfg.num_experts_per_tok)

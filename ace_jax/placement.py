@@ -1,0 +1,174 @@
+"""NNX-aware placement: the model's logical axis names -> NamedShardings on a mesh.
+
+`ace_jax.sharding` maps logical axis names to mesh axes for plain pytrees. This module applies it
+to the objects of the RL runtime: a Flax NNX policy (its ``nnx.Param`` s carry their logical axes
+as ``out_sharding`` metadata, see `models.qwen3`), the learner's ``LearnerState`` (params, optax
+state, step), a ``TrainBatch`` and a ``KVCache``::
+
+    placement = Placement.create(mesh, rules)            # rules: cfg.mesh.rules or a dict
+    params = placement.place_params(model)               # the module now lives on the mesh
+    learner = Learner.create(model, grpo_cfg, optim_cfg, group_size=G,
+                             state_shardings=placement.learner_state(params, optim_cfg),
+                             batch_sharding=placement.batch(batch))
+    gen = Generator(model, sampling, placement=placement)  # batch- and cache-sharded rollouts
+
+Every sharding follows `sharding.logical_to_pspec` (so a dim that a mesh axis does not divide is
+replicated over that axis, with a warning), and a `Placement` is hashable, so it can be a static
+argument of ``jax.jit``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from ace_jax import sharding as sh
+
+__all__ = [
+    "Placement",
+    "param_shardings",
+    "place_params",
+    "KV_CACHE_LOGICAL_AXES",
+    "KV_MASK_LOGICAL_AXES",
+]
+
+# KVCache leaves: k / v [Lg, B, S, nkv, d] and kv_mask [B, S].
+KV_CACHE_LOGICAL_AXES: tuple[str, ...] = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+KV_MASK_LOGICAL_AXES: tuple[str, ...] = ("batch", "cache_length")
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _param_state(model_or_state: Any) -> nnx.State:
+    if isinstance(model_or_state, nnx.Module):
+        return nnx.state(model_or_state, nnx.Param)
+    if isinstance(model_or_state, nnx.State):
+        return model_or_state
+    raise TypeError(f"expected an nnx.Module or its nnx.State of Params, got "
+                    f"{type(model_or_state).__name__}")
+
+
+def param_shardings(model_or_state: Any, mesh: Mesh, rules: Mapping[str, Any]) -> nnx.State:
+    """NamedShardings for a module's Params (or an ``nnx.split`` / ``nnx.state`` Param state).
+
+    Returns an ``nnx.State`` of the same structure whose Variables hold a ``NamedSharding``
+    instead of an array, so it can be passed wherever the param state goes (``jax.device_put``,
+    ``jax.jit`` in/out_shardings). Every Param must carry ``out_sharding`` (its logical axes, one
+    per dim); abstract states (``nnx.eval_shape``) work too.
+
+    Raises:
+      ValueError: a Param without logical axes, or whose axes do not match its rank.
+      sharding.UnknownLogicalAxisError: an axis name the rules do not map.
+    """
+    state = _param_state(model_or_state)
+    rules = sh.rules_from_config(rules.to_dict() if hasattr(rules, "to_dict") else rules)
+
+    def one(path, var):
+        axes = var.get_metadata().get("out_sharding")
+        name = "/".join(str(p) for p in path)
+        shape = tuple(np.shape(var.get_value()))
+        if axes is None:
+            raise ValueError(f"param {name} {shape} has no logical axes (out_sharding metadata)")
+        if len(axes) != len(shape):
+            raise ValueError(f"param {name}: logical axes {tuple(axes)} do not match shape {shape}")
+        return var.replace(sh.logical_sharding(tuple(axes), shape, mesh, rules))
+
+    return jax.tree_util.tree_map_with_path(one, state, is_leaf=_is_variable)
+
+
+def place_params(model_or_state: Any, mesh: Mesh, rules: Mapping[str, Any]) -> nnx.State:
+    """Puts a module's Params (or a Param state) on the mesh as the rules say.
+
+    A module is updated in place (its Params then hold the sharded arrays, so ``nnx.split``,
+    `Generator` and `Learner.create` see them); the placed Param state is returned either way.
+    """
+    state = _param_state(model_or_state)
+    placed = jax.device_put(state, param_shardings(state, mesh, rules))
+    if isinstance(model_or_state, nnx.Module):
+        nnx.update(model_or_state, placed)
+    return placed
+
+
+def _hashable_rules(rules: Mapping[str, Any]) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    norm = sh.rules_from_config(rules.to_dict() if hasattr(rules, "to_dict") else rules)
+    return tuple(sorted(norm.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A mesh plus a (normalised, hashable) rules table; builds the runtime's shardings.
+
+    Attributes:
+      mesh: the device mesh (axes `sharding.MESH_AXES`).
+      rules: ((logical name, mesh axes or None), ...), sorted; build with `Placement.create`.
+    """
+
+    mesh: Mesh
+    rules: tuple[tuple[str, tuple[str, ...] | None], ...]
+
+    @classmethod
+    def create(cls, mesh: Mesh, rules: Mapping[str, Any] | None = None) -> "Placement":
+        """From a mesh and a rules table (config section, dict; default `sharding.DEFAULT_RULES`)."""
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+        return cls(mesh, _hashable_rules(sh.DEFAULT_RULES if rules is None else rules))
+
+    @property
+    def rules_dict(self) -> dict[str, tuple[str, ...] | None]:
+        return dict(self.rules)
+
+    def sharding(self, axes: tuple[str | None, ...], shape: tuple[int, ...]) -> NamedSharding:
+        """The NamedSharding of one array with logical ``axes`` and ``shape``."""
+        return sh.logical_sharding(axes, shape, self.mesh, self.rules_dict)
+
+    def params(self, model_or_state: Any) -> nnx.State:
+        """`param_shardings` on this mesh."""
+        return param_shardings(model_or_state, self.mesh, self.rules_dict)
+
+    def place_params(self, model_or_state: Any) -> nnx.State:
+        """`place_params` on this mesh (a module is updated in place)."""
+        return place_params(model_or_state, self.mesh, self.rules_dict)
+
+    def batch(self, tree: Any) -> Any:
+        """Shardings of a pytree of [B, ...] arrays (e.g. a ``TrainBatch``): rows over the
+        'batch' rule, every other dim replicated. Leaves may be arrays or ShapeDtypeStructs."""
+        return jax.tree.map(lambda x: self.sharding(sh.batch_axes(np.ndim(x)), np.shape(x)), tree)
+
+    def place_batch(self, tree: Any) -> Any:
+        """``tree`` placed by `batch`."""
+        return sh.place(tree, self.batch(tree))
+
+    def kv_cache(self, cache: Any) -> Any:
+        """Shardings of a `models.qwen3.KVCache`: k / v [Lg, B, S, nkv, d] by
+        `KV_CACHE_LOGICAL_AXES`, kv_mask [B, S] by `KV_MASK_LOGICAL_AXES` (same pytree type)."""
+        def one(x):
+            ndim = np.ndim(x)
+            if ndim == len(KV_CACHE_LOGICAL_AXES):
+                return self.sharding(KV_CACHE_LOGICAL_AXES, np.shape(x))
+            if ndim == len(KV_MASK_LOGICAL_AXES):
+                return self.sharding(KV_MASK_LOGICAL_AXES, np.shape(x))
+            raise ValueError(f"unexpected KV-cache leaf of shape {np.shape(x)}")
+
+        return jax.tree.map(one, cache)
+
+    def optimizer_state(self, tx: Any, params: Any) -> Any:
+        """Shardings of ``tx.init(params)``: params-shaped parts follow the params, the rest
+        (counts) replicated. ``params``: the Param state (arrays or abstract)."""
+        abstract = jax.eval_shape(tx.init, params)
+        return sh.optimizer_state_shardings(tx, abstract, self.params(params), self.mesh)
+
+    def learner_state(self, params: Any, optim_cfg: Any) -> Any:
+        """Shardings of a `learner.LearnerState` for the optimizer of ``optim_cfg``."""
+        from ace_jax import learner  # local: learner imports rollout_batch -> generate -> here
+
+        params = _param_state(params)
+        tx, _ = learner.make_optimizer(optim_cfg)
+        return learner.LearnerState(self.params(params), self.optimizer_state(tx, params),
+                                    sh.replicated(self.mesh))
