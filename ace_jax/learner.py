@@ -4,9 +4,9 @@
 
 1. group-relative advantages and the zero-variance-group filter from the batch's rewards
    (over the whole batch, so microbatching never changes them);
-2. microbatched gradient accumulation (``lax.scan`` over ``optim.microbatches`` row slices), each
-   microbatch's loss weighted by its share of the aggregation denominator, so the accumulated
-   gradient equals the full-batch gradient for every aggregation mode;
+2. microbatched gradient accumulation (``lax.scan`` over ``optim.microbatches`` row slices),
+   every microbatch's numerator divided by the whole batch's aggregation denominator, so the
+   accumulated gradient equals the full-batch gradient for every aggregation mode;
 3. global-norm clipping and AdamW with linear warmup and cosine decay (optax);
 4. a non-finite guard: if the loss or the gradient norm is not finite the update is skipped,
    parameters and optimizer state stay bitwise intact, and ``skipped = 1`` is reported.
@@ -136,7 +136,9 @@ class Learner:
 
 
 def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, advantages,
-                     sequence_mask, weight):
+                     sequence_mask, loss_denominator):
+    """This microbatch's share of the full-batch loss (its numerator over the batch's
+    denominator), plus its share of the router aux loss."""
     model = nnx.merge(graphdef, params)
     logits, aux = completion_logits(model, mb)
     tokens = mb.input_ids[:, mb.prompt_len:]
@@ -145,18 +147,11 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, adva
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
         advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
-        ref_logprobs=mb.ref_logprobs if grpo_cfg.beta else None, entropy=entropy)
-    total = weight * loss + optim_cfg.aux_loss_coef * aux / optim_cfg.microbatches
+        ref_logprobs=mb.ref_logprobs if grpo_cfg.beta else None, entropy=entropy,
+        loss_denominator=loss_denominator)
+    total = loss + optim_cfg.aux_loss_coef * aux / optim_cfg.microbatches
     metrics["aux_loss"] = aux
     return total, metrics
-
-
-def _aggregation_denominator(grpo_cfg, keep: jax.Array) -> jax.Array:
-    """The aggregation mode's denominator for a loss mask [n, T] (tokens or sequences)."""
-    agg = grpo.LOSS_AGGREGATIONS.get(grpo_cfg.loss_agg_mode)
-    _, den = agg(jnp.zeros_like(keep), keep, max_completion_length=max(
-        grpo_cfg.max_completion_length, 1))
-    return den
 
 
 def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, state: LearnerState,
@@ -172,19 +167,19 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, state
         sequence_mask = jnp.ones((n,), bool)
     keep = batch.completion_mask * sequence_mask[:, None].astype(jnp.float32)
     split = lambda x: x.reshape((k, n // k) + x.shape[1:])
-    micro = jax.tree.map(split, (batch, advantages, sequence_mask, keep))
-    den_total = _aggregation_denominator(grpo_cfg, keep)
+    micro = jax.tree.map(split, (batch, advantages, sequence_mask))
+    # One denominator for the whole batch: the microbatch losses then sum to the batch loss.
+    den_total = grpo.aggregation_denominator(
+        keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
 
     grad_fn = jax.value_and_grad(
-        lambda p, mb, adv, sm, w: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, p, mb, adv, sm,
-                                                   w), has_aux=True)
+        lambda p, mb, adv, sm: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, p, mb, adv, sm,
+                                                den_total), has_aux=True)
 
     def accumulate(carry, xs):
         grads, loss = carry
-        mb, adv, sm, kp = xs
-        den = _aggregation_denominator(grpo_cfg, kp)
-        weight = jnp.where(den_total > 0, den / jnp.maximum(den_total, 1e-9), 0.0)
-        (l, metrics), g = grad_fn(state.params, mb, adv, sm, weight)
+        mb, adv, sm = xs
+        (l, metrics), g = grad_fn(state.params, mb, adv, sm)
         grads = jax.tree.map(jnp.add, grads, g)
         return (grads, loss + l), metrics
 
