@@ -52,6 +52,9 @@ def default_config() -> ml_collections.ConfigDict:
     # acegrpo_step
     c.r_format = -1.0        # completion not in the required format (not executed)
     c.r_fail = 0.0           # executed, but failed or wrote no valid submission
+    # Optional shaping: the reward of code that does not even compile (None: r_fail, the paper's
+    # reward). A value below r_fail gives a weak policy a signal towards runnable code.
+    c.r_syntax_error = None
     c.r_valid = 1.0          # a valid, graded submission
     c.improve_coef = 0.5     # lambda: weight of the clipped, spread-normalised improvement
     c.improve_clip = 1.0     # the improvement term is clipped to [-improve_clip, improve_clip]
@@ -175,7 +178,9 @@ def acegrpo_step(*, action: Any, result: Optional[ExecutionResult], current_scor
         return float(cfg.r_format)
     new = valid_score(result)
     if new is None:
-        return float(cfg.r_fail)
+        syntax = result is not None and result.status is Status.SYNTAX_ERROR
+        shaped = cfg.get("r_syntax_error", None)
+        return float(shaped if syntax and shaped is not None else cfg.r_fail)
     return float(cfg.r_valid + cfg.improve_coef * improvement(new, current_score, targets, cfg.improve_clip))
 
 

@@ -70,10 +70,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent = agent.default_config()
     c.agent.show_system = False       # short prompts for the tiny policy
     c.rewards = rewards.default_config()
+    # Shaping for the tiny policy: code that does not compile scores below code that runs and
+    # fails, so early groups (few valid submissions) still carry a gradient.
+    c.rewards.r_syntax_error = -0.5
     c.sft = sft.default_config()       # warm start when no checkpoint exists
     c.sft.kinds = ("draft",)           # drafts only: the tiny policy confuses tasks otherwise
-    c.sft.steps = 200
-    c.sft.seconds = 240.0
+    c.sft.steps = 200                  # ~4 min on 2 idle cores; the seconds cap is a safety net
+    c.sft.seconds = 600.0
 
     c.tasks = ml_collections.ConfigDict()
     c.tasks.source = "offline"        # offline | mlebench

@@ -113,3 +113,12 @@ def test_task_targets_from_a_real_task():
     t = rewards.task_targets(task)
     assert t.lower_is_better and t.baseline == pytest.approx(task.baseline_score)
     assert t.gold == task.gold and t.median == task.median and t.spread > 0
+
+
+def test_acegrpo_optional_syntax_shaping():
+    syntax = ExecutionResult(Status.SYNTAX_ERROR, exit_code=1)
+    runtime = ExecutionResult(Status.RUNTIME_ERROR, exit_code=1)
+    assert step(ACT, syntax, 0.6, HI) == 0.0                     # off by default: the paper's reward
+    assert step(ACT, syntax, 0.6, HI, r_syntax_error=-0.5) == -0.5
+    assert step(ACT, runtime, 0.6, HI, r_syntax_error=-0.5) == 0.0
+    assert step(BAD, None, 0.6, HI, r_syntax_error=-0.5) == -1.0
