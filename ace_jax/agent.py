@@ -52,8 +52,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.stderr_tail_chars = 160      # characters of each history entry's stderr tail shown
     c.max_code_chars = 4000        # current code longer than this is cut at a line (marker added);
     #                                a completion whose code is longer is an InvalidAction(TOO_LONG)
-    c.max_columns_chars = 240      # brief mode: the train-column list is shortened to this
-    c.show_system = True           # include the system turn (the sandbox rules)
+    c.max_columns_chars = 80       # brief mode: feature / submission column lists are cut to this
+    c.show_system = True           # include the system turn (the sandbox rules; ~70 tokens)
     return c
 
 
@@ -140,13 +140,12 @@ def _overview_line(description: str) -> str:
     return m.group(1) if m else text
 
 
-def _train_columns(task: Any) -> Optional[list[str]]:
+def _csv_header(task: Any, name: str) -> Optional[list[str]]:
     public = getattr(task, "public_dir", None)
     if public is None:
         return None
-    path = pathlib.Path(public) / "train.csv"
     try:
-        with path.open() as f:
+        with (pathlib.Path(public) / name).open() as f:
             header = f.readline().strip()
     except OSError:
         return None
@@ -154,13 +153,21 @@ def _train_columns(task: Any) -> Optional[list[str]]:
 
 
 def brief_description(task: Any, cfg: ml_collections.ConfigDict) -> str:
-    """A few lines: task id, what to predict, metric and direction, train and submission columns."""
+    """A few lines: task id, what to predict, metric and direction, the train.csv target column(s)
+    (the train columns missing from test.csv), a short feature list, the submission columns."""
     direction = "lower is better" if task.lower_is_better else "higher is better"
     lines = [f"Task: {task.task_id}", _overview_line(task.description),
              f"Metric: {task.metric} ({direction})."]
-    cols = _train_columns(task)
-    if cols:
-        lines.append(f"train.csv columns: {compress_columns(cols, cfg.max_columns_chars)}")
+    train, test = _csv_header(task, "train.csv"), _csv_header(task, "test.csv")
+    if train:
+        test_set = set(test or ())
+        targets = [c for c in train if c not in test_set] if test else []
+        features = [c for c in train if c in test_set and c != task.id_column] if test else \
+            [c for c in train if c != task.id_column]
+        if targets:
+            lines.append(f"train.csv target: {', '.join(targets)}")
+        if features:
+            lines.append(f"features ({len(features)}): {compress_columns(features, cfg.max_columns_chars)}")
     sub_cols = [task.id_column, *task.target_columns]
     lines.append(f"submission.csv columns: {compress_columns(sub_cols, cfg.max_columns_chars)}")
     if getattr(task, "labels", None):

@@ -24,6 +24,7 @@ def task(tmp_path):
     pub.mkdir()
     cols = ["id"] + [f"px_{i}" for i in range(10)] + ["size", "colour"]
     (pub / "train.csv").write_text(",".join(cols) + "\n" + ",".join(["1"] * len(cols)) + "\n")
+    (pub / "test.csv").write_text(",".join(cols[:-1]) + "\n" + ",".join(["1"] * (len(cols) - 1)) + "\n")
     return Task(task_id="toy-flowers", description=DESCRIPTION, public_dir=pub, private_dir=tmp_path / "private",
                 metric="accuracy", lower_is_better=False, target_columns=("colour",), labels=("red", "blue"))
 
@@ -64,7 +65,7 @@ def test_brief_draft_prompt(task):
     assert user.startswith("Task: toy-flowers\nPredict the colour of a flower from its size.\n")
     assert "Second sentence" not in user
     assert "Metric: accuracy (higher is better)." in user
-    assert "train.csv columns: id, px_0..px_9 (10 columns), size, colour" in user
+    assert "train.csv target: colour\nfeatures (11): px_0..px_9 (10 columns), size\n" in user
     assert "submission.csv columns: id, colour" in user and "labels: red, blue" in user
     assert "Current script" not in user and user.endswith("Step: draft. Write a first solution.")
     prompt = agent.render_prompt(state(), task, cfg)

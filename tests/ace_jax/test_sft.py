@@ -35,8 +35,8 @@ def tiny_cfg(**over):
     return c
 
 
-def tiny_model(seed=0):
-    cfg = configs.tiny_moe(vocab_size=304, num_experts=4, max_position_embeddings=256)
+def tiny_model(seed=0, max_positions=256):
+    cfg = configs.tiny_moe(vocab_size=304, num_experts=4, max_position_embeddings=max_positions)
     return qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -65,7 +65,7 @@ def test_tokenizer_is_deterministic(tasks, tmp_path):
 
 
 def test_examples_use_the_agent_format(tasks):
-    ex = sft.build_sft_examples(tasks, sft.default_config())
+    ex = sft.build_sft_examples(tasks, tiny_cfg(kinds=("draft", "improve", "debug")))
     kinds = {e.kind for e in ex}
     assert kinds == {"draft", "improve", "debug"}
     iris = [s.code for s in seed_corpus.list_scripts("iris-species")]
@@ -157,3 +157,13 @@ def test_sft_errors(tok):
     small = qwen3.Qwen3ForCausalLM(configs.tiny_moe(vocab_size=256, num_experts=4), rngs=nnx.Rngs(0))
     with pytest.raises(sft.SFTError, match="vocab_size"):
         sft.train_sft(small, tok, TOY, tiny_cfg(), progress=False)
+
+
+def test_warm_start_end_to_end(tasks, tmp_path):
+    cfg = tiny_cfg(kinds=("draft",), steps=2, buckets=(1536,), vocab_size=300)  # a 300-token BPE: long
+    acfg = agent.default_config()
+    acfg.show_system = False
+    model, tok, m = sft.warm_start(tiny_model(max_positions=2048), tasks[:1], str(tmp_path / "tok"), cfg, acfg, progress=False)
+    assert (tmp_path / "tok" / "tokenizer.json").is_file() and len(tok) <= 300
+    assert m["steps"] == 2 and m["examples"] == len(seed_corpus.list_scripts(TASK_IDS[0]))
+    assert np.isfinite(m["final_loss"])
