@@ -548,7 +548,7 @@ class Trainer:
                 continue
             task = self.task_by_id[task_id]
             m[metrics_lib.task_scalar(task_id, "best_dev_score")] = best
-            m[metrics_lib.task_scalar(task_id, "medal")] = MEDAL_LEVELS[task.medal(best)]
+            m[metrics_lib.task_scalar(task_id, "medal")] = medal_level(task.medal(best))
         return m
 
     # ------------------------------------------------------------------ the loop
@@ -599,4 +599,6 @@ class Trainer:
         self.metrics.close()
 
 
-MEDAL_LEVELS = {"gold": 3, "silver": 2, "bronze": 1, None: 0, "none": 0}
+def medal_level(report) -> int:
+    """3 gold, 2 silver, 1 bronze, 0 none, from a ``sandbox.grading.MedalReport``."""
+    return 3 if report.gold else 2 if report.silver else 1 if report.bronze else 0

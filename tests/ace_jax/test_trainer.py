@@ -60,3 +60,11 @@ def test_tokenizer_that_does_not_match_the_model(cfg, tmp_path):
     cfg.tasks.ids = ("iris-species",)
     with pytest.raises(trainer.SetupError, match="do not belong together"):
         trainer.Trainer(cfg, progress=False)
+
+
+def test_medal_level_from_a_task_report():
+    from sandbox.grading import medal_report, medal_thresholds
+
+    thr = medal_thresholds([0.1 * i for i in range(1, 21)], lower_is_better=False)
+    levels = [trainer.medal_level(medal_report(s, thr)) for s in (2.5, thr.silver, thr.bronze, 0.0)]
+    assert levels == [3, 2, 1, 0]
