@@ -107,9 +107,9 @@ def test_compute_rewards_batch():
         rewards.compute_rewards("nope", [], [], [], [])
 
 
-def test_task_targets_from_a_real_task():
+def test_task_targets_from_a_real_task(tmp_path):
     from sandbox.tasks import registry
-    task = registry.load_task("iris-species", prepare_if_missing=False)
+    task = registry.load_task("iris-species", tmp_path, prepare_if_missing=True)
     t = rewards.task_targets(task)
     assert t.lower_is_better and t.baseline == pytest.approx(task.baseline_score)
     assert t.gold == task.gold and t.median == task.median and t.spread > 0

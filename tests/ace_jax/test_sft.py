@@ -17,8 +17,9 @@ TASK_IDS = ("iris-species", "linnerud-physiology")
 
 
 @pytest.fixture(scope="module")
-def tasks():
-    return [registry.load_task(t, prepare_if_missing=False) for t in TASK_IDS]
+def tasks(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("tasks")
+    return [registry.load_task(t, cache, prepare_if_missing=True) for t in TASK_IDS]
 
 
 @pytest.fixture(scope="module")
