@@ -74,8 +74,10 @@ def get_config() -> ml_collections.ConfigDict:
     # fails, so early groups (few valid submissions) still carry a gradient.
     c.rewards.r_syntax_error = -0.5
     c.sft = sft.default_config()       # warm start when no checkpoint exists
-    c.sft.kinds = ("draft",)           # drafts only: the tiny policy confuses tasks otherwise
-    c.sft.steps = 200                  # ~4 min on 2 idle cores; the seconds cap is a safety net
+    # All three kinds: RL soon samples debug / improve states (children of earlier steps); a
+    # drafts-only warm start never saw such prompts and mostly fails to close its code block there.
+    c.sft.kinds = ("draft", "improve", "debug")
+    c.sft.steps = 400                  # ~6 min on 2 idle cores; the seconds cap is a safety net
     c.sft.seconds = 600.0
 
     c.tasks = ml_collections.ConfigDict()
