@@ -317,7 +317,7 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     build_s = time.perf_counter() - t0
 
     n, p, m, t = shp["rows"], shp["prompt_len"], shp["new_tokens"], shp["seq_len"]
-    b, g, k = shp["prompts"], shp["group_size"], shp["microbatches"]
+    b, g = shp["prompts"], shp["group_size"]
     bsh1 = sharding.logical_sharding(sharding.batch_axes(1), (n,), mesh, rules)
     bsh2 = sharding.logical_sharding(sharding.batch_axes(2), (n, t), mesh, rules)
     batch = _abstract_batch(n, p, m, bsh1, bsh2)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, Mapping, Optional
 
 import jax

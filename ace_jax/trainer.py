@@ -25,11 +25,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import pathlib
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +91,7 @@ class PendingStep:
     futures: list[Any]
     gen_seconds: float
     gen_tokens: int
+    truncated: int = 0   # prompts cut to rl.max_prompt_tokens
 
 
 # --------------------------------------------------------------------------------------- setup
@@ -521,7 +521,7 @@ class Trainer:
             # Failures count as the baseline (0): improves with validity AND quality.
             "score/dev_norm_all": float(np.sum(norm)) / n,
             "rollout/completion_tokens_mean": float(np.mean([len(r.completion) for r in rs])),
-            "rollout/prompt_truncated": float(getattr(p, "truncated", 0)),
+            "rollout/prompt_truncated": float(p.truncated),
             "perf/gen_tokens_per_s": p.gen_tokens / max(p.gen_seconds, 1e-9),
             "perf/gen_seconds": p.gen_seconds, "perf/sandbox_wait_seconds": wait_s,
             "perf/learn_seconds": learn_s,

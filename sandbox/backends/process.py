@@ -36,7 +36,6 @@ What it does NOT enforce (use the bwrap backend, the default isolation, for thes
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import pathlib

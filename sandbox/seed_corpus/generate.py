@@ -155,7 +155,6 @@ def render(task_id: str, name: str, imports: str, ctor: str) -> str:
     if kind == "multi":
         lines += [f"TARGETS = {target!r}".replace("'", "\""),
                   "X = train.drop(columns=[\"id\", *TARGETS])", "y = train[TARGETS].values"]
-        drop_cols = "[\"id\"]"
     elif text:
         lines += [f"X = train[\"{text}\"]", f"y = train[\"{target}\"]"]
     else:
