@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
 import sys
 import time
@@ -33,8 +32,8 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import (BENCH_TINY, active_matmul_params, attention_flops_per_token,  # noqa: E402
-                                bench_tiny_model_config, dropless_capacity_factor,
-                                matmul_peak_flops, run_peer)
+                                add_round_args, bench_tiny_model_config, best_of_rounds,
+                                dropless_capacity_factor, matmul_peak_flops, run_peer)
 
 
 def build_batch(model, shape: dict, group_size: int, seed: int = 0):
@@ -100,32 +99,17 @@ def measure_ours(shape: dict, dispatch: str, repeats: int, group_size: int = 4,
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--peer-repeats", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2, help="alternating peer / ours rounds")
-    ap.add_argument("--dispatch", default="capacity", choices=["dense", "ragged", "capacity"],
-                    help="MoE dispatch; 'capacity' uses a capacity factor of E/k (dropless, exact)")
+    add_round_args(ap)
     ap.add_argument("--microbatches", type=int, default=1)
-    ap.add_argument("--no-peer", action="store_true", help="skip the transformers peer (no ratio)")
     args = ap.parse_args(argv)
     shape = dict(BENCH_TINY)
-    load_before = os.getloadavg()[0]
-
-    # Peer and ours alternate for --rounds rounds (the machine's load drifts; a peer measured
-    # only at one moment can be lucky or unlucky); each side reports its best round.
-    peer, ours = None, None
-    for _ in range(args.rounds):
-        if not args.no_peer:
-            p = run_peer("train", shape, repeats=args.peer_repeats)
-            peer = p if peer is None or p["seconds"] < peer["seconds"] else peer
-        o = measure_ours(shape, args.dispatch, args.repeats, microbatches=args.microbatches)
-        if ours is not None:
-            o["compile_s"] = ours["compile_s"]  # report the first round's compile time
-        ours = o if ours is None or o["seconds"] < ours["seconds"] else ours
+    peer, ours, loadavg = best_of_rounds(
+        args.rounds,
+        None if args.no_peer else lambda: run_peer("train", shape, repeats=args.peer_repeats),
+        lambda: measure_ours(shape, args.dispatch, args.repeats, microbatches=args.microbatches))
     peak = matmul_peak_flops()
-    load_after = os.getloadavg()[0]
     result = dict(
-        bench="learner", shape=shape, loadavg_1min=(load_before, load_after),
+        bench="learner", shape=shape, loadavg_1min=loadavg,
         dispatch=args.dispatch, microbatches=args.microbatches,
         ours=ours, peer=peer, peak_flops=peak,
         mfu=ours["model_flops_per_step"] / ours["seconds"] / peak,
