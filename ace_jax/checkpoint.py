@@ -260,6 +260,21 @@ class Checkpointer:
                           opt_state=restored["opt_state"], rng=rng,
                           sampler_state=meta["sampler_state"])
 
+    def restore_params(self, step: int, params: Any) -> Any:
+        """Only the parameters of step `step` (for inference and export: no optimizer state is
+        read). `params` gives the structure, shapes and dtypes (arrays or ShapeDtypeStructs).
+        Raises CheckpointCorruptError / CheckpointMismatchError like `restore`."""
+        self.wait_until_finished()
+        step = int(step)
+        self._check_complete(step)
+        _compare_trees("params", step, self._read_array_metadata(step)["params"], params)
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(jax.tree.map(_abstract, params)))
+        try:
+            return self._manager.restore(step, args=args)["params"]
+        except Exception as e:  # tensorstore / orbax raise many types for unreadable data
+            raise CheckpointCorruptError(step, f"reading array data failed: "
+                                               f"{type(e).__name__}: {_short(e)}") from e
+
     def restore_latest(self, target: TrainState, *, quarantine: bool = True) -> TrainState | None:
         """Restore the newest complete checkpoint; None when the directory holds none.
 
