@@ -233,14 +233,15 @@ def _code_text(code: str, cfg: ml_collections.ConfigDict) -> str:
     return code
 
 
-def render_messages(state: Any, task: Any, cfg: Optional[ml_collections.ConfigDict] = None
-                    ) -> list[dict[str, str]]:
+def render_messages(state: Any, task: Any, cfg: Optional[ml_collections.ConfigDict] = None,
+                    *, advice: Optional[str] = None) -> list[dict[str, str]]:
     """The chat messages for one agent step from ``state`` on ``task``.
 
     Args:
       state: an ``ace_jax.buffer.State`` (task_id, code, history, score).
       task: a ``sandbox.tasks.base.Task`` (task_id, description, metric, lower_is_better, columns).
       cfg: the ``agent`` section (``default_config()`` when None).
+      advice: an advisor's instruction for this step (MLE-Ideator), shown before the step line.
 
     Returns:
       [system (if cfg.show_system), user] message dicts.
@@ -262,6 +263,8 @@ def render_messages(state: Any, task: Any, cfg: Optional[ml_collections.ConfigDi
         score = getattr(state, "score", None)
         if score is not None:
             parts.append(f"Best score so far: {_format_score(score)}")
+    if advice:
+        parts.append(f"Advice from an expert (follow it in this step):\n{advice.strip()}")
     parts.append(f"Step: {kind}. {STEP_INSTRUCTIONS[kind]}")
     messages = []
     if cfg.show_system:
@@ -270,9 +273,10 @@ def render_messages(state: Any, task: Any, cfg: Optional[ml_collections.ConfigDi
     return messages
 
 
-def render_prompt(state: Any, task: Any, cfg: Optional[ml_collections.ConfigDict] = None) -> str:
+def render_prompt(state: Any, task: Any, cfg: Optional[ml_collections.ConfigDict] = None, *,
+                  advice: Optional[str] = None) -> str:
     """``render_messages`` in the Qwen3 chat format, generation prompt added, thinking disabled."""
-    return render_chat(render_messages(state, task, cfg), add_generation_prompt=True,
+    return render_chat(render_messages(state, task, cfg, advice=advice), add_generation_prompt=True,
                        enable_thinking=False)
 
 
