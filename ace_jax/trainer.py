@@ -269,6 +269,9 @@ class Trainer:
 
     def _load_tokenizer(self):
         path = self.cfg.model.get("tokenizer_path", "") or ""
+        init_run = self.cfg.model.get("init_from_run", "") or ""
+        if not path and init_run:
+            path = os.path.join(init_run, "tokenizer")
         if path:
             if "://" in path:  # gs://...: copy the few small files next to the run
                 import fsspec
@@ -289,6 +292,15 @@ class Trainer:
 
     def _build_model(self):
         cfg = self.cfg
+        if cfg.model.get("init_from_run", ""):
+            from ace_jax import policy
+
+            try:
+                model, _, step = policy.load_run_model(cfg.model.init_from_run)
+            except (policy.PolicyError, ckpt_lib.CheckpointError) as e:
+                raise SetupError(f"model.init_from_run={cfg.model.init_from_run!r}: {e}") from e
+            log.info("initial weights: %s step %d (no warm start)", cfg.model.init_from_run, step)
+            return model
         if cfg.model.hf_path:
             from models import hf_mapping
 
@@ -365,8 +377,9 @@ class Trainer:
         self.store.commit(self.buffer, self.iteration, self.sampler.state_dict())
 
     def _warm_start(self) -> dict:
-        """Supervised warm start on the seed corpus (only when no checkpoint exists)."""
-        if not self.cfg.sft.enabled:
+        """Supervised warm start on the seed corpus (only when no checkpoint exists and the
+        weights do not come from another run's checkpoint)."""
+        if not self.cfg.sft.enabled or self.cfg.model.get("init_from_run", ""):
             return {}
         examples = sft.build_sft_examples(self.tasks, self.cfg.sft, self.cfg.agent)
         model, info = sft.train_sft(self.model, self.tokenizer, examples, self.cfg.sft,

@@ -35,6 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.preset = "qwen3_30b_a3b"
     c.model.hf_path = "gs://YOUR_BUCKET/Qwen3-30B-A3B"
     c.model.tokenizer_path = "gs://YOUR_BUCKET/Qwen3-30B-A3B"   # the HF tokenizer.json beside it
+    c.model.init_from_run = ""        # a run directory whose newest checkpoint starts this run
     runtime = dict(dtype="bfloat16", param_dtype="float32", remat_policy="full",
                    moe_dispatch="ragged", scan_layers=True)
     c.model.runtime = ml_collections.ConfigDict(runtime)        # applied on top of config.json

@@ -23,6 +23,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.preset = "tiny_moe"
     c.model.hf_path = ""              # a local or gs:// HF directory to load instead of a preset
     c.model.tokenizer_path = ""       # "" = train a BPE on the task suite into <workdir>/tokenizer
+    # A run directory whose newest checkpoint (and tokenizer) start this run instead of a fresh
+    # init + warm start; e.g. a warm-start-only run (--config.rl.num_steps=0) shared by ablations.
+    c.model.init_from_run = ""
     c.model.runtime = ml_collections.ConfigDict(dict(dtype="float32"))  # with hf_path
     c.model.overrides = ml_collections.ConfigDict(dict(
         vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,

@@ -68,3 +68,36 @@ def test_medal_level_from_a_task_report():
     thr = medal_thresholds([0.1 * i for i in range(1, 21)], lower_is_better=False)
     levels = [trainer.medal_level(medal_report(s, thr)) for s in (2.5, thr.silver, thr.bronze, 0.0)]
     assert levels == [3, 2, 1, 0]
+
+
+def test_init_from_run_takes_the_runs_weights_and_tokenizer(cfg, tmp_path):
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from tests.run_fixture import make_tiny_run
+
+    model, tok = make_tiny_run(str(tmp_path / "warm"))
+    cfg.model.init_from_run = str(tmp_path / "warm")
+    cfg.tasks.ids = ("iris-species",)
+    t = trainer.Trainer(cfg, progress=False)
+    assert len(t.tokenizer) == len(tok)
+    want = jax.tree.leaves(nnx.state(model, nnx.Param))
+    got = jax.tree.leaves(nnx.state(t.model, nnx.Param))
+    assert len(want) == len(got)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert t._warm_start() == {}  # no SFT on top of the run's weights
+
+
+def test_init_from_run_that_is_not_a_run(cfg, tmp_path):
+    from tests.run_fixture import make_tiny_run
+
+    make_tiny_run(str(tmp_path / "warm"))
+    import shutil
+
+    shutil.rmtree(tmp_path / "warm" / "checkpoints")
+    cfg.model.init_from_run = str(tmp_path / "warm")
+    cfg.tasks.ids = ("iris-species",)
+    with pytest.raises(trainer.SetupError, match="no checkpoint"):
+        trainer.Trainer(cfg, progress=False)
