@@ -1,0 +1,129 @@
+"""Evaluate an agent policy on MLE tasks: episodes, medals, HumanRank, reports.
+
+  python launch/evaluate.py --policy=run:runs/local --tasks=iris-species,wine-cultivar \\
+      --seeds=0,1,2 --max_steps=4 --out=runs/local/eval
+  python launch/evaluate.py --policy=run:runs/local@200 ...           # a given checkpoint step
+  python launch/evaluate.py --policy=hf:/path/to/Qwen3-0.6B ...
+  python launch/evaluate.py --policy=openai:http://127.0.0.1:8000/v1#qwen3 ...
+  python launch/evaluate.py ... --ideator=openai:http://host/v1#big-model   # MLE-Ideator advisor
+
+Writes to --out: results.json, report.md, per_task.png, best_dev.png, seed_solutions.jsonl and
+episodes/<task>__seed<k>.jsonl (one line per step), and prints the table. Semantics and metric
+definitions: ``ace_jax/evaluation.py``.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+_POLICY = flags.DEFINE_string("policy", None, "run:<workdir>[@step] | hf:<dir> | "
+                              "openai:<base_url>#<model>")
+_TASKS = flags.DEFINE_string("tasks", "", "Comma-separated task ids; empty: the run's "
+                             "tasks.ids (run: policies) or the whole offline suite.")
+_SEEDS = flags.DEFINE_string("seeds", "0,1,2", "Comma-separated episode seeds.")
+_MAX_STEPS = flags.DEFINE_integer("max_steps", 4, "Implementer steps per episode.")
+_TIME_BUDGET = flags.DEFINE_float("time_budget_s", 0.0, "Wall-clock seconds per episode, "
+                                  "checked before each step; 0 = no budget.")
+_OUT = flags.DEFINE_string("out", None, "Output directory.")
+_WORKERS = flags.DEFINE_integer("workers", 2, "Sandbox workers, and episodes run at once.")
+_BACKEND = flags.DEFINE_string("backend", "bwrap", "Sandbox backend: bwrap | process | docker.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Tokens per completion (default: the "
+                                "run's sampling.max_new_tokens, or the policy's default).")
+_TEMP = flags.DEFINE_float("temperature", None, "Sampling temperature (default: the run's, or "
+                           "the policy's default).")
+_MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", None, "Prompt tokens kept (JAX policies).")
+_IDEATOR = flags.DEFINE_string("ideator", "", "Advisor policy spec (same syntax as --policy); "
+                               "needs ace_jax/ideator.py.")
+_STAGNATION = flags.DEFINE_integer("stagnation_steps", 2, "Non-improving steps that trigger an "
+                                   "advice request (with --ideator); <= 0: only on seek_help.")
+_CACHE = flags.DEFINE_string("cache_dir", "cache/tasks", "Prepared offline tasks (prepared "
+                             "there if missing).")
+_TASK_SEED = flags.DEFINE_integer("task_seed", 0, "Seed the tasks were prepared with (its "
+                                  "reference leaderboard must exist).")
+_EXEC_LIMIT = flags.DEFINE_float("exec_time_limit_s", 0.0, "Per-execution wall-clock limit; "
+                                 "0 = the run's tasks.time_limit_s, else the task's own.")
+_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the progress bar.")
+
+
+def _ints(text: str, name: str) -> list:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise app.UsageError(f"--{name} must be comma-separated integers, got {text!r}") from None
+
+
+def _load_tasks(ids, run_cfg, exec_limit):
+    from sandbox.tasks import registry
+
+    known = registry.list_tasks()
+    ids = ids or list((run_cfg.get("tasks") or {}).get("ids") or []) or known
+    unknown = sorted(set(ids) - set(known))
+    if unknown:
+        raise app.UsageError(f"unknown task ids {unknown}; available: {known}")
+    tasks = registry.load_suite(_CACHE.value, _TASK_SEED.value, list(ids))
+    limit = exec_limit or float((run_cfg.get("tasks") or {}).get("time_limit_s") or 0.0)
+    if limit > 0:
+        for t in tasks:
+            t.time_limit_s = min(float(t.time_limit_s), limit)
+    return tasks
+
+
+def _make_pool(backend: str, workers: int):
+    from sandbox.backends import SandboxUnavailableError
+    from sandbox.pool import SandboxPool
+
+    try:
+        return SandboxPool(backend, num_workers=workers)
+    except SandboxUnavailableError as e:
+        raise app.UsageError(f"sandbox backend {backend!r} is unavailable here ({e}); "
+                             "use --backend=process (no isolation beyond rlimits)") from None
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from ace_jax import agent, buffer, evaluation
+
+    try:
+        kind, args = evaluation.parse_policy_spec(_POLICY.value)
+        run_cfg = evaluation.read_run_config(args["workdir"]) if kind == "run" else {}
+    except evaluation.EvaluationError as e:
+        raise app.UsageError(str(e)) from None
+    agent_cfg = evaluation.run_agent_config(args["workdir"]) if kind == "run" \
+        else agent.default_config()
+    buffer_cfg = evaluation.run_buffer_config(args["workdir"]) if kind == "run" \
+        else buffer.default_config()
+    seeds = _ints(_SEEDS.value, "seeds")
+    tasks = _load_tasks([t.strip() for t in _TASKS.value.split(",") if t.strip()], run_cfg,
+                        _EXEC_LIMIT.value)
+    sampling = dict(max_new_tokens=_MAX_NEW.value, temperature=_TEMP.value,
+                    max_prompt_tokens=_MAX_PROMPT.value)
+    try:
+        policy = evaluation.policy_from_spec(_POLICY.value, **sampling)
+        advisor = evaluation.advisor_from_spec(_IDEATOR.value, **sampling) \
+            if _IDEATOR.value else None
+    except evaluation.EvaluationError as e:
+        raise app.UsageError(str(e)) from None
+    pool = _make_pool(_BACKEND.value, _WORKERS.value)
+    try:
+        result = evaluation.evaluate(
+            policy, tasks, pool, seeds=seeds, max_steps=_MAX_STEPS.value,
+            time_budget_s=_TIME_BUDGET.value or None, advisor=advisor,
+            stagnation_steps=_STAGNATION.value, agent_cfg=agent_cfg, buffer_cfg=buffer_cfg,
+            out_dir=_OUT.value, episode_workers=_WORKERS.value,
+            serialize_policy=kind != "openai", progress=not _NO_PROGRESS.value)
+    finally:
+        pool.close()
+    result.config.update(policy_spec=_POLICY.value, ideator_spec=_IDEATOR.value or None,
+                         backend=_BACKEND.value, task_seed=_TASK_SEED.value)
+    paths = evaluation.write_reports(result, _OUT.value)
+    print(evaluation.format_table(result))
+    for name, path in sorted(paths.items()):
+        print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["policy", "out"])
+    app.run(main)
