@@ -22,6 +22,7 @@ Nothing here runs at import time; JAX is imported lazily so an HTTP-only user ne
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import time
@@ -45,12 +46,15 @@ class Completion:
       error: why the policy gave no reply (e.g. "timeout after 30.0 s"), else None.
       prompt_tokens / completion_tokens: token counts where the policy knows them (0 otherwise).
       finish_reason: "stop" (EOS / stop sequence), "length" (token budget spent) or "error".
+      token_ids: the sampled token ids (the EOS included, ``completion_tokens`` of them) where
+        the policy has them (``JaxPolicy``), else None.
     """
     text: str
     error: Optional[str] = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
+    token_ids: Optional[list[int]] = None
 
     @property
     def ok(self) -> bool:
@@ -134,6 +138,13 @@ class JaxPolicy:
     def complete(self, conversations: Sequence[Conversation], *, seed: int = 0,
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None
                  ) -> list[Completion]:
+        """Samples one reply per conversation, all N in one jitted batch.
+
+        ``max_new_tokens`` / ``temperature`` override the policy's defaults for this call. One
+        PRNG key (``seed``) drives the whole batch, so at temperature > 0 a conversation's reply
+        depends on the batch it is in; greedy (temperature 0) replies do not depend on ``seed``.
+        Raises ``models.tokenizer.TokenizerError`` for a malformed conversation.
+        """
         import jax
         import numpy as np
 
@@ -156,53 +167,173 @@ class JaxPolicy:
             result.append(Completion(
                 text=self.tokenizer.decode(ids, skip_special_tokens=True),
                 prompt_tokens=len(p), completion_tokens=int(lengths[i]),
-                finish_reason="length" if reasons[i] == generate.FinishReason.LENGTH else "stop"))
+                finish_reason="length" if reasons[i] == generate.FinishReason.LENGTH else "stop",
+                token_ids=ids))
         return result
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """Where the pieces of a training run directory live (see ``resolve_run``).
+
+    Attributes:
+      workdir: the run directory.
+      config: its ``config.json`` as a dict (the full training config).
+      tokenizer_dir: the local tokenizer directory the run trained with.
+      checkpoint_dir: the Orbax checkpoint directory (local path or ``gs://`` URL).
+    """
+    workdir: str
+    config: dict
+    tokenizer_dir: str
+    checkpoint_dir: str
+
+
+def _read_run_config(workdir: str) -> dict:
+    cfg_path = os.path.join(workdir, "config.json")
+    if not os.path.isdir(workdir):
+        raise PolicyError(f"run directory {workdir!r} does not exist")
+    if not os.path.isfile(cfg_path):
+        raise PolicyError(f"{workdir!r} is not a training run directory: no config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PolicyError(f"{cfg_path} is unreadable: {e}") from e
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise PolicyError(f"{cfg_path} has no 'model' section: not a training run config")
+    return cfg
+
+
+def resolve_run(workdir: str) -> RunFiles:
+    """Finds the config, tokenizer and checkpoint directory of a run, as the trainer chose them.
+
+    The tokenizer is, in the trainer's order: ``model.tokenizer_path`` (a ``gs://`` one is read
+    from the local copy ``<workdir>/tokenizer_cache`` the trainer made), else
+    ``<model.init_from_run>/tokenizer``, else ``<workdir>/tokenizer``.
+
+    Raises:
+      PolicyError: no such directory, no / unreadable config.json, no tokenizer.
+    """
+    workdir = os.fspath(workdir)
+    cfg = _read_run_config(workdir)
+    model = cfg["model"]
+    tok_path = model.get("tokenizer_path") or ""
+    if tok_path and "://" in tok_path:
+        tok_path = os.path.join(workdir, "tokenizer_cache")
+    elif not tok_path and model.get("init_from_run"):
+        tok_path = os.path.join(model["init_from_run"], "tokenizer")
+    elif not tok_path:
+        tok_path = os.path.join(workdir, "tokenizer")
+    if not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
+        raise PolicyError(f"no tokenizer at {tok_path!r} (run {workdir!r})")
+    ckpt_dir = ((cfg.get("checkpoint") or {}).get("directory")
+                or os.path.join(workdir, "checkpoints"))
+    return RunFiles(workdir=workdir, config=cfg, tokenizer_dir=tok_path, checkpoint_dir=ckpt_dir)
+
+
+def _hf_model_config(hf_path: str, overrides: Mapping[str, Any]):
+    """The ModelConfig ``hf_mapping.load_hf_model(hf_path, **overrides)`` builds, from config.json
+    alone (no weights are read)."""
+    from models import hf_mapping
+    from models.configs import ModelConfig
+
+    url = str(hf_path).rstrip("/") + "/config.json"
+    try:
+        if "://" in url:
+            import fsspec
+
+            with fsspec.open(url, "r") as f:
+                hf_cfg = json.load(f)
+        else:
+            with open(url, encoding="utf-8") as f:
+                hf_cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PolicyError(f"cannot read the model config {url!r}: {e}") from e
+    overrides = dict(overrides)
+    runtime = {k: overrides.pop(k) for k in list(overrides) if k in hf_mapping._RUNTIME_FIELDS}
+    config = ModelConfig.from_hf_dict(hf_cfg, **runtime)
+    return config.replace(**overrides) if overrides else config
+
+
+def run_model_config(run: RunFiles, vocab_size: int, _depth: int = 0):
+    """The ModelConfig the trainer built for ``run`` (``Trainer._build_model``): the config of
+    ``model.init_from_run`` when set, else the HF config of ``model.hf_path`` (+ ``runtime``),
+    else the preset + overrides with ``vocab_size`` (the run tokenizer's length)."""
+    from models import configs as model_configs
+
+    model = run.config["model"]
+    if model.get("init_from_run"):
+        if _depth > 16:
+            raise PolicyError(f"model.init_from_run chain is too deep at {run.workdir!r}")
+        parent = resolve_run(model["init_from_run"])
+        from models import tokenizer as tok_lib
+
+        parent_vocab = len(tok_lib.load_tokenizer(parent.tokenizer_dir))
+        return run_model_config(parent, parent_vocab, _depth + 1)
+    if model.get("hf_path"):
+        return _hf_model_config(model["hf_path"], model.get("runtime") or {})
+    if not model.get("preset"):
+        raise PolicyError(f"{run.workdir!r}: config.json names no model.preset nor model.hf_path")
+    overrides = dict(model.get("overrides") or {})
+    overrides["vocab_size"] = vocab_size
+    try:
+        return model_configs.get_model_config(model["preset"], **overrides)
+    except (KeyError, TypeError, ValueError) as e:
+        raise PolicyError(f"{run.workdir!r}: cannot build model preset "
+                          f"{model['preset']!r}: {e}") from e
 
 
 def load_run_model(workdir: str, *, step: Optional[int] = None):
     """(model, tokenizer, step) of a training run directory; see ``JaxPolicy.from_run``.
 
-    Raises PolicyError naming what is missing; a checkpoint of another model size raises the
-    checkpoint module's CheckpointMismatchError (naming the first mismatching tensor).
+    ``step=None`` takes the newest complete checkpoint (corrupt or unfinished newer ones are
+    logged and skipped). Nothing is written to the run directory.
+
+    Raises:
+      PolicyError: no run directory / config.json / tokenizer / checkpoint, or no checkpoint of
+        ``step`` (the message lists the steps present).
+      checkpoint.CheckpointMismatchError: the checkpoint holds another model size (naming the
+        first mismatching tensor).
+      checkpoint.CheckpointCorruptError: checkpoint ``step`` (given explicitly) is unreadable.
     """
+    import logging
+
     from flax import nnx
 
     from ace_jax import checkpoint as ckpt_lib
-    from models import configs as model_configs, qwen3, tokenizer as tok_lib
+    from models import qwen3, tokenizer as tok_lib
 
-    cfg_path = os.path.join(workdir, "config.json")
-    if not os.path.exists(cfg_path):
-        raise PolicyError(f"{workdir!r} is not a training run directory: no config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    tok_path = cfg["model"].get("tokenizer_path") or os.path.join(workdir, "tokenizer")
-    if not os.path.exists(os.path.join(tok_path, "tokenizer.json")):
-        raise PolicyError(f"no tokenizer at {tok_path!r}")
-    tokenizer = tok_lib.load_tokenizer(tok_path)
-    if cfg["model"].get("hf_path"):
-        from models import hf_mapping
-
-        template = hf_mapping.load_hf_model(cfg["model"]["hf_path"],
-                                            **dict(cfg["model"].get("runtime") or {}))
-        model_cfg = template.config
-    else:
-        overrides = dict(cfg["model"].get("overrides") or {})
-        overrides["vocab_size"] = len(tokenizer)
-        model_cfg = model_configs.get_model_config(cfg["model"]["preset"], **overrides)
+    run = resolve_run(workdir)
+    tokenizer = tok_lib.load_tokenizer(run.tokenizer_dir)
+    model_cfg = run_model_config(run, len(tokenizer))
     abstract = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
     graphdef, params_shape = nnx.split(abstract, nnx.Param)
-    ckpt_dir = (cfg.get("checkpoint") or {}).get("directory") or os.path.join(workdir,
-                                                                              "checkpoints")
+    ckpt_dir = run.checkpoint_dir
+    # Checkpointer creates its directory: never let it do so in someone's run directory.
+    if "://" not in ckpt_dir and not os.path.isdir(ckpt_dir):
+        raise PolicyError(f"no checkpoint in {ckpt_dir!r} (the directory does not exist)")
     ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=None, async_save=False)
     try:
         steps = ckpt.all_steps()
         if not steps:
             raise PolicyError(f"no checkpoint in {ckpt_dir!r}")
-        step = steps[-1] if step is None else int(step)
-        if step not in steps:
-            raise PolicyError(f"no checkpoint of step {step} in {ckpt_dir!r}; have {steps}")
-        params = ckpt.restore_params(step, params_shape)
+        if step is not None:
+            step = int(step)
+            if step not in steps:
+                raise PolicyError(f"no checkpoint of step {step} in {ckpt_dir!r}; have {steps}")
+            params = ckpt.restore_params(step, params_shape)
+        else:
+            params, errors = None, []
+            for s in reversed(steps):
+                try:
+                    params, step = ckpt.restore_params(s, params_shape), s
+                    break
+                except ckpt_lib.CheckpointCorruptError as e:
+                    logging.getLogger(__name__).warning("skipping checkpoint: %s", e)
+                    errors.append(e)
+            if params is None:
+                raise PolicyError(f"no complete checkpoint in {ckpt_dir!r} (steps {steps}): "
+                                  f"{errors[0]}") from errors[0]
     finally:
         ckpt.close()
     return nnx.merge(graphdef, params), tokenizer, step
@@ -215,13 +346,22 @@ class OpenAIPolicy:
     """An OpenAI-compatible chat endpoint (``POST {base_url}/chat/completions``).
 
     ``base_url`` ends in ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``). Each conversation is one
-    request; a timeout, an HTTP error, or a body without ``choices[0].message.content`` becomes
-    ``Completion(error=...)`` after ``retries`` further attempts.
+    request (conversation i is sent with ``seed + i``); up to ``max_concurrency`` requests are in
+    flight at once, so a batching server (``launch/serve.py``, vLLM) can batch them.
+
+    Failures never raise: after ``retries`` further attempts (``backoff_s * 2**attempt`` apart,
+    at most 2 s) the reply is ``Completion(error=..., finish_reason="error")`` with ``error``
+    starting "timeout after ...", "HTTP <code>: ...", "unreachable: ..." or
+    "malformed response: ...". Client errors (HTTP 4xx other than 408 / 429) are not retried.
     """
 
     def __init__(self, base_url: str, model: str = "default", *, api_key: Optional[str] = None,
                  timeout_s: float = 60.0, retries: int = 1, max_tokens: int = 1024,
-                 temperature: float = 0.0, name: Optional[str] = None):
+                 temperature: float = 0.0, max_concurrency: int = 8, backoff_s: float = 0.25,
+                 name: Optional[str] = None):
+        if retries < 0 or max_concurrency < 1 or timeout_s <= 0:
+            raise ValueError(f"need retries >= 0, max_concurrency >= 1, timeout_s > 0; got "
+                             f"{retries}, {max_concurrency}, {timeout_s}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -229,9 +369,11 @@ class OpenAIPolicy:
         self.retries = int(retries)
         self.max_tokens = int(max_tokens)
         self.temperature = float(temperature)
+        self.max_concurrency = int(max_concurrency)
+        self.backoff_s = float(backoff_s)
         self.name = name or model
 
-    def _post(self, body: dict) -> dict:
+    def _post(self, body: dict) -> Any:
         req = urllib.request.Request(self.base_url + "/chat/completions",
                                      data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
@@ -240,34 +382,62 @@ class OpenAIPolicy:
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
             return json.loads(resp.read().decode("utf-8"))
 
+    @staticmethod
+    def _parse(data: Any) -> Completion:
+        """The Completion of a chat.completion body; raises ValueError when it is not one."""
+        if not isinstance(data, dict):
+            raise ValueError(f"body is a {type(data).__name__}, not a JSON object")
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise ValueError(f"no choices[0] in the body (keys {sorted(data)[:8]})")
+        choice = choices[0]
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(text, str):
+            raise ValueError(f"choices[0].message.content is {type(text).__name__}, not a string")
+        usage = data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        return Completion(text=text, prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                          completion_tokens=int(usage.get("completion_tokens") or 0),
+                          finish_reason=str(choice.get("finish_reason") or "stop"))
+
     def complete_one(self, conversation: Conversation, *, seed: int = 0) -> Completion:
         body = {"model": self.model, "messages": [dict(m) for m in conversation],
                 "max_tokens": self.max_tokens, "temperature": self.temperature, "seed": seed}
         error = "no attempt"
         for attempt in range(self.retries + 1):
+            retryable = True
             try:
-                data = self._post(body)
-                choice = data["choices"][0]
-                text = choice["message"]["content"]
-                if not isinstance(text, str):
-                    raise TypeError(f"message.content is {type(text).__name__}, not a string")
-                usage = data.get("usage") or {}
-                return Completion(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                                  completion_tokens=int(usage.get("completion_tokens", 0)),
-                                  finish_reason=str(choice.get("finish_reason") or "stop"))
+                return self._parse(self._post(body))
+            except urllib.error.HTTPError as e:
+                try:
+                    detail = e.read()[:200].decode("utf-8", "replace")
+                except Exception:  # the error body itself may be cut off
+                    detail = ""
+                error = f"HTTP {e.code}: {detail}".rstrip(": ")
+                retryable = e.code >= 500 or e.code in (408, 429)
+            except urllib.error.URLError as e:
+                error = (f"timeout after {self.timeout_s:g} s"
+                         if isinstance(e.reason, TimeoutError) else f"unreachable: {e.reason}")
             except TimeoutError:
                 error = f"timeout after {self.timeout_s:g} s"
-            except urllib.error.HTTPError as e:
-                error = f"HTTP {e.code}: {e.read()[:200].decode('utf-8', 'replace')}"
-            except urllib.error.URLError as e:
-                error = ("timeout after %g s" % self.timeout_s
-                         if isinstance(e.reason, TimeoutError) else f"unreachable: {e.reason}")
-            except (ValueError, KeyError, IndexError, TypeError) as e:
-                error = f"malformed response: {type(e).__name__}: {str(e)[:200]}"
-            if attempt < self.retries:
-                time.sleep(min(2.0, 0.25 * 2 ** attempt))
+            except (OSError, http.client.HTTPException) as e:  # reset, closed, cut-off body
+                error = f"unreachable: {type(e).__name__}: {str(e)[:200]}"
+            except (ValueError, TypeError) as e:  # JSON / UTF-8 / schema
+                error = f"malformed response: {str(e)[:200]}"
+            if attempt < self.retries and retryable:
+                time.sleep(min(2.0, self.backoff_s * 2 ** attempt))
+            elif not retryable:
+                break
         return Completion(text="", error=error, finish_reason="error")
 
     def complete(self, conversations: Sequence[Conversation], *, seed: int = 0
                  ) -> list[Completion]:
-        return [self.complete_one(c, seed=seed + i) for i, c in enumerate(conversations)]
+        """One reply per conversation, in order (requests run ``max_concurrency`` at a time)."""
+        if len(conversations) <= 1 or self.max_concurrency == 1:
+            return [self.complete_one(c, seed=seed + i) for i, c in enumerate(conversations)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(self.max_concurrency, len(conversations))) as pool:
+            return list(pool.map(lambda ic: self.complete_one(ic[1], seed=seed + ic[0]),
+                                 enumerate(conversations)))

@@ -1,0 +1,45 @@
+"""Export a training run's checkpoint as a Hugging Face model directory (see ``ace_jax/export.py``).
+
+  python launch/export_hf.py --run=runs/local --out=exports/local               # newest step, bf16
+  python launch/export_hf.py --run=runs/local --step=200 --out=exports/s200 --dtype=float32
+  python launch/export_hf.py --run=runs/local --out=gs://bucket/exports/local --max_shard_size=2GB
+
+The directory loads with ``transformers.AutoModelForCausalLM.from_pretrained``, vLLM, and
+``launch/serve.py --hf=<out>``. An existing non-empty ``--out`` is refused unless ``--overwrite``.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+_RUN = flags.DEFINE_string("run", None, "The training run directory (its workdir).")
+_OUT = flags.DEFINE_string("out", None, "Directory (or fsspec URL) to write the HF model into.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest complete one).")
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Stored dtype.")
+_MAX_SHARD_SIZE = flags.DEFINE_string("max_shard_size", "5GiB",
+                                      "Largest safetensors shard, e.g. 5GiB, 500MB or bytes.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out.")
+
+
+def main(argv):
+    del argv
+    if not _RUN.value or not _OUT.value:
+        raise app.UsageError("--run and --out are required")
+    from ace_jax import checkpoint, export
+    from models import hf_mapping
+
+    try:
+        result = export.export_run(_RUN.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value,
+                                   max_shard_bytes=_MAX_SHARD_SIZE.value,
+                                   overwrite=_OVERWRITE.value)
+    except (export.PolicyError, checkpoint.CheckpointError, hf_mapping.CheckpointError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"exported step {result.step} of {_RUN.value} to {result.out_dir}: "
+          f"{', '.join(result.files)}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

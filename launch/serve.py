@@ -1,0 +1,81 @@
+"""Serve a policy over an OpenAI-compatible HTTP API (see ``ace_jax/serving.py``).
+
+  python launch/serve.py --run=runs/local                    # newest checkpoint of a run
+  python launch/serve.py --run=runs/local --step=200 --port=8000
+  python launch/serve.py --hf=exports/local                  # an HF directory (export_hf.py)
+
+Then any OpenAI client can talk to it, e.g. ``ace_jax.policy.OpenAIPolicy("http://127.0.0.1:8000/v1")``
+or ``curl -d '{"messages": [{"role": "user", "content": "hi"}]}' URL/v1/chat/completions``.
+``--port=0`` picks a free port; the first line printed is ``serving <model> at <url>``.
+Ctrl-C or SIGTERM stops it cleanly.
+"""
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+_RUN = flags.DEFINE_string("run", None, "A training run directory (launch/tpu_train.py workdir).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --run (default: the newest).")
+_HF = flags.DEFINE_string("hf", None, "An HF model directory (config.json, safetensors, "
+                          "tokenizer files) instead of --run.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Parameter dtype for --hf.")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on; 0 picks a free one.")
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 256,
+                                       "Largest reply in tokens (and the default max_tokens).")
+_MAX_PROMPT_TOKENS = flags.DEFINE_integer("max_prompt_tokens", 1024,
+                                          "Prompts are cut from the left to this many tokens.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0,
+                                  "Temperature of requests that do not give one.")
+_BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 20.0, "Requests arriving within this "
+                                      "many ms of the first waiting one are sampled together.")
+_MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 32, "Most requests in one batch.")
+_MODEL_NAME = flags.DEFINE_string("model_name", None, "Model id reported by the API "
+                                  "(default: the run or directory name).")
+
+
+def main(argv):
+    del argv
+    if bool(_RUN.value) == bool(_HF.value):
+        raise app.UsageError("give exactly one of --run or --hf")
+    if _STEP.value is not None and not _RUN.value:
+        raise app.UsageError("--step needs --run")
+    from ace_jax import policy as policy_lib, serving
+
+    kwargs = dict(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
+                  max_prompt_tokens=_MAX_PROMPT_TOKENS.value)
+    if _MODEL_NAME.value:
+        kwargs["name"] = _MODEL_NAME.value
+    try:
+        if _RUN.value:
+            policy = policy_lib.JaxPolicy.from_run(_RUN.value, step=_STEP.value, **kwargs)
+        else:
+            policy = policy_lib.JaxPolicy.from_hf(_HF.value, dtype=_DTYPE.value, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any load failure ends the command with its reason
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(2)
+    server, thread, url = serving.start_server(
+        policy, _HOST.value, _PORT.value, batch_window_ms=_BATCH_WINDOW_MS.value,
+        max_batch_size=_MAX_BATCH_SIZE.value, max_new_tokens=_MAX_NEW_TOKENS.value)
+    print(f"serving {server.model_name} at {url}  (OpenAI base_url {url}/v1)", flush=True)
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serving.shutdown(server, thread)
+        print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
