@@ -38,8 +38,8 @@ _IDEATOR = flags.DEFINE_string("ideator", "", "Advisor policy spec (same syntax 
                                "needs ace_jax/ideator.py.")
 _STAGNATION = flags.DEFINE_integer("stagnation_steps", 2, "Non-improving steps that trigger an "
                                    "advice request (with --ideator); <= 0: only on seek_help.")
-_CACHE = flags.DEFINE_string("cache_dir", "cache/tasks", "Prepared offline tasks (prepared "
-                             "there if missing).")
+_CACHE = flags.DEFINE_string("cache_dir", "", "Prepared offline tasks (prepared there if "
+                             "missing); empty: the run's tasks.cache_dir, else cache/tasks.")
 _TASK_SEED = flags.DEFINE_integer("task_seed", 0, "Seed the tasks were prepared with (its "
                                   "reference leaderboard must exist).")
 _EXEC_LIMIT = flags.DEFINE_float("exec_time_limit_s", 0.0, "Per-execution wall-clock limit; "
@@ -62,7 +62,8 @@ def _load_tasks(ids, run_cfg, exec_limit):
     unknown = sorted(set(ids) - set(known))
     if unknown:
         raise app.UsageError(f"unknown task ids {unknown}; available: {known}")
-    tasks = registry.load_suite(_CACHE.value, _TASK_SEED.value, list(ids))
+    cache = _CACHE.value or (run_cfg.get("tasks") or {}).get("cache_dir") or "cache/tasks"
+    tasks = registry.load_suite(cache, _TASK_SEED.value, list(ids))
     limit = exec_limit or float((run_cfg.get("tasks") or {}).get("time_limit_s") or 0.0)
     if limit > 0:
         for t in tasks:

@@ -1,0 +1,35 @@
+"""Every notebook runs end to end on a reduced setting (its parameters cell overridden, as
+papermill does), from the repository root, in a real Jupyter kernel."""
+import json
+import os
+
+import pytest
+
+from tests.notebooks.nbrun import REPO, outputs_text, run_notebook
+
+
+def _backend() -> str:
+    from sandbox.backends.bwrap import bwrap_available
+
+    return "bwrap" if bwrap_available()[0] else "process"
+
+
+TINY_RUN = {"rl.batch_states": 1, "rl.group_size": 2, "sampling.max_new_tokens": 48,
+            "tasks.ids": "('iris-species',)", "lp.explore_steps": 1, "lp.anneal_steps": 1,
+            "sft.seconds": 120}
+
+
+def test_quickstart(tmp_path):
+    nb = run_notebook(
+        os.path.join(REPO, "notebooks", "quickstart.ipynb"),
+        dict(workdir=str(tmp_path / "run"), rl_steps=2, sft_steps=5,
+             overrides={**TINY_RUN, "tasks.cache_dir": str(tmp_path / "tasks")},
+             eval_tasks=("iris-species",), eval_seeds=(0,), eval_max_steps=1,
+             export_dir=str(tmp_path / "hf"), backend=_backend()),
+        str(tmp_path / "quickstart.out.ipynb"))
+    text = outputs_text(nb)
+    assert "2 RL steps logged" in text
+    assert "max |logit difference| transformers vs JAX" in text
+    results = json.load(open(tmp_path / "run" / "eval" / "results.json"))
+    assert results["overall"]["n_episodes"] == 1
+    assert os.path.exists(tmp_path / "hf" / "config.json")
