@@ -98,7 +98,7 @@ def run_ablation(root: str, overrides: Mapping[str, Any], *,
     including the initial weights and the step budget, is shared. Returns sampler -> results.
     """
     warm = warm_start(root, overrides, **kwargs)
-    jobs = [(s, k) for s in samplers for k in seeds]
+    jobs = [(s, k) for k in seeds for s in samplers]  # seed-major: every sampler gets seed 0 first
     bar = None
     if progress:
         from tqdm.auto import tqdm
