@@ -157,3 +157,54 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(f"| {r['sampler']} | {r['key']} | {r['first']:.3f} | "
                      f"{r['last']:.3f} ± {r['last_se']:.3f} | {r['n']} |")
     return "\n".join(lines)
+
+
+def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], out_root: str, *,
+                  seeds: Sequence[int] = (0,), max_steps: int = 4, backend: str = "bwrap",
+                  workers: int = 2, progress: bool = True) -> list[dict[str, Any]]:
+    """Evaluates the newest checkpoint of each run directory in the agent scaffold
+    (``ace_jax.evaluation``) and returns one row per label: the mean over its runs of the
+    overall valid rate, HumanRank, steps to the first valid submission and never-valid fraction.
+
+    Args:
+      runs: label -> run directories (e.g. {"before": [warm], "lp": [seed runs...]}).
+      task_ids: tasks of every episode; seeds / max_steps: episodes per task and their length.
+      out_root: each run's reports go to ``<out_root>/<label>/<k>``.
+    """
+    from ace_jax import evaluation
+    from sandbox.pool import SandboxPool
+
+    rows = []
+    with SandboxPool(backend, num_workers=workers) as pool:
+        for label, workdirs in runs.items():
+            per_run = []
+            for k, workdir in enumerate(workdirs):
+                run_cfg = evaluation.read_run_config(workdir)
+                tasks = evaluation.load_tasks(task_ids, run_cfg)
+                result = evaluation.evaluate(
+                    evaluation.policy_from_spec(f"run:{workdir}"), tasks, pool, seeds=seeds,
+                    max_steps=max_steps, agent_cfg=evaluation.run_agent_config(workdir),
+                    buffer_cfg=evaluation.run_buffer_config(workdir), progress=progress,
+                    out_dir=os.path.join(out_root, label, str(k)))
+                evaluation.write_reports(result, os.path.join(out_root, label, str(k)))
+                per_run.append({m: s.mean for m, s in result.overall.stats.items()})
+
+            def avg(metric):
+                vals = [r[metric] for r in per_run if r.get(metric) is not None]
+                return float(np.mean(vals)) if vals else float("nan")
+
+            rows.append(dict(label=label, runs=len(per_run), valid=avg("valid"),
+                             human_rank=avg("human_rank"),
+                             steps_to_first_valid=avg("steps_to_first_valid"),
+                             never_valid=avg("never_valid")))
+    return rows
+
+
+def format_eval_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``evaluate_runs`` rows as a markdown table."""
+    lines = ["| policy | runs | valid final submission | HumanRank | steps to first valid "
+             "(episodes that reached one) | never valid |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['runs']} | {r['valid']:.2f} | {r['human_rank']:.3f} | "
+                     f"{r['steps_to_first_valid']:.2f} | {r['never_valid']:.2f} |")
+    return "\n".join(lines)

@@ -1097,6 +1097,38 @@ def run_buffer_config(workdir: Union[str, os.PathLike]) -> ml_collections.Config
     return _section(buffer_lib.default_config(), read_run_config(workdir).get("buffer"))
 
 
+def load_tasks(ids: Sequence[str], run_cfg: Optional[dict[str, Any]] = None, *,
+               cache_dir: str = "", task_seed: int = 0, exec_time_limit_s: float = 0.0) -> list:
+    """The offline tasks to evaluate on, prepared into the cache if missing.
+
+    Args:
+      ids: task ids; empty: the run's ``tasks.ids``, else the whole offline suite.
+      run_cfg: a run's config dict (``read_run_config``) or None.
+      cache_dir: prepared tasks; empty: the run's ``tasks.cache_dir``, else ``cache/tasks``.
+      task_seed: the seed the tasks were prepared with (its reference leaderboard must exist).
+      exec_time_limit_s: per-execution limit (s); 0: the run's ``tasks.time_limit_s``, else the
+        task's own.
+
+    Raises:
+      EvaluationError: an unknown task id (the message lists the available ones).
+    """
+    from sandbox.tasks import registry
+
+    run_tasks = (run_cfg or {}).get("tasks") or {}
+    known = registry.list_tasks()
+    ids = list(ids) or list(run_tasks.get("ids") or []) or known
+    unknown = sorted(set(ids) - set(known))
+    if unknown:
+        raise EvaluationError(f"unknown task ids {unknown}; available: {known}")
+    tasks = registry.load_suite(cache_dir or run_tasks.get("cache_dir") or "cache/tasks",
+                                task_seed, ids)
+    limit = exec_time_limit_s or float(run_tasks.get("time_limit_s") or 0.0)
+    if limit > 0:
+        for t in tasks:
+            t.time_limit_s = min(float(t.time_limit_s), limit)
+    return tasks
+
+
 def policy_from_spec(spec: str, *, max_new_tokens: Optional[int] = None,
                      temperature: Optional[float] = None,
                      max_prompt_tokens: Optional[int] = None) -> Any:

@@ -54,23 +54,6 @@ def _ints(text: str, name: str) -> list:
         raise app.UsageError(f"--{name} must be comma-separated integers, got {text!r}") from None
 
 
-def _load_tasks(ids, run_cfg, exec_limit):
-    from sandbox.tasks import registry
-
-    known = registry.list_tasks()
-    ids = ids or list((run_cfg.get("tasks") or {}).get("ids") or []) or known
-    unknown = sorted(set(ids) - set(known))
-    if unknown:
-        raise app.UsageError(f"unknown task ids {unknown}; available: {known}")
-    cache = _CACHE.value or (run_cfg.get("tasks") or {}).get("cache_dir") or "cache/tasks"
-    tasks = registry.load_suite(cache, _TASK_SEED.value, list(ids))
-    limit = exec_limit or float((run_cfg.get("tasks") or {}).get("time_limit_s") or 0.0)
-    if limit > 0:
-        for t in tasks:
-            t.time_limit_s = min(float(t.time_limit_s), limit)
-    return tasks
-
-
 def _make_pool(backend: str, workers: int):
     from sandbox.backends import SandboxUnavailableError
     from sandbox.pool import SandboxPool
@@ -97,8 +80,12 @@ def main(argv):
     buffer_cfg = evaluation.run_buffer_config(args["workdir"]) if kind == "run" \
         else buffer.default_config()
     seeds = _ints(_SEEDS.value, "seeds")
-    tasks = _load_tasks([t.strip() for t in _TASKS.value.split(",") if t.strip()], run_cfg,
-                        _EXEC_LIMIT.value)
+    try:
+        tasks = evaluation.load_tasks([t.strip() for t in _TASKS.value.split(",") if t.strip()],
+                                      run_cfg, cache_dir=_CACHE.value, task_seed=_TASK_SEED.value,
+                                      exec_time_limit_s=_EXEC_LIMIT.value)
+    except evaluation.EvaluationError as e:
+        raise app.UsageError(str(e)) from None
     sampling = dict(max_new_tokens=_MAX_NEW.value, temperature=_TEMP.value,
                     max_prompt_tokens=_MAX_PROMPT.value)
     try:

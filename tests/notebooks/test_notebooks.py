@@ -33,3 +33,22 @@ def test_quickstart(tmp_path):
     results = json.load(open(tmp_path / "run" / "eval" / "results.json"))
     assert results["overall"]["n_episodes"] == 1
     assert os.path.exists(tmp_path / "hf" / "config.json")
+
+
+def test_ablation_lp_vs_uniform(tmp_path):
+    root = tmp_path / "abl"
+    nb = run_notebook(
+        os.path.join(REPO, "notebooks", "ablation_lp_vs_uniform.ipynb"),
+        dict(root=str(root), samplers=("lp", "uniform"), seeds=(0,),
+             overrides={**TINY_RUN, "tasks.cache_dir": str(tmp_path / "tasks"), "sft.steps": 5,
+                        "rl.num_steps": 2, "optim.decay_steps": 2},
+             eval_samplers=("lp",), eval_tasks=("iris-species",), eval_max_steps=1,
+             backend=_backend()),
+        str(tmp_path / "ablation.out.ipynb"))
+    text = outputs_text(nb)
+    assert "2 runs in" in text
+    for key in ("rollout_valid_rate", "score_dev_norm_all", "grpo_zero_var_frac"):
+        assert (root / "figures" / f"{key}.png").exists()
+    assert "| uniform | rollout/valid_rate |" in (root / "summary.md").read_text()
+    evaluated = (root / "eval_summary.md").read_text()
+    assert "before (warm start)" in evaluated and "after: lp" in evaluated
