@@ -2,10 +2,12 @@
 
 1. Overhead: a trivial script (``print('hi')``) run N times as bare ``python -I -u script.py``
    (subprocess.run), through ``SandboxPool`` with the process backend, and through the pool with
-   bubblewrap (with and without the per-execution pids cgroup, whose v1 migration costs ~12 ms
-   here); medians. ``overhead_ratio`` = pool+bwrap median / bare median (target <= 1.5). The
-   same ratio is also measured for a script that imports numpy, pandas and scikit-learn (what
-   every agent script starts with), where the fixed cost of the sandbox is amortised.
+   bubblewrap (with and without the per-execution pids cgroup; moving a process into a v1
+   cgroup costs ~6-15 ms here, so the host thread steps into the cgroup to start the script
+   instead, ~0.4 ms, see ``sandbox/backends/cgroup.py``); medians. ``overhead_ratio`` =
+   pool+bwrap median / bare median (target <= 1.5). The same ratio is also measured for a script
+   that imports numpy, pandas and scikit-learn (what every agent script starts with), where the
+   fixed cost of the sandbox is amortised.
 2. Throughput: J CPU-bound scripts of about ``--job-s`` seconds each (a pure-Python loop
    calibrated here) on a 1-worker and a 2-worker bwrap pool. ``pool_speedup`` = 1-worker wall /
    2-worker wall (target >= 1.7 on 2 idle cores).

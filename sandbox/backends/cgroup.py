@@ -11,16 +11,27 @@ Works with cgroup v1 (a ``pids`` hierarchy we can mkdir in, as here) and cgroup 
 must be able to delegate ``+pids`` to a child; on v2 ``cgroup.kill`` is used when present).
 ``detect()`` says why it cannot be used otherwise; callers then fall back to RLIMIT_NPROC
 (binding only for non-root) and document the gap.
+
+Cost: moving a process into a cgroup (writing its pid to ``cgroup.procs``) write-locks the
+cgroup threadgroup rwsem, which waits for an RCU grace period (~6-15 ms here) unless another move
+happened a few ms before: in a pool, on every execution. Moving only the calling thread (writing
+``0`` to a v1 ``tasks`` file) skips that lock (~0.2 ms). So on v1 the host thread that starts an
+execution steps into the execution's cgroup, starts the process there (a child is born in its
+parent thread's cgroup) and steps back out (``PidsCgroup.run_inside``); no process is ever moved.
+While the thread is inside, ``pids.max`` is one higher for it, and lowered back before the child
+may run anything (it waits at the backend's gate). On v2 (no thread-level moves outside threaded
+cgroups) the started process is moved instead, as before.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pathlib
 import signal
 import time
 import uuid
-from typing import Optional
+from typing import Any, Callable, Optional
 
 _DEFAULT_PARENT = "ace_sandbox"
 
@@ -63,23 +74,114 @@ def _own_cgroup(version: str) -> Optional[str]:
     return None
 
 
+class CgroupMoveError(OSError):
+    """The calling thread could not step into a cgroup (``run_inside``); nothing was started."""
+
+
+def _thread_cgroup(version: str) -> Optional[str]:
+    """The calling thread's cgroup path in the hierarchy that carries ``pids``."""
+    try:
+        lines = pathlib.Path("/proc/thread-self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if version == "v1" and "pids" in controllers.split(","):
+            return path
+    return None
+
+
+def _move_current_thread(cgroup_dir: pathlib.Path) -> None:
+    """Moves only the calling thread into ``cgroup_dir`` (cgroup v1): ``0`` names the writer."""
+    with open(cgroup_dir / "tasks", "w") as f:
+        f.write("0")
+
+
 class PidsCgroup:
     """One execution's cgroup. Create with ``PidsCgroupParent.create``; always ``remove()`` it."""
 
-    def __init__(self, path: pathlib.Path, version: str):
+    def __init__(self, path: pathlib.Path, version: str, mount: Optional[pathlib.Path] = None):
         self.path = path
         self.version = version
+        self.mount = mount  # root of the pids hierarchy (needed by run_inside)
+        self._max: Optional[int] = None
 
     @property
     def procs_file(self) -> str:
         return os.fspath(self.path / "cgroup.procs")
 
     def pids(self) -> list[int]:
+        """Processes in the cgroup; never this host process (a thread of it steps in to spawn)."""
         try:
             text = (self.path / "cgroup.procs").read_text()
         except OSError:
             return []
-        return [int(p) for p in text.split()]
+        own = os.getpid()
+        return [pid for pid in map(int, text.split()) if pid != own]
+
+    def current(self) -> int:
+        """``pids.current``: tasks charged to the cgroup (live and not yet reaped)."""
+        try:
+            return int((self.path / "pids.current").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def set_max(self, pids_max: int) -> None:
+        """Writes ``pids.max``: at most ``pids_max`` tasks alive at once."""
+        if pids_max <= 0:
+            raise ValueError(f"pids_max must be positive, got {pids_max}")
+        (self.path / "pids.max").write_text(str(int(pids_max)))
+        self._max = int(pids_max)
+
+    @property
+    def can_run_inside(self) -> bool:
+        """Whether ``run_inside`` can be tried (cgroup v1 with a known mount point)."""
+        return self.version == "v1" and self.mount is not None
+
+    def run_inside(self, fn: Callable[[], Any]) -> Any:
+        """Calls ``fn()`` with the calling thread inside the cgroup, so that what it starts is
+        born inside; the thread is back where it was when this returns or raises.
+
+        Only the thread moves (no threadgroup lock: no grace-period wait), so no process is
+        moved. ``pids.max`` is raised by one for the thread meanwhile and restored before
+        returning; ``fn`` must not let a started process run before that (hold it at a gate).
+
+        Raises CgroupMoveError if the thread cannot step in (nothing changed and ``fn`` not
+        called: the caller can start the process outside and move it); whatever ``fn`` raises;
+        RuntimeError if the thread could not step back out (``fn``'s process is then started).
+        """
+        if not self.can_run_inside:
+            raise CgroupMoveError(errno.EOPNOTSUPP, "only cgroup v1 lets a thread step in")
+        home = _thread_cgroup(self.version)
+        if home is None or self._max is None:
+            raise CgroupMoveError(errno.ENOENT, "this thread's pids cgroup or the limit is unknown")
+        home_dir = self.mount / home.lstrip("/")
+        if not os.access(home_dir / "tasks", os.W_OK):  # could step in but not back
+            raise CgroupMoveError(errno.EACCES, f"cannot move a thread back into {home_dir}")
+        limit = self._max
+        try:
+            self.set_max(limit + 1)
+            _move_current_thread(self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                self.set_max(limit)
+            raise CgroupMoveError(e.errno, f"cannot step into {self.path}: {e.strerror}") from e
+        try:
+            return fn()
+        finally:
+            self._step_out(home_dir)
+            self.set_max(limit)
+
+    def _step_out(self, home_dir: pathlib.Path) -> None:
+        errors = []
+        for target in (home_dir, self.mount):
+            try:
+                _move_current_thread(target)
+                return
+            except OSError as e:
+                errors.append(f"{target}: {e}")
+        raise RuntimeError(f"the host thread could not leave {self.path}: {errors}")
 
     def limit_hits(self) -> int:
         """How many fork()/clone() calls the pid limit refused (``pids.events`` max counter)."""
@@ -111,6 +213,7 @@ class PidsCgroup:
         killed: set[int] = set()
         kill_file = self.path / "cgroup.kill"
         deadline = time.monotonic() + timeout_s
+        delay = 0.0002
         while True:
             pids = self.pids()
             if not pids:
@@ -128,7 +231,8 @@ class PidsCgroup:
                     pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cgroup {self.path} still holds pids {self.pids()[:10]}")
-            time.sleep(0.005)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
 
     def remove(self, timeout_s: float = 5.0) -> None:
         """Kills what is left and removes the cgroup directory."""
@@ -149,9 +253,10 @@ class PidsCgroup:
 class PidsCgroupParent:
     """The directory under which per-execution pids cgroups are made (``<own cgroup>/ace_sandbox``)."""
 
-    def __init__(self, path: pathlib.Path, version: str):
+    def __init__(self, path: pathlib.Path, version: str, mount: Optional[pathlib.Path] = None):
         self.path = path
         self.version = version
+        self.mount = mount
 
     @classmethod
     def detect(cls, parent_name: str = _DEFAULT_PARENT) -> tuple[Optional["PidsCgroupParent"], str]:
@@ -184,13 +289,46 @@ class PidsCgroupParent:
             return None, f"cannot create a pids cgroup under {parent}: {e.strerror or e}"
         if not ok:
             return None, f"{parent} has no pids.max (pids controller not enabled)"
-        return cls(parent, version), ""
+        return cls(parent, version, mount), ""
 
     def create(self, pids_max: int) -> PidsCgroup:
         """A fresh child cgroup with ``pids.max = pids_max``."""
         if pids_max <= 0:
             raise ValueError(f"pids_max must be positive, got {pids_max}")
-        path = self.path / f"run-{uuid.uuid4().hex[:12]}"
+        path = self.path / f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         path.mkdir()
-        (path / "pids.max").write_text(str(int(pids_max)))
-        return PidsCgroup(path, self.version)
+        cgroup = PidsCgroup(path, self.version, self.mount)
+        try:
+            cgroup.set_max(pids_max)
+        except OSError:
+            os.rmdir(path)
+            raise
+        return cgroup
+
+    def sweep_stale(self, min_age_s: float = 60.0) -> int:
+        """Removes cgroups left by processes that died without removing them (SIGKILL).
+
+        Only ``run-<pid>-<id>`` cgroups whose owner pid is gone, older than ``min_age_s`` and
+        charged with nothing; rmdir itself refuses a cgroup that holds a task. Returns how many
+        were removed.
+        """
+        removed = 0
+        try:
+            entries = list(os.scandir(self.path))
+        except OSError:
+            return 0
+        now = time.time()
+        for entry in entries:
+            name = entry.name.split("-")
+            if len(name) != 3 or name[0] != "run" or not name[1].isdigit():
+                continue
+            try:
+                if (os.path.exists(f"/proc/{name[1]}") or not entry.is_dir(follow_symlinks=False)
+                        or now - entry.stat(follow_symlinks=False).st_mtime < min_age_s
+                        or int((pathlib.Path(entry.path) / "pids.current").read_text()) != 0):
+                    continue
+                os.rmdir(entry.path)
+                removed += 1
+            except (OSError, ValueError):
+                continue
+        return removed

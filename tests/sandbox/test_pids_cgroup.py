@@ -1,0 +1,181 @@
+"""The pids cgroup of each execution: exact, fresh for every run of a worker, cheap to enter.
+
+An execution's processes are born in its cgroup: the host thread that starts the script steps
+into the cgroup for the spawn and back out (``PidsCgroup.run_inside``, cgroup v1), instead of
+moving the process (~6-15 ms here). These tests drive one backend from one thread (what one pool
+worker does) and check:
+
+  * a fork bomb on the second execution of the worker (after a clean first one) is capped at
+    ``pids_max`` and reported, and a clean execution after it is not reported as a limit hit;
+  * the limit is exact: the thread's visit neither takes one of the ``pids_max`` slots from the
+    script nor leaves one more to it; the script is in its execution's cgroup, and the host
+    thread is back in its own cgroup afterwards;
+  * cgroups left by dead hosts are swept, and only those.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import threading
+
+import pytest
+
+from sandbox.backends import make_backend
+from sandbox.backends.cgroup import CgroupMoveError, PidsCgroupParent
+from tests.sandbox.conftest import bwrap_skip_reason, processes_with
+
+PIDS_MAX = 16
+FORK_BOMB = ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+             "        pass\n")
+# Forks sleeping children until fork() fails and prints how many it made (the sandbox kills the
+# children at the end of the execution).
+FORK_COUNT = ("import os, time\nn = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
+              "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(60)\n"
+              "        os._exit(0)\n    n += 1\nprint('forked', n, flush=True)\n")
+
+
+def thread_pids_cgroup() -> str:
+    for line in pathlib.Path("/proc/thread-self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(",") or controllers == "":
+            return line
+    return ""
+
+
+@pytest.fixture(params=["process", "bwrap"])
+def backend(request, tmp_path):
+    if request.param == "bwrap":
+        reason = bwrap_skip_reason()
+        if reason:
+            pytest.skip(reason)
+    token = f"pidscg-{os.getpid()}-{request.node.name}"
+    b = make_backend(request.param, root_dir=tmp_path / "runs", pids_max=PIDS_MAX, grace_s=0.3,
+                     extra_env={"ACE_TEST_PIDS_CGROUP": token})
+    if b.cgroup_parent is None:
+        pytest.skip(f"no usable pids cgroup here: {b.cgroup_reason}")
+    b.test_token = token
+    yield b
+    b.close()
+
+
+class Recorder:
+    """Wraps ``backend._run``: which cgroup each execution ran in, and its ``pids.peak``."""
+
+    def __init__(self, backend):
+        self.cgroups, self.peaks = [], []
+        original = backend._run
+
+        def _run(task, workdir, limits, cgroup, cancel):
+            self.cgroups.append(cgroup)
+            try:
+                return original(task, workdir, limits, cgroup, cancel)
+            finally:
+                peak = cgroup.path / "pids.peak"  # read before the cgroup is removed
+                self.peaks.append(int(peak.read_text()) if peak.exists() else None)
+
+        backend._run = _run
+
+
+def limit_notes(raw) -> list:
+    return [n for n in raw.notes if n.startswith("pid limit")]
+
+
+def test_fork_bomb_on_the_second_run_of_a_worker(backend, fake_task):
+    rec = Recorder(backend)
+    task = dataclasses.replace(fake_task, time_limit_s=1.5)
+    home = thread_pids_cgroup()
+
+    first = backend.execute(task, "print('clean')\n")
+    assert first.exit_code == 0 and "clean" in first.stdout, (first.exit_code, first.stderr)
+    assert limit_notes(first) == [], first.notes
+
+    bomb = backend.execute(task, FORK_BOMB)
+    assert bomb.timed_out or bomb.exit_code != 0, bomb
+    assert limit_notes(bomb), bomb.notes  # the limit refused forks, and it is reported
+    assert rec.peaks[1] is None or rec.peaks[1] <= PIDS_MAX, rec.peaks
+    assert processes_with(backend.test_token) == [], "a process outlived its execution"
+
+    after = backend.execute(task, "print('clean again')\n")
+    assert after.exit_code == 0 and "clean again" in after.stdout, (after.exit_code, after.stderr)
+    assert limit_notes(after) == [], after.notes  # the bomb's refusals are not this run's
+
+    paths = [cg.path for cg in rec.cgroups]
+    assert len(set(paths)) == 3, paths  # a fresh cgroup for every execution ...
+    assert not any(p.exists() for p in paths)  # ... removed afterwards
+    assert thread_pids_cgroup() == home  # the worker thread is back in its own cgroup
+
+
+def test_the_limit_is_exact_and_the_script_is_born_in_its_cgroup(tmp_path, fake_task):
+    # The process backend execs the script as the gate's pid: the script is 1 of PIDS_MAX tasks.
+    b = make_backend("process", root_dir=tmp_path / "runs", pids_max=PIDS_MAX, grace_s=0.3)
+    if b.cgroup_parent is None:
+        pytest.skip(f"no usable pids cgroup here: {b.cgroup_reason}")
+    rec = Recorder(b)
+    code = ("print([l.split(':', 2)[2].strip() for l in open('/proc/self/cgroup')\n"
+            "       if 'pids' in l.split(':')[1].split(',') or l.split(':')[1] == ''][0])\n"
+            + FORK_COUNT)
+    try:
+        for i in range(2):
+            raw = b.execute(fake_task, code)
+            assert f"forked {PIDS_MAX - 1}" in raw.stdout, (i, raw.stdout, raw.stderr)
+            assert limit_notes(raw), raw.notes
+            own = raw.stdout.splitlines()[0]
+            assert rec.cgroups[i].path.as_posix().endswith(own), (own, rec.cgroups[i].path)
+    finally:
+        b.close()
+
+
+def test_run_inside_moves_only_the_calling_thread_and_back(tmp_path):
+    parent, reason = PidsCgroupParent.detect()
+    if parent is None:
+        pytest.skip(f"no usable pids cgroup here: {reason}")
+    cg = parent.create(pids_max=4)
+    try:
+        if not cg.can_run_inside:
+            pytest.skip(f"threads cannot step into a {cg.version} cgroup")
+        home = thread_pids_cgroup()
+        seen = {}
+
+        def inside():
+            seen["here"] = thread_pids_cgroup()
+            seen["max"] = (cg.path / "pids.max").read_text().strip()
+            seen["other"] = other[0]
+            return 7
+
+        other = []
+        t = threading.Thread(target=lambda: other.append(thread_pids_cgroup()))
+        t.start()
+        t.join()
+        assert cg.run_inside(inside) == 7
+        assert cg.path.name in seen["here"] and seen["max"] == "5"  # one more for the thread
+        assert seen["other"] == home  # no other thread moved
+        assert thread_pids_cgroup() == home and (cg.path / "pids.max").read_text().strip() == "4"
+
+        with pytest.raises(ZeroDivisionError):  # back out even when fn raises
+            cg.run_inside(lambda: 1 / 0)
+        assert thread_pids_cgroup() == home and cg.current() == 0
+    finally:
+        cg.remove()
+    with pytest.raises(CgroupMoveError):  # a removed cgroup: not entered, fn not called
+        cg.run_inside(lambda: pytest.fail("called"))
+    assert thread_pids_cgroup() == home
+
+
+def test_sweep_removes_only_cgroups_of_dead_owners():
+    parent, reason = PidsCgroupParent.detect()
+    if parent is None:
+        pytest.skip(f"no usable pids cgroup here: {reason}")
+    dead_pid = 2 ** 22 + 1  # above any pid_max: never a live process
+    dead = parent.path / f"run-{dead_pid}-0123456789ab"
+    mine = parent.path / f"run-{os.getpid()}-0123456789ab"
+    dead.mkdir()
+    mine.mkdir()
+    try:
+        assert parent.sweep_stale(min_age_s=3600) == 0 and dead.exists()  # too young
+        parent.sweep_stale(min_age_s=0)
+        assert not dead.exists() and mine.exists()
+    finally:
+        for d in (dead, mine):
+            if d.exists():
+                os.rmdir(d)
