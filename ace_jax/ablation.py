@@ -12,6 +12,7 @@ run returns at once) and a crash of one run is reported without losing the other
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from ace_jax import metrics as metrics_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLERS = ("lp", "uniform", "lp_no_cooling", "variance_only", "headroom_only")
 CURVES = ("rollout/valid_rate", "score/dev_norm_all", "grpo/zero_var_frac")
+DONE_MARKER = "ablation_job.json"  # written into a run directory when its job exits cleanly
 
 
 class AblationError(RuntimeError):
@@ -37,6 +39,7 @@ class RunResult:
     workdir: str
     seconds: float
     error: Optional[str] = None
+    reused: bool = False           # finished by an earlier call with the same settings
 
     @property
     def metrics_path(self) -> str:
@@ -59,8 +62,16 @@ def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "config
 
     Returns a RunResult; a non-zero exit or a timeout sets ``error`` to the log tail (the full
     log is ``<workdir>.log``) instead of raising, so one failed run does not stop an ablation.
+    A run that already finished with the same config and overrides is not started again
+    (``reused``); an unfinished one resumes from its last checkpoint.
     """
     os.makedirs(os.path.dirname(os.path.abspath(workdir)), exist_ok=True)
+    marker = os.path.join(workdir, DONE_MARKER)
+    job = {"config": config, "overrides": {k: repr(v) for k, v in overrides.items()}}
+    if os.path.exists(marker):
+        with open(marker) as f:
+            if json.load(f) == job:  # finished earlier with the same settings: reuse it
+                return RunResult(workdir, 0.0, reused=True)
     cmd = [sys.executable, os.path.join(REPO, "launch", "tpu_train.py"), f"--config={config}",
            f"--config.workdir={workdir}", "--no_progress", *_override_args(overrides)]
     log_path = workdir.rstrip("/") + ".log"
@@ -74,6 +85,9 @@ def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "config
             rc = None
     seconds = time.perf_counter() - t0
     if rc == 0:
+        os.makedirs(workdir, exist_ok=True)
+        with open(marker, "w") as f:
+            json.dump(job, f)
         return RunResult(workdir, seconds)
     with open(log_path) as f:
         tail = f.read()[-1500:]

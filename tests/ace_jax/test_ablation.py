@@ -35,3 +35,22 @@ def test_summary_table_first_and_last_windows(tmp_path):
     assert row["last_se"] == pytest.approx(np.std([7.0, 14.0], ddof=1) / np.sqrt(2))
     assert row["n"] == 2
     assert "| lp | k | 3.000 | 10.500 ± 3.500 | 2 |" in ablation.format_table([row])
+
+
+def test_a_finished_job_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(cmd, **kw):  # the subprocess itself is exercised by the notebook test
+        calls.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(ablation.subprocess, "run", fake_run)
+    workdir = str(tmp_path / "run")
+    first = ablation.run_job(workdir, {"rl.num_steps": 2})
+    again = ablation.run_job(workdir, {"rl.num_steps": 2})
+    other = ablation.run_job(workdir, {"rl.num_steps": 3})
+    assert not first.reused and again.reused and not other.reused
+    assert len(calls) == 2
