@@ -381,13 +381,17 @@ class Trainer:
         weights do not come from another run's checkpoint)."""
         if not self.cfg.sft.enabled or self.cfg.model.get("init_from_run", ""):
             return {}
-        examples = sft.build_sft_examples(self.tasks, self.cfg.sft, self.cfg.agent)
+        examples = self._sft_examples()
         model, info = sft.train_sft(self.model, self.tokenizer, examples, self.cfg.sft,
                                     progress=self.progress)
         self.model = model
         log.info("warm start: %d steps in %.0f s, loss %.3f -> %.3f", info["steps"],
                  info["seconds"], info["first_loss"], info["final_loss"])
         return {k: v for k, v in info.items() if k != "losses"}
+
+    def _sft_examples(self) -> list:
+        """The warm start's (prompt, completion) examples (a hook: subclasses add their own)."""
+        return sft.build_sft_examples(self.tasks, self.cfg.sft, self.cfg.agent)
 
     # ------------------------------------------------------------------ one RL step
 
@@ -398,8 +402,12 @@ class Trainer:
         self.buffer.mark_sampled(ids, step)
         return [self.buffer.get(i) for i in ids]
 
+    def _prompt_text(self, state) -> str:
+        """The policy's prompt for ``state`` (a hook: the ideator trainer renders its own)."""
+        return agent.render_prompt(state, self.task_by_id[state.task_id], self.cfg.agent)
+
     def _prompt_tokens(self, state) -> tuple[list[int], bool]:
-        text = agent.render_prompt(state, self.task_by_id[state.task_id], self.cfg.agent)
+        text = self._prompt_text(state)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         limit = self.cfg.rl.max_prompt_tokens
         return (ids[-limit:], True) if len(ids) > limit else (ids, False)
@@ -465,20 +473,22 @@ class Trainer:
             return
         d = pathlib.Path(self.workdir) / "rollouts"
         d.mkdir(exist_ok=True)
-        rows = []
-        for r in p.rollouts:
-            res = r.result
-            rows.append(json.dumps(dict(
-                step=p.step, state_id=r.state_id, task_id=r.task_id, text=r.text,
-                valid_format=r.action.valid,
-                invalid_reason=None if r.action.valid else r.action.reason.value,
-                status=None if res is None else res.status.value,
-                dev_score=None if res is None else res.dev_score,
-                stderr_tail=None if res is None else res.stderr[-300:],
-                reward=r.reward, policy_version=r.policy_version)))
+        rows = [json.dumps(self._rollout_record(p.step, r)) for r in p.rollouts]
         tmp = d / f"{p.step:06d}.jsonl.tmp"
         tmp.write_text("\n".join(rows) + "\n")
         os.replace(tmp, d / f"{p.step:06d}.jsonl")
+
+    def _rollout_record(self, step: int, r: Rollout) -> dict:
+        """One line of ``<workdir>/rollouts/<step>.jsonl`` (a hook: subclasses add fields)."""
+        res = r.result
+        return dict(
+            step=step, state_id=r.state_id, task_id=r.task_id, text=r.text,
+            valid_format=r.action.valid,
+            invalid_reason=None if r.action.valid else r.action.reason.value,
+            status=None if res is None else res.status.value,
+            dev_score=None if res is None else res.dev_score,
+            stderr_tail=None if res is None else res.stderr[-300:],
+            reward=r.reward, policy_version=r.policy_version)
 
     def _train_batch(self, p: PendingStep) -> rollout_batch.TrainBatch:
         g = self.cfg.rl.group_size

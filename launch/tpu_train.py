@@ -35,7 +35,15 @@ def main(argv):
     from ace_jax import sharding, trainer
 
     sharding.maybe_initialize_distributed(cfg.mesh)
-    t = trainer.Trainer(cfg, progress=not _NO_PROGRESS.value)
+    mode = cfg.get("mode", "acegrpo")
+    if mode == "ideator":  # MLE-Ideator: the trained policy is the ideator (configs/ideator.py)
+        from ace_jax import ideator_trainer
+
+        t = ideator_trainer.IdeatorTrainer(cfg, progress=not _NO_PROGRESS.value)
+    elif mode == "acegrpo":
+        t = trainer.Trainer(cfg, progress=not _NO_PROGRESS.value)
+    else:
+        raise app.UsageError(f"config mode={mode!r}; valid: acegrpo, ideator")
     try:
         summary = t.run()
     finally:

@@ -52,3 +52,22 @@ def test_ablation_lp_vs_uniform(tmp_path):
     assert "| uniform | rollout/valid_rate |" in (root / "summary.md").read_text()
     evaluated = (root / "eval_summary.md").read_text()
     assert "before (warm start)" in evaluated and "after: lp" in evaluated
+
+
+def test_ideator(tmp_path):
+    root = tmp_path / "ideator"
+    small = {**TINY_RUN, "tasks.cache_dir": str(tmp_path / "tasks"), "sft.steps": 5,
+             "rl.seed_with_references": True}
+    nb = run_notebook(
+        os.path.join(REPO, "notebooks", "ideator.ipynb"),
+        dict(root=str(root), warm_overrides=small, rl_steps=1,
+             train_overrides={**small, "ideator.implementer_max_new_tokens": 48},
+             eval_tasks=("iris-species",), eval_seeds=(0,), eval_max_steps=2,
+             stagnation_steps=1, implementer_max_new_tokens=48, backend=_backend()),
+        str(tmp_path / "ideator.out.ipynb"))
+    text = outputs_text(nb)
+    assert "1 ideator RL steps logged" in text
+    summary = (root / "eval_summary.md").read_text()
+    for setting in ("implementer alone", "+ untrained ideator", "+ trained ideator"):
+        assert f"| {setting} |" in summary
+    assert "| feature_engineering |" in (root / "categories.md").read_text()
