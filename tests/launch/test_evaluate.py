@@ -82,3 +82,27 @@ def test_cli_refuses_a_bad_policy_spec_and_unknown_tasks(tmp_path):
     res = _run(["--policy=openai:http://127.0.0.1:9/v1#m", "--tasks=no-such-task",
                 f"--out={tmp_path}", f"--cache_dir={tmp_path / 'tasks'}"])
     assert res.returncode != 0 and "unknown task ids ['no-such-task']" in res.stderr
+
+
+def test_cli_against_our_own_server(tmp_path):
+    """launch/evaluate.py drives the JAX policy served by ace_jax.serving over real HTTP: the
+    episode runs to its end, every step is recorded, and the server counted the requests."""
+    from ace_jax import serving
+    from ace_jax.policy import JaxPolicy
+    from tests.run_fixture import make_tiny_run
+
+    make_tiny_run(str(tmp_path / "run"))
+    policy = JaxPolicy.from_run(str(tmp_path / "run"), max_new_tokens=16)
+    server, thread, url = serving.start_server(policy, batch_window_ms=5.0)
+    try:
+        out = tmp_path / "out"
+        res = _run([f"--policy=openai:{url}/v1#tiny", "--tasks=iris-species", "--seeds=0",
+                    "--max_steps=2", f"--out={out}", "--workers=1", "--backend=process",
+                    f"--cache_dir={tmp_path / 'tasks'}", "--no_progress"])
+        assert res.returncode == 0, res.stderr[-2000:]
+        (episode,) = evaluation.load_episodes(out)
+        assert len(episode.steps) == 2
+        assert all(s.completion_error is None for s in episode.steps)
+        assert server.stats()["requests"] == 2
+    finally:
+        serving.shutdown(server, thread)
