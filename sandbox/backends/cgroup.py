@@ -59,9 +59,11 @@ def _pids_mount() -> tuple[Optional[pathlib.Path], str, str]:
     return None, "", "no cgroup 'pids' hierarchy is mounted"
 
 
-def _own_cgroup(version: str) -> Optional[str]:
+def _cgroup_of(proc_file: str, version: str) -> Optional[str]:
+    """The cgroup path, in the hierarchy that carries ``pids``, listed in ``proc_file``
+    (``/proc/self/cgroup``: the process; ``/proc/thread-self/cgroup``: the calling thread)."""
     try:
-        lines = pathlib.Path("/proc/self/cgroup").read_text().splitlines()
+        lines = pathlib.Path(proc_file).read_text().splitlines()
     except OSError:
         return None
     for line in lines:
@@ -74,22 +76,17 @@ def _own_cgroup(version: str) -> Optional[str]:
     return None
 
 
+def _own_cgroup(version: str) -> Optional[str]:
+    return _cgroup_of("/proc/self/cgroup", version)
+
+
 class CgroupMoveError(OSError):
     """The calling thread could not step into a cgroup (``run_inside``); nothing was started."""
 
 
 def _thread_cgroup(version: str) -> Optional[str]:
     """The calling thread's cgroup path in the hierarchy that carries ``pids``."""
-    try:
-        lines = pathlib.Path("/proc/thread-self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if version == "v1" and "pids" in controllers.split(","):
-            return path
-    return None
+    return _cgroup_of("/proc/thread-self/cgroup", version)
 
 
 def _move_current_thread(cgroup_dir: pathlib.Path) -> None:
