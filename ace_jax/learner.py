@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 from ace_jax import grpo
-from ace_jax.rollout_batch import TrainBatch, completion_logits, token_entropy, token_logprobs
+from ace_jax.rollout_batch import TrainBatch, completion_logprobs
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -140,10 +140,7 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, adva
     """This microbatch's share of the full-batch loss (its numerator over the batch's
     denominator), plus its share of the router aux loss."""
     model = nnx.merge(graphdef, params)
-    logits, aux = completion_logits(model, mb)
-    tokens = mb.input_ids[:, mb.prompt_len:]
-    logprobs = token_logprobs(logits, tokens, optim_cfg.temperature)
-    entropy = token_entropy(logits, optim_cfg.temperature)
+    logprobs, entropy, aux = completion_logprobs(model, mb, optim_cfg.temperature)
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
         advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,

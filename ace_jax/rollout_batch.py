@@ -6,6 +6,7 @@ masks and hence log-probabilities are the ones the sampler saw.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import jax
@@ -100,3 +101,78 @@ def token_entropy(logits: jax.Array, temperature: float) -> jax.Array:
     t = temperature if temperature > 0 else 1.0
     logp = jax.nn.log_softmax(logits.astype(jnp.float32) / t, axis=-1)
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def completion_logprobs(model, batch: TrainBatch, temperature: float
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``token_logprobs`` and ``token_entropy`` of the completion tokens straight from the policy:
+    returns (logprobs float32 [N, M], entropy float32 [N, M], router aux loss scalar).
+
+    The same values as ``completion_logits`` followed by ``token_logprobs`` / ``token_entropy``,
+    with a hand-written backward pass (`_fused_logprobs`): the gradient of the [N, M, V] logits is
+    formed once, as ``g * (onehot - p) - g_H * p * (logp + H)``, instead of through autodiff of
+    log_softmax, the one-hot gather and the entropy sum (several full-vocabulary passes and a
+    scatter).
+    """
+    out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
+                compute_logits=False)
+    p = batch.prompt_len
+    m = batch.completion_mask.shape[1]
+    h = out.hidden_states[:, p - 1:p - 1 + m, :]
+    cfg = model.config
+    if cfg.tie_word_embeddings:
+        w = model.embed_tokens.embedding[...]
+    else:
+        w = model.lm_head.kernel[...]
+    t = temperature if temperature > 0 else 1.0
+    tokens = batch.input_ids[:, p:].astype(jnp.int32)
+    logprobs, entropy = _fused_logprobs(h, w, tokens, float(t), cfg.dtype, bool(cfg.tie_word_embeddings))
+    return logprobs, entropy, out.aux_loss
+
+
+def _head_logits(h, w, dtype, tied: bool):
+    """fp32 logits exactly as ``Qwen3ForCausalLM.lm_logits`` forms them (w: [H, V], or [V, H] tied)."""
+    eq = "...h,vh->...v" if tied else "...h,hv->...v"
+    return jnp.einsum(eq, h.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _logprobs_fwd_math(h, w, tokens, temperature, dtype, tied):
+    logits = _head_logits(h, w, dtype, tied)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    lp = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return lp, entropy, logp
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused_logprobs(h, w, tokens, temperature: float, dtype, tied: bool):
+    """(token log-probs [N, M], entropy [N, M]) of hidden states h [N, M, H] through the lm_head
+    w; a custom VJP (see `completion_logprobs`)."""
+    lp, entropy, _ = _logprobs_fwd_math(h, w, tokens, temperature, dtype, tied)
+    return lp, entropy
+
+
+def _fused_logprobs_fwd(h, w, tokens, temperature, dtype, tied):
+    lp, entropy, logp = _logprobs_fwd_math(h, w, tokens, temperature, dtype, tied)
+    return (lp, entropy), (h, w, tokens, logp, entropy)
+
+
+def _fused_logprobs_bwd(temperature, dtype, tied, res, cts):
+    h, w, tokens, logp, entropy = res
+    g_lp, g_ent = cts
+    p = jnp.exp(logp)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logp.shape, logp.ndim - 1)
+    onehot = (vocab == tokens[..., None]).astype(jnp.float32)
+    # z = logits / T:  d lp / d z = onehot - p;  d H / d z = -p * (logp + H)
+    dz = g_lp[..., None] * (onehot - p) - g_ent[..., None] * p * (logp + entropy[..., None])
+    dlogits = (dz / temperature).astype(dtype)
+    if tied:  # w [V, H]
+        dh = jnp.einsum("...v,vh->...h", dlogits, w.astype(dtype), preferred_element_type=jnp.float32)
+        dw = jnp.einsum("...v,...h->vh", dlogits, h.astype(dtype), preferred_element_type=jnp.float32)
+    else:  # w [H, V]
+        dh = jnp.einsum("...v,hv->...h", dlogits, w.astype(dtype), preferred_element_type=jnp.float32)
+        dw = jnp.einsum("...h,...v->hv", h.astype(dtype), dlogits, preferred_element_type=jnp.float32)
+    return dh.astype(h.dtype), dw.astype(w.dtype), None
+
+
+_fused_logprobs.defvjp(_fused_logprobs_fwd, _fused_logprobs_bwd)

@@ -14,7 +14,7 @@ Model FLOPs: prefill 2 x active matmul params x B x P plus causal attention (mea
 (P + t for the t-th new token); the lm_head is counted for every token (as the FLOP formula
 does), although our prefill only forms the last position's logits.
 
-  python benchmarks/bench_generate.py [--repeats 3] [--rounds 2] [--dispatch dense] [--no-peer]
+  python benchmarks/bench_generate.py [--repeats 3] [--rounds 2] [--dispatch ragged] [--no-peer]
 
 Load matters: the torch peer (2 OpenMP threads) slows down far more than XLA when other
 processes compete for the cores (the same generate call measured 1.3 s on a quiet and 79 s

@@ -10,7 +10,8 @@ on the same [16, 256] shape with 2 torch threads. Both count batch x sequence to
 step = 6 x active matmul params x tokens + 3 x forward attention FLOPs (causal: mean context
 (T+1)/2). Compile time is excluded from the timed steps and reported separately.
 
-  python benchmarks/bench_learner.py [--repeats 3] [--rounds 2] [--dispatch capacity] [--no-peer]
+  python benchmarks/bench_learner.py [--repeats 3] [--rounds 2] [--dispatch ragged] [--scan-layers]
+                                     [--no-peer]
 
 Load matters: the torch peer (2 OpenMP threads) slows down far more than XLA when other
 processes compete for the cores (the same generate call measured 1.3 s on a quiet and 79 s
@@ -60,7 +61,7 @@ def build_batch(model, shape: dict, group_size: int, seed: int = 0):
 
 
 def measure_ours(shape: dict, dispatch: str, repeats: int, group_size: int = 4,
-                 microbatches: int = 1) -> dict:
+                 microbatches: int = 1, scan_layers: bool = False) -> dict:
     import jax
     from flax import nnx
 
@@ -68,7 +69,7 @@ def measure_ours(shape: dict, dispatch: str, repeats: int, group_size: int = 4,
     from models import qwen3
 
     cfg = bench_tiny_model_config(shape)
-    cfg = dataclasses.replace(cfg, moe_dispatch=dispatch,
+    cfg = dataclasses.replace(cfg, moe_dispatch=dispatch, scan_layers=scan_layers,
                               moe_capacity_factor=dropless_capacity_factor(cfg))
     model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
     batch = build_batch(model, shape, group_size)
@@ -101,16 +102,21 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_round_args(ap)
     ap.add_argument("--microbatches", type=int, default=1)
+    ap.add_argument("--scan-layers", action="store_true",
+                    help="scan the 4 layers (config default) instead of unrolling them: unrolled "
+                         "is faster on CPU (no stacked per-layer residual buffers) and compiles "
+                         "faster at this depth")
     args = ap.parse_args(argv)
     shape = dict(BENCH_TINY)
     peer, ours, loadavg = best_of_rounds(
         args.rounds,
         None if args.no_peer else lambda: run_peer("train", shape, repeats=args.peer_repeats),
-        lambda: measure_ours(shape, args.dispatch, args.repeats, microbatches=args.microbatches))
+        lambda: measure_ours(shape, args.dispatch, args.repeats, microbatches=args.microbatches,
+                             scan_layers=args.scan_layers))
     peak = matmul_peak_flops()
     result = dict(
         bench="learner", shape=shape, loadavg_1min=loadavg,
-        dispatch=args.dispatch, microbatches=args.microbatches,
+        dispatch=args.dispatch, microbatches=args.microbatches, scan_layers=args.scan_layers,
         ours=ours, peer=peer, peak_flops=peak,
         mfu=ours["model_flops_per_step"] / ours["seconds"] / peak,
         ratio=None if peer is None else ours["tokens_per_s"] / peer["tokens_per_s"],

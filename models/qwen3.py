@@ -52,12 +52,19 @@ Layers: each `LayerGroup` is one `Qwen3DecoderLayer` stack run by one ``jax.lax.
 time does not grow with depth; ``scan_layers=False`` unrolls it), each layer wrapped in
 ``jax.checkpoint`` with the policy named by ``config.remat_policy``.
 
-MoE dispatch (``config.moe_dispatch``): "dense" reference, "ragged" (dropless, ``ragged_dot``) and
-"capacity" (batched matmuls over per-expert buffers, drops overflow); see `Qwen3MoeExperts`.
+MoE dispatch (``config.moe_dispatch``): "dense" reference, "ragged" (dropless grouped matmuls:
+``ragged_dot`` on accelerators, blocked matmuls on CPU) and "capacity" (batched matmuls over
+per-expert buffers, drops overflow); see `Qwen3MoeExperts`.
 
 KV cache: `init_cache` / ``Qwen3ForCausalLM.init_cache`` -> `KVCache` (one k and one v array per
-layer group, each [Lg, B, S_max, nkv, d], plus ``kv_mask`` bool [B, S_max]). See
+layer group, each [Lg, B, S_max, nkv, d], plus ``kv_mask`` bool [B, S_max]; or, with
+``layout="decode"``, one k [B, nkv, d, S_max] and one v [B, nkv, S_max, d] per layer). See
 ``Qwen3ForCausalLM.__call__`` for the masking rules.
+
+CPU fast paths (same results): "ragged" MoE runs blocked grouped matmuls (`moe_dispatch_blocked`)
+or, for a decode step, all experts (`moe_dispatch_all_experts`); causal self-attention skips the
+masked upper triangle in query blocks (`causal_attention`); a cache with a concrete ``cache_index``
+is read only up to its filled slots; a decode step reads a "decode" layout cache without copies.
 
 Precision note: on TPU, fp32 matmuls run at the backend's default precision unless
 ``jax_default_matmul_precision`` is raised; the fp32 test tolerances here assume CPU.
@@ -66,6 +73,7 @@ Precision note: on TPU, fp32 matmuls run at the backend's default precision unle
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -83,6 +91,7 @@ __all__ = [
     "Qwen3ForCausalLM",
     "Qwen3DecoderLayer",
     "init_cache",
+    "cache_shapes",
     "flat_params",
     "set_flat_params",
     "logical_axes",
@@ -92,6 +101,12 @@ __all__ = [
     "moe_dispatch_dense",
     "moe_dispatch_ragged",
     "moe_dispatch_capacity",
+    "moe_dispatch_blocked",
+    "moe_dispatch_dropless",
+    "moe_dispatch_all_experts",
+    "moe_block_size",
+    "causal_attention",
+    "dot_product_attention_kv_major",
     "expert_capacity",
 ]
 
@@ -122,6 +137,11 @@ def _stacked(num_layers: int | None, shape: tuple[int, ...], axes: tuple[str, ..
     if num_layers is None:
         return shape, axes
     return (num_layers, *shape), ("layers", *axes)
+
+
+def _traced(x) -> bool:
+    """True when ``x`` has no concrete value at trace time (a jit / scan / loop tracer)."""
+    return isinstance(x, jax.core.Tracer)
 
 
 def _einsum(equation: str, x: jax.Array, w: jax.Array, dtype: Any) -> jax.Array:
@@ -267,6 +287,47 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     return out.reshape(b, t, nq, d)
 
 
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scaling: float,
+                     dtype: Any) -> jax.Array:
+    """`dot_product_attention` for causal self-attention (T == S, query t sees no key past t).
+
+    On CPU, long sequences are split into query blocks; block i (rows [i*bs, (i+1)*bs)) attends
+    only to keys [0, (i+1)*bs), so the masked upper triangle is mostly never computed (8 blocks
+    skip 7/16 of the scores) and each block's [.., bs, S] tensors stay cache-sized. The keys it
+    skips are invisible to the block, so every row with a visible key gets the same result; a
+    row with none (padding) stays finite but averages over fewer keys ("undefined", as in HF).
+    """
+    t = q.shape[1]
+    if jax.default_backend() != "cpu" or t < 64 or k.shape[1] != t:
+        return dot_product_attention(q, k, v, mask, scaling, dtype)
+    block = max(32, -(-t // 8))
+    outs = []
+    for start in range(0, t, block):
+        stop = min(start + block, t)
+        outs.append(dot_product_attention(q[:, start:stop], k[:, :stop], v[:, :stop], mask[:, start:stop, :stop],
+                                          scaling, dtype))
+    return jnp.concatenate(outs, axis=1)
+
+
+def dot_product_attention_kv_major(q: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array,
+                                   scaling: float, dtype: Any) -> jax.Array:
+    """`dot_product_attention` with the keys / values of a "decode" layout cache: q [B,T,nq,d],
+    kt [B,nkv,d,S], vt [B,nkv,S,d], mask bool [B,T,S] -> [B,T,nq,d] (same math and roundings)."""
+    b, t, nq, d = q.shape
+    nkv = kt.shape[1]
+    if t > 1:  # several queries per row (not a decode step): the standard layout's matmuls
+        return dot_product_attention(q, jnp.transpose(kt, (0, 3, 1, 2)), jnp.transpose(vt, (0, 2, 1, 3)), mask,
+                                     scaling, dtype)
+    # One query per row (a decode step): broadcast products + fp32 sums, which XLA:CPU fuses into
+    # two loops over the cache, ~3x faster than its batched [G, d] x [d, S] matmuls.
+    q = q.reshape(b, nkv, nq // nkv, d, 1).astype(_F32)
+    scores = jnp.sum(q * kt[:, :, None].astype(_F32), axis=3).astype(dtype) * scaling  # [B,nkv,G,S]
+    scores = jnp.where(mask[:, :, None, :], scores.astype(_F32), _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.sum(probs[..., None].astype(_F32) * vt[:, :, None].astype(_F32), axis=3).astype(dtype)
+    return out.reshape(b, 1, nq, d)
+
+
 class Qwen3Attention(nnx.Module):
     """Self-attention with per-head q_norm / k_norm (before RoPE), GQA, optional KV cache."""
 
@@ -283,22 +344,60 @@ class Qwen3Attention(nnx.Module):
         self.dtype = config.dtype
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                 kv_cache: tuple[jax.Array, jax.Array] | None = None, cache_index: jax.Array | None = None):
-        """x [B,T,H] -> ([B,T,H], updated (k, v) cache [B,S,nkv,d] or None)."""
+                 kv_cache: tuple[jax.Array, jax.Array] | None = None, cache_index: jax.Array | None = None,
+                 layer_index: jax.Array | int | None = None, kv_len: int | None = None,
+                 kv_layout: str = "standard"):
+        """x [B,T,H] -> ([B,T,H], updated (k, v) cache or None).
+
+        kv_cache: None, or this layer's (k, v):
+          kv_layout "standard": one layer [B,S,nkv,d] (``layer_index`` None), or a whole layer stack
+            [Lg,B,S,nkv,d] with this layer at ``layer_index``: the new keys / values are written in
+            place at (layer_index, :, cache_index) and the stack is returned (a scan then carries
+            the cache instead of slicing it out and stacking it back every step);
+          kv_layout "decode": one layer, k [B,nkv,d,S] and v [B,nkv,S,d] (see `KVCache`).
+        kv_len: static number of leading cache slots the queries may see (``mask`` is [B,T,kv_len]);
+          None = all S. ``kv_len == T`` with ``cache_index == 0`` attends to the new keys directly.
+        """
         q = self.q_norm(self.q_proj(x))  # [B, T, nq, d]
         k = self.k_norm(self.k_proj(x))  # [B, T, nkv, d]
         v = self.v_proj(x)
         q = apply_rotary_pos_emb(q, cos, sin)
         k = apply_rotary_pos_emb(k, cos, sin)
-        if kv_cache is not None:
-            k_cache, v_cache = kv_cache
-            start = (0, cache_index, 0, 0)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-            kv_cache = (k_cache, v_cache)
-            k, v = k_cache, v_cache
-        out = dot_product_attention(q, k, v, mask, self.scaling, self.dtype)
-        return self.o_proj(out), kv_cache
+        if kv_cache is None:  # causal self-attention over the T tokens
+            return self.o_proj(causal_attention(q, k, v, mask, self.scaling, self.dtype)), None
+        k_cache, v_cache = kv_cache
+        k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
+        # kv_len == T: a prefill into an empty cache (the index is 0, whether traced or not): the
+        # queries see exactly the T new keys
+        fresh = kv_len == x.shape[1]
+        if kv_layout == "decode":
+            k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.transpose(k, (0, 2, 3, 1)), (0, 0, 0, cache_index))
+            v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.transpose(v, (0, 2, 1, 3)), (0, 0, cache_index, 0))
+            if fresh:
+                out = causal_attention(q, k, v, mask, self.scaling, self.dtype)
+            else:
+                kt, vt = k_cache, v_cache
+                if kv_len is not None and kv_len < kt.shape[-1]:
+                    kt, vt = kt[..., :kv_len], vt[:, :, :kv_len]
+                out = dot_product_attention_kv_major(q, kt, vt, mask, self.scaling, self.dtype)
+            return self.o_proj(out), (k_cache, v_cache)
+        if layer_index is None:
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, cache_index, 0, 0))
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, cache_index, 0, 0))
+            read = lambda c: c  # noqa: E731
+        else:
+            start = (layer_index, 0, cache_index, 0, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], start)
+            read = lambda c: jax.lax.dynamic_index_in_dim(c, layer_index, 0, keepdims=False)  # noqa: E731
+        if fresh:
+            out = causal_attention(q, k, v, mask, self.scaling, self.dtype)
+        else:
+            k, v = read(k_cache), read(v_cache)
+            if kv_len is not None and kv_len < k.shape[1]:
+                k, v = k[:, :kv_len], v[:, :kv_len]
+            out = dot_product_attention(q, k, v, mask, self.scaling, self.dtype)
+        return self.o_proj(out), (k_cache, v_cache)
 
 
 # ============================================================================ MLP and MoE
@@ -385,12 +484,181 @@ def moe_dispatch_capacity(x, top_k_index, top_k_weights, w_gate, w_up, w_down, d
     return jnp.einsum("nkh,nk->nh", y.astype(_F32), weights)
 
 
+def moe_block_size(num_assignments: int, num_experts: int) -> int:
+    """Rows per block of `moe_dispatch_blocked`: a power of two in [8, 128], about a quarter of the
+    mean number of assignments per expert (less padding for small batches)."""
+    target = max(1, num_assignments // (4 * num_experts))
+    return int(min(128, max(8, 1 << (target.bit_length() - 1))))
+
+
+def _block_swiglu_fwd_scan(buffer, block_expert, w_gate, w_up, w_down, dtype):
+    """Per block b: y_b = swiglu_{e_b}(x_b) [nb, bs, H], one scan over the blocks (each reads its
+    expert's weights in place)."""
+    def block(_, xs):
+        xb, e = xs
+        wg, wu, wd = (jax.lax.dynamic_index_in_dim(w, e, 0, keepdims=False) for w in (w_gate, w_up, w_down))
+        g, u = _einsum("ch,hi->ci", xb, wg, dtype), _einsum("ch,hi->ci", xb, wu, dtype)
+        return None, _einsum("ci,ih->ch", jax.nn.silu(g) * u, wd, dtype)
+
+    return jax.lax.scan(block, None, (buffer, block_expert))[1]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _block_swiglu(buffer, block_expert, w_gate, w_up, w_down, dtype):
+    """y [nb, bs, H]: block b of ``buffer`` [nb, bs, H] through expert ``block_expert[b]``'s SwiGLU.
+
+    A custom VJP: the backward pass is one more scan over the blocks that recomputes the block's
+    gate / up activations and accumulates its expert's weight gradients in place (autodiff of the
+    forward scan stacks per-block residuals and adds a full [E, ...] cotangent per block)."""
+    return _block_swiglu_fwd_scan(buffer, block_expert, w_gate, w_up, w_down, dtype)
+
+
+def _block_swiglu_fwd(buffer, block_expert, w_gate, w_up, w_down, dtype):
+    y = _block_swiglu_fwd_scan(buffer, block_expert, w_gate, w_up, w_down, dtype)
+    return y, (buffer, block_expert, w_gate, w_up, w_down)
+
+
+def _block_swiglu_bwd(dtype, res, dy):
+    buffer, block_expert, w_gate, w_up, w_down = res
+
+    def block(acc, xs):
+        dwg, dwu, dwd = acc
+        xb, e, dyb = xs
+        wg, wu, wd = (jax.lax.dynamic_index_in_dim(w, e, 0, keepdims=False) for w in (w_gate, w_up, w_down))
+        g, u = _einsum("ch,hi->ci", xb, wg, dtype), _einsum("ch,hi->ci", xb, wu, dtype)
+        g32, u32 = g.astype(_F32), u.astype(_F32)
+        sig = jax.nn.sigmoid(g32)
+        silu = g32 * sig
+        a = (jax.nn.silu(g) * u).astype(dtype)
+        dyb = dyb.astype(dtype)
+        da = jnp.einsum("ch,ih->ci", dyb, wd.astype(dtype), preferred_element_type=_F32)
+        dg = (da * u32 * sig * (1.0 + g32 * (1.0 - sig))).astype(dtype)
+        du = (da * silu).astype(dtype)
+        # materialised transposes (the barrier keeps XLA from folding them back into the dots, whose
+        # transposed-operand form XLA:CPU runs on a slow path)
+        xt, at = jax.lax.optimization_barrier((xb.astype(dtype).T, a.T))
+        add = lambda acc, val: jax.lax.dynamic_update_index_in_dim(  # noqa: E731
+            acc, jax.lax.dynamic_index_in_dim(acc, e, 0, keepdims=False) + val, e, 0)
+        dwd = add(dwd, jnp.einsum("ic,ch->ih", at, dyb, preferred_element_type=_F32))
+        dwg = add(dwg, jnp.einsum("hc,ci->hi", xt, dg, preferred_element_type=_F32))
+        dwu = add(dwu, jnp.einsum("hc,ci->hi", xt, du, preferred_element_type=_F32))
+        dx = (jnp.einsum("ci,hi->ch", dg, wg.astype(dtype), preferred_element_type=_F32)
+              + jnp.einsum("ci,hi->ch", du, wu.astype(dtype), preferred_element_type=_F32))
+        return (dwg, dwu, dwd), dx.astype(buffer.dtype)
+
+    zeros = tuple(jnp.zeros(w.shape, _F32) for w in (w_gate, w_up, w_down))
+    (dwg, dwu, dwd), dx = jax.lax.scan(block, zeros, (buffer, block_expert, dy))
+    return (dx, None, dwg.astype(w_gate.dtype), dwu.astype(w_up.dtype), dwd.astype(w_down.dtype))
+
+
+_block_swiglu.defvjp(_block_swiglu_fwd, _block_swiglu_bwd)
+
+
+@jax.custom_vjp
+def _gather_rows(src, index, inverse):
+    """``src[index]`` for an injective ``index`` [R] into src [S, ...] (entries -1: zero rows);
+    ``inverse`` [S] is its inverse (-1 where no output row reads that row). The backward pass is
+    then a gather too (``ct[inverse]``), not a scatter-add, which XLA:CPU runs serially."""
+    return _masked_take(src, index)
+
+
+def _masked_take(src, index):
+    rows = jnp.take(src, jnp.maximum(index, 0), axis=0, mode="clip")
+    return jnp.where((index >= 0).reshape((-1,) + (1,) * (src.ndim - 1)), rows, 0).astype(src.dtype)
+
+
+def _gather_rows_fwd(src, index, inverse):
+    return _masked_take(src, index), (index, inverse)
+
+
+def _gather_rows_bwd(res, ct):
+    index, inverse = res
+    return _masked_take(ct, inverse), None, None
+
+
+_gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
+
+
+def moe_dispatch_blocked(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype,
+                         block_size: int | None = None) -> jax.Array:
+    """Dropless blocked grouped-matmul dispatch (shapes as `moe_dispatch_dense`; float32 [N, H]).
+
+    The N*k assignments are sorted by expert (stable) into a buffer of ``nb`` blocks of
+    ``block_size`` rows in which every expert's run starts at a block boundary (each expert pads
+    its last block with zero rows), so every block belongs to exactly one expert. Each block then
+    runs through its expert's SwiGLU as a plain matmul, and the outputs are gathered back and
+    summed with their weights in fp32. ``nb = (N*k + E*(block_size-1)) // block_size`` bounds the
+    blocks any routing can need (static), so at most E*(block_size-1) padding rows are computed:
+    about N*k rows in all, where "capacity" with C = N computes E*N and "dense" E*N.
+
+    The same result as `moe_dispatch_ragged` (same products, same fp32 combine), without
+    ``ragged_dot``, which XLA:CPU executes as a dense computation.
+    """
+    n, k = top_k_index.shape
+    num_experts, h_dim = w_gate.shape[0], x.shape[-1]
+    a = n * k
+    bs = block_size or moe_block_size(a, num_experts)
+    nb = (a + num_experts * (bs - 1)) // bs
+    flat_expert = jnp.asarray(top_k_index).reshape(-1).astype(jnp.int32)  # assignment c: token c // k
+    order = jnp.argsort(flat_expert, stable=True)
+    counts = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
+    start = jnp.cumsum(counts) - counts  # first sorted position of each expert
+    padded = (counts + bs - 1) // bs * bs
+    padded_end = jnp.cumsum(padded)
+    padded_start = padded_end - padded  # first buffer row of each expert (a block boundary)
+    expert_sorted = flat_expert[order]
+    row_sorted = padded_start[expert_sorted] + jnp.arange(a, dtype=jnp.int32) - start[expert_sorted]
+    row = jnp.zeros((a,), jnp.int32).at[order].set(row_sorted, unique_indices=True)  # assignment -> row
+    inverse = jnp.full((nb * bs,), -1, jnp.int32).at[row].set(jnp.arange(a, dtype=jnp.int32), unique_indices=True)
+    copies = jnp.broadcast_to(x.astype(dtype)[:, None, :], (n, k, h_dim)).reshape(a, h_dim)  # assignment order
+    buffer = _gather_rows(copies, inverse, row).reshape(nb, bs, h_dim)  # padding rows are zero
+    # expert of each block; the unused trailing blocks (zero rows) take the last expert
+    block_expert = jnp.minimum(jnp.searchsorted(padded_end, jnp.arange(nb, dtype=jnp.int32) * bs, side="right"),
+                               num_experts - 1).astype(jnp.int32)
+    y = _block_swiglu(buffer, block_expert, w_gate, w_up, w_down, dtype)
+    y = _gather_rows(y.reshape(nb * bs, h_dim), row, inverse).reshape(n, k, h_dim)
+    return jnp.einsum("nkh,nk->nh", y.astype(_F32), top_k_weights.astype(_F32))
+
+
+def moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype) -> jax.Array:
+    """Every expert on every token, the routing weights applied BEFORE down_proj (shapes as
+    `moe_dispatch_dense`; float32 [N, H]): ``sum_e c[n,e] down_e(h_e) = down([c * h])``, with
+    c [N, E] the (top-k, zero elsewhere) routing weights, so the combine is part of the down_proj
+    contraction over (expert, Im). For a handful of tokens (a decode step) this is the fastest
+    dispatch on CPU: three batched matmuls over the E experts, no scatter / gather.
+    """
+    n, num_experts = x.shape[0], w_gate.shape[0]
+    combine = jnp.zeros((n, num_experts), _F32).at[jnp.arange(n)[:, None], top_k_index].add(
+        top_k_weights.astype(_F32))
+    xb = jnp.broadcast_to(x.astype(dtype)[None], (num_experts, *x.shape))  # [E, N, H]
+    h = jax.nn.silu(_einsum("enh,ehi->eni", xb, w_gate, dtype)) * _einsum("enh,ehi->eni", xb, w_up, dtype)
+    h = (h.astype(_F32) * combine.T[:, :, None]).astype(dtype)
+    return jnp.einsum("eni,eih->nh", h, w_down.astype(dtype), preferred_element_type=_F32)
+
+
+def moe_dispatch_dropless(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype) -> jax.Array:
+    """The "ragged" (dropless) dispatch, implemented per backend (all exact; float32 [N, H]).
+
+    Accelerators: `moe_dispatch_ragged` (``ragged_dot`` grouped matmuls). CPU: few tokens (N*E <=
+    1024, e.g. one decode step of 16 rows): `moe_dispatch_all_experts` (every expert's weights
+    are read once anyway); otherwise `moe_dispatch_blocked`.
+    """
+    if jax.default_backend() != "cpu":
+        return moe_dispatch_ragged(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
+    if x.shape[0] * w_gate.shape[0] <= 1024:
+        return moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
+    return moe_dispatch_blocked(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
+
+
 class Qwen3MoeExperts(nnx.Module):
     """E SwiGLU experts stored as 3-D weights: gate_proj/up_proj [E, H, Im], down_proj [E, Im, H].
 
     ``config.moe_dispatch`` selects how the token -> expert assignment is executed:
       "dense":    `moe_dispatch_dense` (reference; [N, E, Im] activations).
-      "ragged":   `moe_dispatch_ragged` (dropless, sorted grouped matmuls; production default).
+      "ragged":   dropless sorted grouped matmuls (production default): `moe_dispatch_ragged`
+                  (``ragged_dot``) on accelerators; on CPU, where ``ragged_dot`` runs densely,
+                  `moe_dispatch_blocked`, or `moe_dispatch_all_experts` for a handful of tokens
+                  (a decode step); see `moe_dispatch_dropless`.
       "capacity": `moe_dispatch_capacity` with C = `expert_capacity` (config.moe_capacity_factor);
                   drops assignments beyond capacity.
     All three combine the k expert outputs in fp32 and round the sum to the compute dtype.
@@ -416,7 +684,7 @@ class Qwen3MoeExperts(nnx.Module):
         if self.dispatch == "dense":
             y = moe_dispatch_dense(x, top_k_index, top_k_weights, *weights, self.dtype)
         elif self.dispatch == "ragged":
-            y = moe_dispatch_ragged(x, top_k_index, top_k_weights, *weights, self.dtype)
+            y = moe_dispatch_dropless(x, top_k_index, top_k_weights, *weights, self.dtype)
         elif self.dispatch == "capacity":
             n, k = top_k_index.shape
             capacity = expert_capacity(n, k, self.num_experts, self.capacity_factor)
@@ -495,10 +763,14 @@ class Qwen3DecoderLayer(nnx.Module):
         self.mlp = Qwen3MoeSparseMoeBlock(config, **kw) if kind == "moe" else Qwen3MLP(config, **kw)
         self.kind = kind
 
-    def __call__(self, h, cos, sin, mask, kv_cache=None, cache_index=None):
-        """h [B,T,H] -> (h [B,T,H], kv_cache or None, router_logits [B*T,E] or None)."""
+    def __call__(self, h, cos, sin, mask, kv_cache=None, cache_index=None, layer_index=None, kv_len=None,
+                 kv_layout="standard"):
+        """h [B,T,H] -> (h [B,T,H], kv_cache or None, router_logits [B*T,E] or None).
+
+        kv_cache / layer_index / kv_len / kv_layout: see `Qwen3Attention.__call__`."""
         residual = h
-        x, kv_cache = self.self_attn(self.input_layernorm(h), cos, sin, mask, kv_cache, cache_index)
+        x, kv_cache = self.self_attn(self.input_layernorm(h), cos, sin, mask, kv_cache, cache_index,
+                                     layer_index, kv_len, kv_layout)
         h = residual + x
         residual = h
         x = self.post_attention_layernorm(h)
@@ -519,37 +791,60 @@ def _remat(fn, config: ModelConfig):
 
 
 def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask, token_mask, kv, cache_index,
-               keep_router_logits: bool):
+               keep_router_logits: bool, kv_len: int | None = None, kv_layout: str = "standard",
+               layer_params: tuple | None = None):
     """Runs the ``Lg`` layers of one group over h [B,T,H].
 
-    kv: None or (k, v) [Lg, B, S, nkv, d]. Returns (h, new kv or None, (counts [E], prob_sum [E]) or
-    None, router_logits [Lg, B*T, E] or None). One ``jax.lax.scan`` when ``config.scan_layers``.
+    kv: None, or (k, v): [Lg, B, S, nkv, d] each ("standard" layout), or tuples of Lg per-layer
+    arrays ("decode" layout, see `KVCache`). Returns (h, new kv or None, (counts [E], prob_sum [E])
+    or None, router_logits [Lg, B*T, E] or None).
+
+    One ``jax.lax.scan`` when ``config.scan_layers``, else (and always with a "decode" cache) a
+    Python loop. A "standard" cache stack is CARRIED through the layers (each layer writes its
+    slice in place with a ``dynamic_update_slice`` at (layer, :, cache_index) and reads its own
+    layer back), never split into per-layer scan inputs / outputs, so that inside a decode loop XLA
+    updates it in place instead of copying the whole cache every step. ``kv_len``: see
+    `Qwen3Attention.__call__`. ``layer_params``: the Lg per-layer parameter states (see
+    `Qwen3ForCausalLM.layer_params`) to use instead of slicing the stack here.
     """
     graphdef, params = nnx.split(stack)
     top_k = config.num_experts_per_tok
+    num_layers = jax.tree_util.tree_leaves(params)[0].shape[0]
+    per_layer = kv_layout == "decode"
 
-    def body(h, xs):
-        layer_params, layer_kv = xs
+    def body(carry, layer_params, index):
+        """One layer; ``kv``: None, the group's stacked cache (this layer at ``index``) or, for
+        a "decode" cache, this layer's own (k, v)."""
+        h, kv = carry
         layer = nnx.merge(graphdef, layer_params)
-        h, layer_kv, router_logits = layer(h, cos, sin, mask, layer_kv, cache_index)
+        h, kv, router_logits = layer(h, cos, sin, mask, kv, cache_index,
+                                     None if kv is None or per_layer else index, kv_len, kv_layout)
         stats = None
         if router_logits is not None:
             stats = router_load_stats(router_logits, token_mask, top_k)
             if not keep_router_logits:
                 router_logits = None
-        return h, (layer_kv, stats, router_logits)
+        return (h, kv), (stats, router_logits)
 
-    body = _remat(body, config)
-    if config.scan_layers:
-        h, (kv, stats, router_logits) = jax.lax.scan(body, h, (params, kv))
+    if config.scan_layers and not per_layer and layer_params is None:
+        scan_body = _remat(lambda carry, xs: body(carry, *xs), config)
+        (h, kv), (stats, router_logits) = jax.lax.scan(
+            scan_body, (h, kv), (params, jnp.arange(num_layers, dtype=jnp.int32)))
     else:
-        num_layers = jax.tree_util.tree_leaves(params)[0].shape[0]
-        outs = []
+        outs, new_k, new_v = [], [], []
         for i in range(num_layers):
-            take = lambda a: a[i]  # noqa: E731
-            h, y = body(h, jax.tree.map(take, (params, kv)))
+            lp = jax.tree.map(lambda a: a[i], params) if layer_params is None else layer_params[i]  # noqa: B023
+            layer_fn = _remat(functools.partial(body, index=i), config)  # a static layer index
+            if per_layer:
+                (h, (k_i, v_i)), y = layer_fn((h, (kv[0][i], kv[1][i])), lp)
+                new_k.append(k_i)
+                new_v.append(v_i)
+            else:
+                (h, kv), y = layer_fn((h, kv), lp)
             outs.append(y)
-        kv, stats, router_logits = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        if per_layer:
+            kv = (tuple(new_k), tuple(new_v))
+        stats, router_logits = jax.tree.map(lambda *a: jnp.stack(a), *outs)
     if stats is not None:
         stats = (jnp.sum(stats[0], axis=0), jnp.sum(stats[1], axis=0))
     return h, kv, stats, router_logits
@@ -561,13 +856,21 @@ def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask,
 class KVCache:
     """Static-shape KV cache.
 
-    k, v: one array per layer group, each [Lg, B, S_max, nkv, head_dim] (normed + rotated keys).
+    k, v: the normed + rotated keys and the values, laid out per ``layout``:
+      "standard": one array per layer group, k and v [Lg, B, S_max, nkv, head_dim];
+      "decode":   one array per LAYER, k [B, nkv, head_dim, S_max] and v [B, nkv, S_max, head_dim]:
+                  the operand layouts of the two attention matmuls, each layer its own buffer, so a
+                  decode step updates the cache in place and reads it without slicing or
+                  transposing (`init_cache(..., layout="decode")`; the CPU sampler's choice). The
+                  layers then always run unrolled.
     kv_mask: bool [B, S_max]; True where the slot holds a real (non-padding) token.
+    layout: static (pytree metadata).
     """
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     kv_mask: jax.Array
+    layout: str = dataclasses.field(default="standard", metadata=dict(static=True))
 
     @property
     def batch_size(self) -> int:
@@ -578,17 +881,32 @@ class KVCache:
         return self.kv_mask.shape[1]
 
 
-def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+KV_LAYOUTS = ("standard", "decode")
+
+
+def cache_shapes(config: ModelConfig, batch: int, max_len: int, layout: str = "standard"):
+    """[(k shape, v shape)] of the arrays of a `KVCache` with this ``layout`` (one per layer group
+    for "standard", one per layer for "decode")."""
+    if layout not in KV_LAYOUTS:
+        raise ValueError(f"unknown KV-cache layout {layout!r}; valid: {list(KV_LAYOUTS)}")
+    nkv, d = config.num_key_value_heads, config.head_dim
+    if layout == "decode":
+        return [((batch, nkv, d, max_len), (batch, nkv, max_len, d))] * config.num_hidden_layers
+    return [((g.count, batch, max_len, nkv, d),) * 2 for g in config.layer_groups()]
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None,
+               layout: str = "standard") -> KVCache:
     """An empty cache for ``batch`` rows of ``max_len`` slots (dtype default: ``config.dtype``)."""
     if batch < 1 or max_len < 1:
         raise ValueError(f"init_cache: batch and max_len must be positive, got batch={batch}, max_len={max_len}")
     dtype = dtype or config.dtype
-    shape = lambda g: (g.count, batch, max_len, config.num_key_value_heads, config.head_dim)  # noqa: E731
-    groups = config.layer_groups()
+    shapes = cache_shapes(config, batch, max_len, layout)
     return KVCache(
-        k=tuple(jnp.zeros(shape(g), dtype) for g in groups),
-        v=tuple(jnp.zeros(shape(g), dtype) for g in groups),
+        k=tuple(jnp.zeros(k, dtype) for k, _ in shapes),
+        v=tuple(jnp.zeros(v, dtype) for _, v in shapes),
         kv_mask=jnp.zeros((batch, max_len), bool),
+        layout=layout,
     )
 
 
@@ -635,7 +953,8 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, positions: jax.Array, *, attention_mask: jax.Array | None = None,
                  cache: KVCache | None = None, cache_index: jax.Array | int | None = None,
-                 compute_logits: bool = True, return_router_logits: bool = False) -> ModelOutput:
+                 compute_logits: bool = True, return_router_logits: bool = False,
+                 layer_params: tuple | None = None) -> ModelOutput:
         """Forward pass.
 
         Args:
@@ -650,6 +969,9 @@ class Qwen3ForCausalLM(nnx.Module):
           compute_logits: False skips the [B, T, V] logits (logits=None); the caller can then apply
             `lm_logits` to chunks of ``hidden_states``.
           return_router_logits: also return each group's router logits (for parity checks).
+          layer_params: None, or `layer_params()` computed OUTSIDE an enclosing loop: the layers
+            then run unrolled on these per-layer weights (a decode ``while_loop`` reads each
+            layer's weights in place instead of slicing them out of the stacks every step).
 
         Masking: without a cache, query t sees key t' iff t' <= t and attention_mask[b, t']. With a
         cache, the T new keys/values are written to slots [cache_index, cache_index + T), kv_mask of
@@ -663,16 +985,21 @@ class Qwen3ForCausalLM(nnx.Module):
         input_ids, positions, attention_mask = self._check_inputs(input_ids, positions, attention_mask, cache,
                                                                   cache_index)
         b, t = input_ids.shape
+        kv_len = None
         if cache is None:
             idx = jnp.arange(t)
             mask = (idx[None, :, None] >= idx[None, None, :]) & attention_mask[:, None, :]  # [B, T, T]
             kv_mask = None
         else:
+            # A concrete cache_index bounds the slots the queries can see: attention reads only the
+            # kv_len = cache_index + T filled slots (a prefill into an empty cache: only the T new
+            # keys). The slots past it are invisible anyway (s > cache_index + t).
+            kv_len = cache.max_len if _traced(cache_index) else int(cache_index) + t
             cache_index = jnp.asarray(cache_index, jnp.int32)
             kv_mask = jax.lax.dynamic_update_slice(cache.kv_mask, attention_mask, (0, cache_index))
-            slots = jnp.arange(cache.max_len)
-            visible = slots[None, :] <= cache_index + jnp.arange(t)[:, None]  # [T, S]
-            mask = visible[None] & kv_mask[:, None, :]  # [B, T, S]
+            slots = jnp.arange(kv_len)
+            visible = slots[None, :] <= cache_index + jnp.arange(t)[:, None]  # [T, kv_len]
+            mask = visible[None] & kv_mask[:, None, :kv_len]  # [B, T, kv_len]
 
         h = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, cfg)
@@ -680,11 +1007,23 @@ class Qwen3ForCausalLM(nnx.Module):
 
         new_k, new_v, all_router_logits = [], [], []
         counts = prob_sum = None
+        layout = "standard" if cache is None else cache.layout
+        groups = cfg.layer_groups()
         for g, stack in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[g], cache.v[g])
+            if cache is None:
+                kv = None
+            elif layout == "decode":  # one array per layer
+                first, count = groups[g].start, groups[g].count
+                kv = (cache.k[first:first + count], cache.v[first:first + count])
+            else:
+                kv = (cache.k[g], cache.v[g])
             h, kv, stats, router_logits = _run_group(stack, cfg, h, cos, sin, mask, token_mask, kv, cache_index,
-                                                     return_router_logits)
-            if kv is not None:
+                                                     return_router_logits, kv_len, layout,
+                                                     None if layer_params is None else layer_params[g])
+            if kv is not None and layout == "decode":
+                new_k.extend(kv[0])
+                new_v.extend(kv[1])
+            elif kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
             if stats is not None:
@@ -699,9 +1038,19 @@ class Qwen3ForCausalLM(nnx.Module):
             aux_loss = jnp.zeros((), _F32)
         else:
             aux_loss = load_balancing_loss(counts, prob_sum, cfg.num_moe_layers * jnp.sum(token_mask))
-        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask)
+        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask,
+                                                       layout=cache.layout)
         return ModelOutput(logits=logits, cache=new_cache, aux_loss=aux_loss, hidden_states=h,
                            router_logits=tuple(all_router_logits) if return_router_logits else None)
+
+    def layer_params(self) -> tuple[tuple[nnx.State, ...], ...]:
+        """Per layer group, the parameter state of each of its layers (sliced out of the stacks)."""
+        out = []
+        for stack in self.layers:
+            _, params = nnx.split(stack)
+            count = jax.tree_util.tree_leaves(params)[0].shape[0]
+            out.append(tuple(jax.tree.map(lambda a: a[i], params) for i in range(count)))  # noqa: B023
+        return tuple(out)
 
     def lm_logits(self, hidden_states: jax.Array) -> jax.Array:
         """float32 logits [..., V] of final-normed hidden states [..., H] (compute dtype).
@@ -739,17 +1088,22 @@ class Qwen3ForCausalLM(nnx.Module):
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
             groups = cfg.layer_groups()
-            if len(cache.k) != len(groups) or len(cache.v) != len(groups):
+            if cache.layout == "decode":
+                if len(cache.k) != cfg.num_hidden_layers or len(cache.v) != cfg.num_hidden_layers:
+                    raise ValueError(f"a 'decode' cache has {len(cache.k)} layers, the model has "
+                                     f"{cfg.num_hidden_layers}")
+            elif len(cache.k) != len(groups) or len(cache.v) != len(groups):
                 raise ValueError(f"cache has {len(cache.k)} layer groups, the model has {len(groups)}")
-            for g, (grp, k) in enumerate(zip(groups, cache.k)):
-                want = (grp.count, input_ids.shape[0], cache.max_len, cfg.num_key_value_heads, cfg.head_dim)
-                if k.shape != want or cache.v[g].shape != want:
+            shapes = cache_shapes(cfg, input_ids.shape[0], cache.max_len, cache.layout)
+            for g, (k, (want_k, want_v)) in enumerate(zip(cache.k, shapes)):
+                if k.shape != want_k or cache.v[g].shape != want_v:
+                    want = want_k if want_k == want_v else f"{want_k}/{want_v}"
                     raise ValueError(f"cache group {g}: k/v shapes {k.shape}/{cache.v[g].shape}, expected {want}")
             if input_ids.shape[1] > cache.max_len:
                 raise ValueError(f"{input_ids.shape[1]} new tokens do not fit a cache of {cache.max_len} slots")
             if jnp.ndim(cache_index) != 0:
                 raise ValueError(f"cache_index must be a scalar, got shape {jnp.shape(cache_index)}")
-            if not isinstance(cache_index, jax.core.Tracer):  # a traced index cannot be checked here
+            if not _traced(cache_index):  # a traced index cannot be checked here
                 start = int(cache_index)
                 if start < 0 or start + input_ids.shape[1] > cache.max_len:
                     raise ValueError(f"tokens [{start}, {start + input_ids.shape[1]}) do not fit a cache of "

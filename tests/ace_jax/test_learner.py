@@ -112,3 +112,37 @@ def test_bad_batch_is_clear():
     lrn = learner.Learner.create(model, g, o, group_size=G)
     with pytest.raises(ValueError, match="microbatches"):
         lrn.step(batch)
+
+
+def test_completion_logprobs_equal_logits_path_with_gradients():
+    """`completion_logprobs` (hand-written backward through the lm_head) = completion_logits +
+    token_logprobs / token_entropy, values and parameter gradients, untied and tied heads."""
+    for tied in (False, True):
+        model, batch = _setup(tie_word_embeddings=tied)
+        tokens = batch.input_ids[:, batch.prompt_len:]
+        w = jnp.asarray(np.random.RandomState(0).randn(*tokens.shape), jnp.float32)
+
+        def reference(mdl):
+            logits, aux = rollout_batch.completion_logits(mdl, batch)
+            return (rollout_batch.token_logprobs(logits, tokens, 0.8),
+                    rollout_batch.token_entropy(logits, 0.8), aux)
+
+        def fused(mdl):
+            return rollout_batch.completion_logprobs(mdl, batch, 0.8)
+
+        for fn in (reference, fused):
+            lp, ent, _ = nnx.jit(fn)(model)
+            if fn is reference:
+                want_lp, want_ent = lp, ent
+        np.testing.assert_allclose(lp, want_lp, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ent, want_ent, rtol=1e-6, atol=1e-6)
+
+        def loss(fn):
+            def f(mdl):
+                lp, ent, _ = fn(mdl)
+                return jnp.sum(lp * w) + 0.3 * jnp.sum(ent * w)
+            return qwen3.flat_params(nnx.jit(nnx.grad(f))(model))
+
+        want, got = loss(reference), loss(fused)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=f"{name} tied={tied}")
