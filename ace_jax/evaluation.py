@@ -1044,29 +1044,13 @@ def write_reports(result: EvaluationResult, out_dir: Union[str, os.PathLike]) ->
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``run:<workdir>[@step]`` | ``hf:<dir>`` | ``openai:<base_url>[#<model>]`` -> (kind, args).
+    """``ace_jax.policy.parse_policy_spec``, raising EvaluationError (with the accepted forms)."""
+    from ace_jax import policy as policy_lib
 
-    Raises EvaluationError with the accepted forms on anything else.
-    """
-    forms = "run:<workdir>[@step] | hf:<dir> | openai:<base_url>#<model>"
-    kind, sep, rest = (spec or "").partition(":")
-    if not sep or not rest:
-        raise EvaluationError(f"policy spec {spec!r} is not one of: {forms}")
-    if kind == "run":
-        path, at, step = rest.rpartition("@")
-        if at and step.isdigit() and path:
-            return "run", {"workdir": path, "step": int(step)}
-        return "run", {"workdir": rest, "step": None}
-    if kind == "hf":
-        return "hf", {"path": rest}
-    if kind == "openai":
-        url, hash_, model = rest.rpartition("#")
-        if not hash_:
-            url, model = rest, "default"
-        if not url.startswith(("http://", "https://")):
-            raise EvaluationError(f"openai policy needs an http(s) base URL, got {url!r}")
-        return "openai", {"base_url": url, "model": model or "default"}
-    raise EvaluationError(f"unknown policy kind {kind!r} in {spec!r}; use one of: {forms}")
+    try:
+        return policy_lib.parse_policy_spec(spec)
+    except policy_lib.PolicySpecError as e:
+        raise EvaluationError(str(e)) from e
 
 
 def read_run_config(workdir: Union[str, os.PathLike]) -> dict[str, Any]:

@@ -56,14 +56,14 @@ from models import tokenizer as tok_lib
 
 log = logging.getLogger("ace_jax.ideator_trainer")
 
-IMPLEMENTER_KINDS = ("self", "run", "hf", "openai")
 
 
 def default_config() -> ml_collections.ConfigDict:
     """The ``ideator`` config section of an ideator run: ``ideator.default_config()`` (prompt and
     parsing) plus the training keys below."""
     c = ideator.default_config()
-    # The frozen implementer: "self" | "run:<dir>" | "hf:<dir>" | "openai:<base_url>#<model>".
+    # The frozen implementer: "self" or a policy spec, "run:<dir>[@step]" | "hf:<dir>" |
+    # "openai:<base_url>#<model>" (ace_jax.policy.parse_policy_spec).
     c.implementer = "self"
     c.implementer_max_new_tokens = 0     # its token budget per script (0: sampling.max_new_tokens)
     c.implementer_max_prompt_tokens = 0  # its prompts keep their last tokens (0: rl.max_prompt_tokens)
@@ -81,25 +81,22 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
-def parse_implementer_spec(spec: str) -> tuple[str, str, str]:
-    """("self" | "run" | "hf" | "openai", path or base URL, model name) of an implementer spec.
+def parse_implementer_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """("self", {}) or ``policy.parse_policy_spec(spec)`` (run / hf / openai) of an implementer.
 
     Raises:
-      SetupError: an unknown kind, or a missing path / URL / model name.
+      SetupError: neither "self" nor a policy spec.
     """
+    from ace_jax import policy
+
     spec = (spec or "").strip()
     if spec == "self":
-        return "self", "", ""
-    kind, sep, rest = spec.partition(":")
-    if not sep or kind not in IMPLEMENTER_KINDS or kind == "self" or not rest:
-        raise SetupError(f"ideator.implementer={spec!r}: expected 'self', 'run:<dir>', "
-                         "'hf:<dir>' or 'openai:<base_url>#<model>'")
-    if kind == "openai":
-        url, _, model = rest.partition("#")
-        if not url or not model:
-            raise SetupError(f"ideator.implementer={spec!r}: expected 'openai:<base_url>#<model>'")
-        return kind, url, model
-    return kind, rest, ""
+        return "self", {}
+    try:
+        return policy.parse_policy_spec(spec)
+    except policy.PolicySpecError as e:
+        raise SetupError(f"ideator.implementer={spec!r}: expected 'self' or a policy spec "
+                         f"({e})") from e
 
 
 @dataclasses.dataclass
@@ -161,12 +158,11 @@ class IdeatorTrainer(Trainer):
         if unknown:
             raise SetupError(f"ideator.sft_kinds has unknown kinds {sorted(unknown)}; valid: "
                              f"{ideator.IDEATOR_SFT_KINDS}")
-        self.impl_kind, self.impl_path, self.impl_model = (
-            ("injected", "", "") if implementer is not None
-            else parse_implementer_spec(icfg.implementer))
-        if self.impl_kind in ("run", "hf") and "://" not in self.impl_path \
-                and not os.path.isdir(self.impl_path):
-            raise SetupError(f"ideator.implementer: {self.impl_path!r} is not a directory")
+        self.impl_kind, self.impl_args = (("injected", {}) if implementer is not None
+                                          else parse_implementer_spec(icfg.implementer))
+        impl_dir = self.impl_args.get("workdir") or self.impl_args.get("path")
+        if impl_dir and "://" not in impl_dir and not os.path.isdir(impl_dir):
+            raise SetupError(f"ideator.implementer: {impl_dir!r} is not a directory")
         super().__init__(cfg, progress=progress)
         self.impl_max_new = int(icfg.implementer_max_new_tokens or cfg.sampling.max_new_tokens)
         self.impl_max_prompt = int(icfg.implementer_max_prompt_tokens or cfg.rl.max_prompt_tokens)
@@ -198,16 +194,18 @@ class IdeatorTrainer(Trainer):
     def _build_external_implementer(self):
         from ace_jax import policy
 
+        args = self.impl_args
         if self.impl_kind == "openai":
-            return policy.OpenAIPolicy(self.impl_path, self.impl_model,
+            return policy.OpenAIPolicy(args["base_url"], args["model"],
                                        timeout_s=float(self.cfg.ideator.implementer_timeout_s),
                                        max_tokens=self.impl_max_new,
                                        temperature=float(self.cfg.ideator.implementer_temperature),
-                                       name=f"implementer:{self.impl_model}")
+                                       name=f"implementer:{args['model']}")
         try:
             if self.impl_kind == "run":
-                return policy.JaxPolicy.from_run(self.impl_path, **self._jax_policy_kwargs())
-            return policy.JaxPolicy.from_hf(self.impl_path, **self._jax_policy_kwargs())
+                return policy.JaxPolicy.from_run(args["workdir"], step=args["step"],
+                                                 **self._jax_policy_kwargs())
+            return policy.JaxPolicy.from_hf(args["path"], **self._jax_policy_kwargs())
         except policy.PolicyError as e:
             raise SetupError(f"ideator.implementer={self.cfg.ideator.implementer!r}: {e}") from e
 

@@ -37,6 +37,43 @@ class PolicyError(RuntimeError):
     """A policy that cannot be built (missing run directory, no checkpoint, mismatched sizes)."""
 
 
+class PolicySpecError(PolicyError, ValueError):
+    """A policy spec string that is not one of ``POLICY_SPEC_FORMS``."""
+
+
+POLICY_SPEC_FORMS = "run:<workdir>[@step] | hf:<dir> | openai:<base_url>#<model>"
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``run:<workdir>[@step]`` | ``hf:<dir>`` | ``openai:<base_url>[#<model>]`` -> (kind, args).
+
+    args: run -> {"workdir", "step" (int or None: the newest)}; hf -> {"path"};
+    openai -> {"base_url", "model" ("default" when omitted)}.
+
+    Raises:
+      PolicySpecError: anything else (the message lists the accepted forms).
+    """
+    kind, sep, rest = (spec or "").partition(":")
+    if not sep or not rest:
+        raise PolicySpecError(f"policy spec {spec!r} is not one of: {POLICY_SPEC_FORMS}")
+    if kind == "run":
+        path, at, step = rest.rpartition("@")
+        if at and step.isdigit() and path:
+            return "run", {"workdir": path, "step": int(step)}
+        return "run", {"workdir": rest, "step": None}
+    if kind == "hf":
+        return "hf", {"path": rest}
+    if kind == "openai":
+        url, hash_, model = rest.rpartition("#")
+        if not hash_:
+            url, model = rest, "default"
+        if not url.startswith(("http://", "https://")):
+            raise PolicySpecError(f"openai policy needs an http(s) base URL, got {url!r}")
+        return "openai", {"base_url": url, "model": model or "default"}
+    raise PolicySpecError(f"unknown policy kind {kind!r} in {spec!r}; use one of: "
+                          f"{POLICY_SPEC_FORMS}")
+
+
 @dataclasses.dataclass
 class Completion:
     """One assistant reply.

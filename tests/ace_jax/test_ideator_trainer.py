@@ -85,12 +85,13 @@ def test_config_loads_and_overrides():
 
 def test_implementer_specs():
     parse = ideator_trainer.parse_implementer_spec
-    assert parse("self") == ("self", "", "")
-    assert parse("run:runs/local") == ("run", "runs/local", "")
-    assert parse("hf:/m/qwen") == ("hf", "/m/qwen", "")
-    assert parse("openai:http://127.0.0.1:8000/v1#qwen3") == ("openai", "http://127.0.0.1:8000/v1",
-                                                              "qwen3")
-    for bad in ("", "me", "run:", "openai:http://x/v1", "gpt:foo", "self:x"):
+    assert parse("self") == ("self", {})
+    assert parse("run:runs/local") == ("run", {"workdir": "runs/local", "step": None})
+    assert parse("run:runs/local@30") == ("run", {"workdir": "runs/local", "step": 30})
+    assert parse("hf:/m/qwen") == ("hf", {"path": "/m/qwen"})
+    assert parse("openai:http://127.0.0.1:8000/v1#qwen3") == (
+        "openai", {"base_url": "http://127.0.0.1:8000/v1", "model": "qwen3"})
+    for bad in ("", "me", "run:", "openai:x/v1#m", "gpt:foo", "self:x"):
         with pytest.raises(SetupError):
             parse(bad)
 
@@ -102,7 +103,7 @@ def test_setup_errors_come_before_heavy_work(tmp_path):
     with pytest.raises(SetupError, match="not a directory"):
         ideator_trainer.IdeatorTrainer(c, progress=False)
     c.ideator.implementer = "nonsense"
-    with pytest.raises(SetupError, match="openai:<base_url>#<model>"):
+    with pytest.raises(SetupError, match="expected 'self' or a policy spec"):
         ideator_trainer.IdeatorTrainer(c, progress=False)
     c.ideator.implementer = "self"
     c.ideator.sft_kinds = ("poems",)

@@ -284,3 +284,13 @@ def test_openai_policy_complete_keeps_order_and_seeds_under_concurrency(stub):
     out = _client(s.url, max_concurrency=4).complete([CONV] * 4, seed=1)
     assert [c.text for c in out] == ["seed 1", "seed 2", "seed 3", "seed 4"]
     assert s.hits == 4
+
+
+def test_policy_spec_errors_are_typed():
+    from ace_jax import policy
+
+    assert policy.parse_policy_spec("run:runs/a@7") == ("run", {"workdir": "runs/a", "step": 7})
+    for bad in ("", "runs/local", "gpt:x", "openai:h/v1#m", "hf:"):
+        with pytest.raises(policy.PolicySpecError, match="policy") as info:
+            policy.parse_policy_spec(bad)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, policy.PolicyError)
