@@ -28,7 +28,7 @@ import logging
 import os
 import pathlib
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -539,6 +539,9 @@ class Trainer:
         m = {
             "reward/mean": rew.mean(), "reward/std": rew.std(),
             "rollout/valid_rate": len(valid) / n,
+            **root_child_metrics([self.buffer.get(r.state_id).depth == 0 for r in rs],
+                                 [r.result is not None and r.result.status is Status.OK
+                                  for r in rs]),
             "rollout/format_valid_rate": sum(r.action.valid for r in rs) / n,
             "score/dev_norm_mean": float(np.mean(norm)) if norm else 0.0,
             # Failures count as the baseline (0): improves with validity AND quality.
@@ -620,6 +623,20 @@ class Trainer:
             self.pool.close()
         self.checkpointer.close()
         self.metrics.close()
+
+
+def root_child_metrics(is_root: Sequence[bool], valid: Sequence[bool]) -> dict[str, float]:
+    """Where a batch was drawn from and how the policy did there, from one flag pair per rollout:
+    ``rollout/root_frac`` (share of rollouts on root states: the buffer's initial drafts and
+    seeds) and ``rollout/valid_rate_root`` / ``rollout/valid_rate_child`` (each only when the
+    batch has such rollouts). The aggregate valid rate moves with this mix as the buffer fills
+    with children, so these separate a better policy from a harder batch."""
+    m = {"rollout/root_frac": sum(is_root) / len(is_root)}
+    for name, want in (("root", True), ("child", False)):
+        hits = [v for v, root in zip(valid, is_root) if bool(root) is want]
+        if hits:
+            m[f"rollout/valid_rate_{name}"] = sum(hits) / len(hits)
+    return m
 
 
 def medal_level(report) -> int:

@@ -48,7 +48,8 @@ def main() -> None:
     metrics.plot_curves(str(workdir / "metrics.jsonl"), str(workdir / "curves.png"),
                         keys=("rollout/valid_rate", "score/dev_norm_all", "reward/mean",
                               "grpo/zero_var_frac", "rollout/format_valid_rate",
-                              "score/dev_norm_mean"))
+                              "score/dev_norm_mean", "rollout/root_frac",
+                              "rollout/valid_rate_root", "rollout/valid_rate_child"))
     result = {
         "steps": len(rows), "minutes": round(minutes, 2),
         "valid_first5": mean(col("rollout/valid_rate", first)),
@@ -59,6 +60,14 @@ def main() -> None:
         "format_last5": mean(col("rollout/format_valid_rate", last)),
         "score_valid_only_first5": mean(col("score/dev_norm_mean", first)),
         "score_valid_only_last5": mean(col("score/dev_norm_mean", last)),
+        # Where the batch came from: the aggregate moves with the share of child states
+        # (trainer.root_child_metrics); valid rates on root / child states (steps that had any).
+        "root_frac_first5": mean(col("rollout/root_frac", first)),
+        "root_frac_last5": mean(col("rollout/root_frac", last)),
+        "valid_root_first5": mean(col("rollout/valid_rate_root", first)),
+        "valid_root_last5": mean(col("rollout/valid_rate_root", last)),
+        "valid_child_first5": mean(col("rollout/valid_rate_child", first)),
+        "valid_child_last5": mean(col("rollout/valid_rate_child", last)),
         "curves": str(workdir / "curves.png"),
     }
     result["learns"] = (result["valid_last5"] > result["valid_first5"]

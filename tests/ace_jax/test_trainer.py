@@ -101,3 +101,11 @@ def test_init_from_run_that_is_not_a_run(cfg, tmp_path):
     cfg.tasks.ids = ("iris-species",)
     with pytest.raises(trainer.SetupError, match="no checkpoint"):
         trainer.Trainer(cfg, progress=False)
+
+
+def test_root_child_metrics():
+    m = trainer.root_child_metrics([True, True, False, False, False], [True, False, True, False, False])
+    assert m == {"rollout/root_frac": 0.4, "rollout/valid_rate_root": 0.5,
+                 "rollout/valid_rate_child": pytest.approx(1 / 3)}
+    assert trainer.root_child_metrics([True, True], [False, True]) == {
+        "rollout/root_frac": 1.0, "rollout/valid_rate_root": 0.5}  # no child rollouts: no key

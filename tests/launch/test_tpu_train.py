@@ -86,10 +86,28 @@ def test_unwritable_workdir_fails_before_heavy_work(tmp_path):
 
 
 @pytest.mark.slow
+def _check_root_child_metrics(workdir):
+    """rollout/root_frac and rollout/valid_rate_{root,child} agree with the rollout logs."""
+    parents = {sid: pid for sid, pid, _ in _buffer_states(workdir)[1]}
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        path = workdir / "rollouts" / f"{row['step']:06d}.jsonl"
+        rolls = [json.loads(x) for x in path.read_text().splitlines()]
+        root = [parents[r["state_id"]] is None for r in rolls]
+        assert row["rollout/root_frac"] == pytest.approx(sum(root) / len(rolls))
+        for name, want in (("root", True), ("child", False)):
+            ok = [r["status"] == "ok" for r, is_root in zip(rolls, root) if is_root is want]
+            assert (f"rollout/valid_rate_{name}" in row) == bool(ok)
+            if ok:
+                assert row[f"rollout/valid_rate_{name}"] == pytest.approx(sum(ok) / len(ok))
+    assert rows[0]["rollout/root_frac"] == 1.0  # the buffer starts with the drafts alone
+
+
 def test_kill9_and_resume_matches_uninterrupted_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _run(straight)
     assert _metrics_steps(straight) == [0, 1, 2, 3, 4]
+    _check_root_child_metrics(straight)
 
     proc = subprocess.Popen(_cmd(resumed), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
