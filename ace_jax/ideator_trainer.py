@@ -57,7 +57,6 @@ from models import tokenizer as tok_lib
 log = logging.getLogger("ace_jax.ideator_trainer")
 
 
-
 def default_config() -> ml_collections.ConfigDict:
     """The ``ideator`` config section of an ideator run: ``ideator.default_config()`` (prompt and
     parsing) plus the training keys below."""

@@ -85,7 +85,6 @@ def test_unwritable_workdir_fails_before_heavy_work(tmp_path):
     assert "not writable" in out.stderr
 
 
-@pytest.mark.slow
 def _check_root_child_metrics(workdir):
     """rollout/root_frac and rollout/valid_rate_{root,child} agree with the rollout logs."""
     parents = {sid: pid for sid, pid, _ in _buffer_states(workdir)[1]}
@@ -103,6 +102,7 @@ def _check_root_child_metrics(workdir):
     assert rows[0]["rollout/root_frac"] == 1.0  # the buffer starts with the drafts alone
 
 
+@pytest.mark.slow
 def test_kill9_and_resume_matches_uninterrupted_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _run(straight)
