@@ -42,6 +42,9 @@ def get_config():
 
     c.sampling.max_new_tokens = 160    # an idea is ~60-110 tokens with the trained BPE
     c.optim.decay_steps = c.rl.num_steps
+    # The library's LP prior (u0=1 inherited from the parent group, T=1 while exploring), not
+    # local.py's sharper one: the README's ideator results were measured with it.
+    c.lp.prior, c.lp.u0, c.lp.temperature_start = "parent", 1.0, 1.0
     c.lp.explore_steps = 3
     c.lp.anneal_steps = 6
 
