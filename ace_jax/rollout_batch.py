@@ -71,6 +71,16 @@ def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationR
     )
 
 
+def _completion_hidden(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
+    """(final-normed hidden states [N, M, H] at the M positions that predict the completion
+    tokens, router aux loss scalar): one policy forward with no logits formed."""
+    out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
+                compute_logits=False)
+    p = batch.prompt_len
+    m = batch.completion_mask.shape[1]
+    return out.hidden_states[:, p - 1:p - 1 + m, :], out.aux_loss
+
+
 def completion_logits(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
     """Runs the policy on full rows; returns (logits float32 [N, M, V] that predict the completion
     tokens, router aux loss scalar).
@@ -79,11 +89,23 @@ def completion_logits(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
     positions' [N, P, V] logits are never formed), which saves that share of the lm_head matmul
     in the forward and the backward pass.
     """
-    out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
-                compute_logits=False)
-    p = batch.prompt_len
-    m = batch.completion_mask.shape[1]
-    return model.lm_logits(out.hidden_states[:, p - 1:p - 1 + m, :]), out.aux_loss
+    h, aux = _completion_hidden(model, batch)
+    return model.lm_logits(h), aux
+
+
+def _log_probs(logits: jax.Array, temperature: float) -> jax.Array:
+    """float32 log_softmax(logits / T) over the last axis; greedy (T <= 0) counts as T = 1, the
+    convention of ``generate.sample_token``."""
+    t = temperature if temperature > 0 else 1.0
+    return jax.nn.log_softmax(logits.astype(jnp.float32) / t, axis=-1)
+
+
+def _at_tokens(logp: jax.Array, tokens: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def _entropy(logp: jax.Array) -> jax.Array:
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float):
@@ -91,16 +113,12 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float):
 
     Uses the same temperature convention as ``generate.sample_token`` (greedy counts as T = 1).
     """
-    t = temperature if temperature > 0 else 1.0
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / t, axis=-1)
-    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    return _at_tokens(_log_probs(logits, temperature), tokens)
 
 
 def token_entropy(logits: jax.Array, temperature: float) -> jax.Array:
     """Entropy of each next-token distribution: logits [N, M, V] -> float32 [N, M] (nats)."""
-    t = temperature if temperature > 0 else 1.0
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / t, axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return _entropy(_log_probs(logits, temperature))
 
 
 def completion_logprobs(model, batch: TrainBatch, temperature: float
@@ -114,20 +132,16 @@ def completion_logprobs(model, batch: TrainBatch, temperature: float
     log_softmax, the one-hot gather and the entropy sum (several full-vocabulary passes and a
     scatter).
     """
-    out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
-                compute_logits=False)
-    p = batch.prompt_len
-    m = batch.completion_mask.shape[1]
-    h = out.hidden_states[:, p - 1:p - 1 + m, :]
+    h, aux = _completion_hidden(model, batch)
     cfg = model.config
     if cfg.tie_word_embeddings:
         w = model.embed_tokens.embedding[...]
     else:
         w = model.lm_head.kernel[...]
     t = temperature if temperature > 0 else 1.0
-    tokens = batch.input_ids[:, p:].astype(jnp.int32)
+    tokens = batch.input_ids[:, batch.prompt_len:].astype(jnp.int32)
     logprobs, entropy = _fused_logprobs(h, w, tokens, float(t), cfg.dtype, bool(cfg.tie_word_embeddings))
-    return logprobs, entropy, out.aux_loss
+    return logprobs, entropy, aux
 
 
 def _head_logits(h, w, dtype, tied: bool):
@@ -137,11 +151,8 @@ def _head_logits(h, w, dtype, tied: bool):
 
 
 def _logprobs_fwd_math(h, w, tokens, temperature, dtype, tied):
-    logits = _head_logits(h, w, dtype, tied)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    lp = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    return lp, entropy, logp
+    logp = _log_probs(_head_logits(h, w, dtype, tied), temperature)
+    return _at_tokens(logp, tokens), _entropy(logp), logp
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
