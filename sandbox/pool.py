@@ -231,7 +231,7 @@ def classify(raw: RawExecution) -> tuple[Status, str]:
     if raw.timed_out:
         return Status.TIMEOUT, "wall-clock time limit exceeded; the process tree was killed"
     if raw.cpu_limit_hit:
-        return Status.TIMEOUT, "CPU time limit exceeded (SIGXCPU)"
+        return Status.TIMEOUT, "CPU time limit exceeded (RLIMIT_CPU)"
     if raw.oom_killed:
         return Status.OOM, "killed by the memory limit"
     if raw.disk_limit_hit:

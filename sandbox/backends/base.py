@@ -19,6 +19,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from typing import Any, Optional
 
 
@@ -79,7 +80,8 @@ class RawExecution:
       peak_memory_mb: peak RSS in MiB of the process tree (best effort), None if too short to see.
       stdout, stderr: bounded head + tail of each stream.
       timed_out: the wall-clock deadline passed and the tree was killed.
-      cpu_limit_hit: killed by SIGXCPU (RLIMIT_CPU).
+      cpu_limit_hit: killed by RLIMIT_CPU (SIGXCPU at the soft limit, or SIGKILL at the hard
+        one, which is all a PID-namespace init such as the script under bwrap receives).
       disk_limit_hit: the working dir grew past ``Limits.disk_mb`` and the tree was killed.
       oom_killed: the memory limit killed the process (cgroup/docker OOM kill).
       cancelled: the pool was closed while this ran; the tree was killed.
@@ -153,12 +155,39 @@ def prepare_workdir(root: pathlib.Path, code: str) -> pathlib.Path:
     """
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=root))
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=root))
     os.chmod(workdir, 0o755)
     for sub in ("input", "working", "submission", "tmp"):
         (workdir / sub).mkdir()
     (workdir / SCRIPT_NAME).write_text(code, encoding="utf-8")
     return workdir
+
+
+def sweep_stale_workdirs(root: pathlib.Path, min_age_s: float = 60.0) -> int:
+    """Removes ``run-<pid>-*`` workdirs left by hosts that died mid-execution (SIGKILL).
+
+    Only those whose owner pid is gone and older than ``min_age_s``; they would otherwise hold
+    disk (RAM, on /dev/shm) until reboot. Returns how many were removed.
+    """
+    removed = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0
+    now = time.time()
+    for entry in entries:
+        parts = entry.name.split("-", 2)
+        if len(parts) != 3 or parts[0] != "run" or not parts[1].isdigit():
+            continue
+        try:
+            if (os.path.exists(f"/proc/{parts[1]}") or not entry.is_dir(follow_symlinks=False)
+                    or now - entry.stat(follow_symlinks=False).st_mtime < min_age_s):
+                continue
+        except OSError:
+            continue
+        remove_workdir(pathlib.Path(entry.path))
+        removed += 1
+    return removed
 
 
 def copy_input_readonly(public_dir: pathlib.Path, dest: pathlib.Path) -> None:

@@ -42,6 +42,7 @@ import math
 import os
 import pathlib
 import resource
+import select
 import selectors
 import signal
 import subprocess
@@ -119,6 +120,7 @@ class ProcessBackend(base.Backend):
         if not os.access(self.python, os.X_OK):
             raise base.SandboxUnavailableError(f"interpreter {self.python} is not executable")
         self.disk_poll_s = disk_poll_s
+        base.sweep_stale_workdirs(self.root_dir)  # left by killed hosts
         self.cgroup_parent: Optional[PidsCgroupParent] = None
         self.cgroup_reason = "disabled (use_cgroup=False)"
         if use_cgroup:
@@ -145,6 +147,21 @@ class ProcessBackend(base.Backend):
     def _setup_failure(self, status: bytes, raw: base.RawExecution) -> str:
         """Reason the sandbox itself failed to start the script, from the status pipe ("" if ok)."""
         return ""
+
+    def _gate(self, cmd: list[str], gate_r: int) -> tuple[list[str], Any, tuple[int, ...]]:
+        """(argv, stdin, fds to pass): ``cmd`` made to wait until a byte arrives on ``gate_r``.
+
+        Here a shell in front of it, ``/bin/sh -c 'read -r _ && exec "$@"'``, with the gate as
+        its stdin: once open the pipe is at EOF, which is the script's stdin. At EOF without a
+        line (the host gave up) it exits 125 without running anything.
+        """
+        return (["/bin/sh", "-c", 'read -r _ || exit 125; exec "$@"', "sandbox-gate"] + cmd,
+                gate_r, ())
+
+    def _confined_pid(self, proc: subprocess.Popen,
+                      status: Optional["_StatusPipe"]) -> Optional[int]:
+        """The waiting process whose rlimits the script will inherit (None: it already died)."""
+        return proc.pid
 
     def _sandbox_home_and_tmp(self, workdir: pathlib.Path) -> tuple[str, str]:
         return os.fspath(workdir), os.fspath(workdir / "tmp")
@@ -178,7 +195,7 @@ class ProcessBackend(base.Backend):
         try:
             self._prepare_input(task, workdir)
             if self.cgroup_parent is not None:
-                cgroup = self.cgroup_parent.create(limits.pids_max)
+                cgroup = self.cgroup_parent.acquire(limits.pids_max)
             raw = self._run(task, workdir, limits, cgroup, cancel)
             if raw.exit_code is not None and not (raw.timed_out or raw.cancelled or raw.error):
                 raw.submission, raw.submission_error = base.collect_submission(
@@ -186,19 +203,21 @@ class ProcessBackend(base.Backend):
             return raw
         finally:
             if cgroup is not None:
-                try:
-                    cgroup.remove()
-                except (OSError, TimeoutError):
-                    pass
+                self.cgroup_parent.release(cgroup)
             if not self.keep:
                 base.remove_workdir(workdir)
+
+    def close(self) -> None:
+        """Removes the idle pids cgroups kept for reuse."""
+        if self.cgroup_parent is not None:
+            self.cgroup_parent.close()
 
     # ----------------------------------------------------------------------------------------
 
     def _rlimits(self, limits: base.Limits,
                  cgroup: Optional[PidsCgroup]) -> list[tuple[int, tuple[int, int]]]:
         """(resource, (soft, hard)) pairs applied to the gated child before it may exec."""
-        cpu = int(math.ceil(limits.time_s * limits.cpu_factor)) + 1
+        cpu = _cpu_limit_s(limits)
         out = [
             (resource.RLIMIT_AS, (int(limits.memory_mb) << 20,) * 2),
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -213,28 +232,28 @@ class ProcessBackend(base.Backend):
 
     def _spawn(self, cmd: list[str], workdir: pathlib.Path, env: dict[str, str],
                limits: base.Limits, cgroup: Optional[PidsCgroup],
-               pass_fds: tuple = ()) -> subprocess.Popen:
-        """Starts ``cmd`` behind a gate, confines it, then opens the gate.
+               status: Optional["_StatusPipe"] = None, pass_fds: tuple = ()) -> subprocess.Popen:
+        """Starts ``cmd`` behind a gate (``_gate``), confines it, then opens the gate.
 
-        The child is ``/bin/sh -c 'read -r _ && exec "$@"' gate cmd...`` with stdin on a pipe:
-        it blocks in ``read`` until the host has set its rlimits (``prlimit``) and put it in the
-        cgroup, then execs the real command, which inherits both; the pipe is then at EOF, which
-        is the script's stdin. No ``preexec_fn``: CPython can then use vfork, so spawning does
+        The started process waits at the gate until the host has set the rlimits of the process
+        that will exec the script (``_confined_pid``; ``prlimit``) and put it in the cgroup; the
+        script inherits both. No ``preexec_fn``: CPython can then use vfork, so spawning does
         not copy the host's page tables (fork+preexec from a 1.5 GB host took ~200 ms here) and
         no Python code runs in a forked child of a multi-threaded host.
 
-        With a cgroup, the child is started from inside it (``PidsCgroup.run_inside``: this thread
-        steps in and out; cgroup v1), so it is born there; where that is not possible it is
-        started outside and moved in (``cgroup.procs``, ~6-15 ms here) before the gate opens.
+        With a cgroup, the process is started from inside it (``PidsCgroup.run_inside``: this
+        thread steps in and out; cgroup v1), so it is born there; where that is not possible it
+        is started outside and moved in (``cgroup.procs``, ~6-15 ms here) before the gate opens.
         """
         gate_r, gate_w = os.pipe()
+        argv, stdin, gate_fds = self._gate(cmd, gate_r)
         started: list[subprocess.Popen] = []
 
         def start() -> subprocess.Popen:
             started.append(subprocess.Popen(
-                ["/bin/sh", "-c", 'read -r _ || exit 125; exec "$@"', "sandbox-gate"] + cmd,
-                cwd=workdir, env=env, stdin=gate_r, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, process_group=0, close_fds=True, pass_fds=pass_fds))
+                argv, cwd=workdir, env=env, stdin=stdin, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, process_group=0, close_fds=True,
+                pass_fds=tuple(pass_fds) + gate_fds))
             return started[-1]
 
         born_inside = False
@@ -248,31 +267,32 @@ class ProcessBackend(base.Backend):
             if not started:
                 start()
         except (OSError, subprocess.SubprocessError, RuntimeError) as e:
-            os.close(gate_w)
-            for proc in started:  # it waits at the gate: the closed pipe makes it exit
-                proc.kill()
-                proc.wait()
-                proc.stdout.close()
-                proc.stderr.close()
+            if started:
+                _abort(started[0], gate_w)
+            else:
+                os.close(gate_w)
             raise base.SandboxSetupError(f"could not start {cmd[0]}: {e}") from e
         finally:
             os.close(gate_r)
         proc = started[0]
+        target = None
         try:
-            for res, value in self._rlimits(limits, cgroup):
-                resource.prlimit(proc.pid, res, value)
+            target = self._confined_pid(proc, status)
+            if target is not None:
+                for res, value in self._rlimits(limits, cgroup):
+                    resource.prlimit(target, res, value)
             if cgroup is not None and not born_inside:
-                with open(cgroup.procs_file, "w") as f:
-                    f.write(str(proc.pid))
+                for pid in dict.fromkeys((proc.pid, target)):
+                    if pid is not None:
+                        with open(cgroup.procs_file, "w") as f:
+                            f.write(str(pid))
             os.write(gate_w, b"go\n")
-        except OSError as e:
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
+        except (OSError, ValueError, base.SandboxSetupError) as e:
+            _abort(proc, gate_w, target)
+            if isinstance(e, base.SandboxSetupError):
+                raise
             raise base.SandboxSetupError(f"could not confine the sandbox process: {e}") from e
-        finally:
-            os.close(gate_w)
+        os.close(gate_w)
         return proc
 
     def _run(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
@@ -281,18 +301,19 @@ class ProcessBackend(base.Backend):
         raw = base.RawExecution(workdir=workdir if self.keep else None)
         out = base.BoundedCapture(self.output_head_bytes, self.output_tail_bytes)
         err = base.BoundedCapture(self.output_head_bytes, self.output_tail_bytes)
-        status_r = status_w = None
+        status = status_w = None
         if self.uses_status_fd:
             status_r, status_w = os.pipe()
+            status = _StatusPipe(status_r)
         host_rss_kb, _ = _status_memory_kb(os.getpid())
         start = time.monotonic()
         try:
             cmd = self._command(task, workdir, limits, status_fd=status_w)
             proc = self._spawn(cmd, workdir, self.environment(workdir, marker), limits, cgroup,
-                               pass_fds=(status_w,) if status_w is not None else ())
+                               status, pass_fds=(status_w,) if status_w is not None else ())
         except BaseException:
-            if status_r is not None:
-                os.close(status_r)
+            if status is not None:
+                os.close(status.fd)
             raise
         finally:
             if status_w is not None:
@@ -353,13 +374,13 @@ class ProcessBackend(base.Backend):
             if pidfd is not None:
                 sel.unregister(pidfd)
             _drain(sel, streams, timeout=1.0)
-            setup_status = _read_available(status_r) if status_r is not None else b""
+            setup_status = status.read_all() if status is not None else b""
         finally:
             sel.close()
             if pidfd is not None:
                 os.close(pidfd)
-            if status_r is not None:
-                os.close(status_r)
+            if status is not None:
+                os.close(status.fd)
             proc.stdout.close()
             proc.stderr.close()
             if proc.returncode is None:  # unexpected error above: never leave the tree behind
@@ -381,11 +402,18 @@ class ProcessBackend(base.Backend):
         raw.timed_out = kill_reason == "timeout"
         raw.cancelled = kill_reason == "cancelled"
         raw.disk_limit_hit = kill_reason == "disk"
-        raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU
-        if status_r is not None and not kill_reason:
+        # RLIMIT_CPU sends SIGXCPU at the soft limit, SIGKILL at the hard one; a PID-namespace
+        # init (the script under bwrap) ignores the first, so a SIGKILL we did not send, after
+        # at least the soft limit of CPU time (wait4 counts the reaped tree), is the limit too.
+        cpu_s = rusage.ru_utime + rusage.ru_stime
+        raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU or (
+            raw.exit_code == -signal.SIGKILL and not kill_reason
+            and cpu_s >= _cpu_limit_s(limits))
+        if status is not None and not kill_reason:
             raw.error = self._setup_failure(setup_status, raw)
-        if cgroup is not None and cgroup.limit_hits():
-            raw.notes.append(f"pid limit ({limits.pids_max}) refused {cgroup.limit_hits()} forks")
+        hits = cgroup.limit_hits() if cgroup is not None else 0
+        if hits:
+            raw.notes.append(f"pid limit ({limits.pids_max}) refused {hits} forks")
         return raw
 
     # Whether leftovers are also searched by the run marker in /proc/*/environ (a few ms per
@@ -431,6 +459,11 @@ class ProcessBackend(base.Backend):
 
 # -------------------------------------------------------------------------------------------
 # helpers
+
+
+def _cpu_limit_s(limits: base.Limits) -> int:
+    """The soft RLIMIT_CPU in CPU-seconds (the hard one is a second more)."""
+    return int(math.ceil(limits.time_s * limits.cpu_factor)) + 1
 
 
 def _has_exited(pid: int) -> bool:
@@ -507,6 +540,55 @@ def _status_memory_kb(pid: int) -> tuple[int, int]:
     except (OSError, ValueError, IndexError):
         pass
     return rss, hwm
+
+
+def _abort(proc: subprocess.Popen, gate_w: int, target: Optional[int] = None) -> None:
+    """Kills a process still waiting at its gate (and ``target``, its confined descendant), then
+    closes the gate: a process that reads EOF there must find itself already killed."""
+    for pid in dict.fromkeys((proc.pid, target)):
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    proc.wait()
+    os.close(gate_w)
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+class _StatusPipe:
+    """The read end of a sandbox's status pipe (bwrap's ``--json-status-fd``).
+
+    Read in two parts: the first line while the sandbox starts (bwrap writes the pid of its
+    namespace child right after cloning it), everything else once the execution has ended.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.data = b""
+
+    def first_line(self, timeout_s: float) -> Optional[bytes]:
+        """The first line, waiting up to ``timeout_s``; None if the writer closed the pipe first.
+
+        Raises SandboxSetupError when nothing arrives in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                raise base.SandboxSetupError(
+                    f"the sandbox reported nothing on its status pipe within {timeout_s:.0f} s")
+            chunk = os.read(self.fd, _READ_CHUNK)
+            if not chunk:
+                return None
+            self.data += chunk
+        return self.data.split(b"\n", 1)[0]
+
+    def read_all(self) -> bytes:
+        """Everything written so far (its writers are dead or done)."""
+        self.data += _read_available(self.fd)
+        return self.data
 
 
 def _read_available(fd: int, limit: int = 1 << 16) -> bytes:

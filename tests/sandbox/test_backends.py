@@ -1,6 +1,7 @@
 """Backends: environment, layout, limits plumbing, memory measurement, registry, cgroup, docker."""
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -14,10 +15,10 @@ import uuid
 import pytest
 
 from sandbox.backends import Limits, SandboxUnavailableError, available_backends, make_backend
-from sandbox.backends.bwrap import BwrapBackend, bwrap_available, find_bwrap
+from sandbox.backends.bwrap import BwrapBackend, bwrap_available, etc_snapshot, find_bwrap
 from sandbox.backends.cgroup import PidsCgroupParent
 from sandbox.backends.process import MARKER_ENV, ProcessBackend
-from sandbox.pool import SandboxPool
+from sandbox.pool import SandboxPool, execute_and_grade
 from sandbox.result import Status
 from tests.sandbox.conftest import GOOD_CODE, TEST_LIMITS, bwrap_skip_reason, processes_with
 
@@ -72,6 +73,26 @@ def test_keep_keeps_the_working_dir(fake_task, tmp_path):
     raw = backend.execute(fake_task, GOOD_CODE)
     assert raw.workdir is not None and (raw.workdir / "submission" / "submission.csv").is_file()
     assert (raw.workdir / "input" / "train.csv").stat().st_mode & 0o222 == 0  # read-only copy
+    os.unlink(raw.submission)
+
+
+def test_workdirs_of_dead_hosts_are_swept(fake_task, tmp_path):
+    dead_pid = 2 ** 22 + 1  # above any pid_max: never a live process
+    dead, mine, young, other = (tmp_path / f"run-{dead_pid}-a", tmp_path / f"run-{os.getpid()}-b",
+                                tmp_path / f"run-{dead_pid}-c", tmp_path / "unrelated")
+    for d in (dead, mine, young, other):
+        (d / "input").mkdir(parents=True)
+        (d / "input" / "x.csv").write_text("1\n")
+        os.chmod(d / "input" / "x.csv", 0o444)
+        os.chmod(d / "input", 0o555)  # as the process backend leaves a read-only input copy
+    hour_ago = time.time() - 3600
+    for d in (dead, mine, other):
+        os.utime(d, (hour_ago, hour_ago))
+    ProcessBackend(root_dir=tmp_path)  # sweeps at start
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [mine.name, young.name, other.name])
+    raw = ProcessBackend(root_dir=tmp_path, keep=True).execute(fake_task, GOOD_CODE)
+    assert raw.workdir.name.startswith(f"run-{os.getpid()}-")  # its own dirs carry its pid
     os.unlink(raw.submission)
 
 
@@ -168,6 +189,68 @@ def test_without_cgroup_daemons_are_still_killed(backend_cls, fake_task, tmp_pat
     while processes_with(token) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert processes_with(token) == []
+
+
+@pytest.mark.parametrize("backend_name", ["process", "bwrap"])
+def test_cpu_limit_is_reported_as_such(backend_name, fake_task, tmp_path):
+    """RLIMIT_CPU: SIGXCPU at the soft limit (process backend); under bwrap the script is a
+    PID-namespace init, ignores SIGXCPU and gets SIGKILL at the hard limit: still the CPU limit."""
+    reason = bwrap_skip_reason() if backend_name == "bwrap" else ""
+    if reason:
+        pytest.skip(reason)
+    # time 8 s x cpu_factor 0.125 -> RLIMIT_CPU soft 2 s, hard 3 s: hit long before the wall clock.
+    backend = make_backend(backend_name, root_dir=tmp_path, cpu_factor=0.125, grace_s=0.3)
+    task = dataclasses.replace(fake_task, time_limit_s=8.0)
+    r = execute_and_grade(backend, task, "while True:\n    pass\n")
+    backend.close()
+    assert r.status is Status.TIMEOUT and "CPU time limit" in r.error, (r.status, r.error)
+    assert r.exit_code == (-24 if backend_name == "process" else -9)
+    assert 1.5 < r.wall_s < 7.0, r.wall_s
+
+
+def test_bwrap_script_is_pid_1_with_the_rlimits_and_nothing_outlives_it(fake_task, tmp_path):
+    """bwrap gates the script itself (--block-fd): the rlimits set on its namespace child reach
+    the script, which is PID 1 (--as-pid-1); a child it leaves running dies with it."""
+    reason = bwrap_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    token = f"orphan-{uuid.uuid4().hex}"
+    code = (f"import os, resource, subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
+            f"print(os.getpid(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    backend = make_backend("bwrap", root_dir=tmp_path, open_files=77)
+    raw = backend.execute(fake_task, code)
+    backend.close()
+    assert raw.exit_code == 0 and raw.error == "", (raw.exit_code, raw.error, raw.stderr)
+    assert raw.stdout.split() == ["1", "77"], raw.stdout
+    deadline = time.monotonic() + 2  # the kernel tears the PID namespace down asynchronously
+    while processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert processes_with(token) == []
+
+
+def test_bwrap_etc_is_one_snapshot(fake_task, tmp_path):
+    """/etc in the sandbox is a read-only copy of the few files it needs, made once per content."""
+    reason = bwrap_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    first = etc_snapshot(tmp_path)
+    assert etc_snapshot(tmp_path) == first  # the same content: the same dir, not a new copy
+    assert sorted(p.name for p in tmp_path.iterdir()) == [pathlib.Path(first).name]
+    for name in ("ld.so.cache", "passwd", "localtime"):
+        src, copy = pathlib.Path("/etc", name), pathlib.Path(first, name)
+        if os.path.lexists(src):
+            assert os.path.islink(copy) == os.path.islink(src), name
+            assert copy.read_bytes() == src.read_bytes(), name
+    code = ("import os\nprint(sorted(os.listdir('/etc')))\n"
+            "try:\n    open('/etc/passwd', 'a')\nexcept OSError as e:\n    print('refused', e.errno)\n")
+    backend = BwrapBackend(root_dir=tmp_path)
+    raw = backend.execute(fake_task, code)
+    backend.close()
+    assert raw.exit_code == 0, raw.stderr
+    listing, refused = raw.stdout.splitlines()
+    assert ast.literal_eval(listing) == sorted(os.listdir(first))  # and nothing else (no shadow)
+    assert refused.startswith("refused")
 
 
 # ---------------------------------------------------------------------------------------------

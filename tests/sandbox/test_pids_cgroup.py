@@ -1,4 +1,5 @@
-"""The pids cgroup of each execution: exact, fresh for every run of a worker, cheap to enter.
+"""The pids cgroup of each execution: exact, empty at the start of every run of a worker
+(an emptied one is reused: no mkdir/rmdir per execution), cheap to enter.
 
 An execution's processes are born in its cgroup: the host thread that starts the script steps
 into the cgroup for the spawn and back out (``PidsCgroup.run_inside``, cgroup v1), instead of
@@ -10,6 +11,7 @@ worker does) and check:
   * the limit is exact: the thread's visit neither takes one of the ``pids_max`` slots from the
     script nor leaves one more to it; the script is in its execution's cgroup, and the host
     thread is back in its own cgroup afterwards;
+  * a cgroup is reused only once empty, and the idle ones are removed when the backend closes;
   * cgroups left by dead hosts are swept, and only those.
 """
 from __future__ import annotations
@@ -17,7 +19,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -60,14 +65,16 @@ def backend(request, tmp_path):
 
 
 class Recorder:
-    """Wraps ``backend._run``: which cgroup each execution ran in, and its ``pids.peak``."""
+    """Wraps ``backend._run``: which cgroup each execution ran in, how many tasks it held when
+    the execution began, and its ``pids.peak``."""
 
     def __init__(self, backend):
-        self.cgroups, self.peaks = [], []
+        self.cgroups, self.peaks, self.tasks_at_start = [], [], []
         original = backend._run
 
         def _run(task, workdir, limits, cgroup, cancel):
             self.cgroups.append(cgroup)
+            self.tasks_at_start.append((cgroup.current(), cgroup.pids()))
             try:
                 return original(task, workdir, limits, cgroup, cancel)
             finally:
@@ -101,9 +108,11 @@ def test_fork_bomb_on_the_second_run_of_a_worker(backend, fake_task):
     assert limit_notes(after) == [], after.notes  # the bomb's refusals are not this run's
 
     paths = [cg.path for cg in rec.cgroups]
-    assert len(set(paths)) == 3, paths  # a fresh cgroup for every execution ...
-    assert not any(p.exists() for p in paths)  # ... removed afterwards
+    assert rec.tasks_at_start == [(0, [])] * 3, rec.tasks_at_start  # each began empty
+    assert paths[1] == paths[0], paths  # the emptied cgroup of the clean run was reused
     assert thread_pids_cgroup() == home  # the worker thread is back in its own cgroup
+    backend.close()
+    assert not any(p.exists() for p in paths), paths  # the idle ones go with the backend
 
 
 def test_the_limit_is_exact_and_the_script_is_born_in_its_cgroup(tmp_path, fake_task):
@@ -179,3 +188,45 @@ def test_sweep_removes_only_cgroups_of_dead_owners():
         for d in (dead, mine):
             if d.exists():
                 os.rmdir(d)
+
+
+def test_an_emptied_cgroup_is_reused_and_a_charged_one_is_not():
+    parent, reason = PidsCgroupParent.detect()
+    if parent is None:
+        pytest.skip(f"no usable pids cgroup here: {reason}")
+    parent = PidsCgroupParent(parent.path, parent.version, parent.mount)  # its own idle list
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    def start_inside(cg):
+        if cg.can_run_inside:
+            return cg.run_inside(lambda: subprocess.Popen(sleeper))
+        p = subprocess.Popen(sleeper)
+        (cg.path / "cgroup.procs").write_text(str(p.pid))
+        return p
+
+    cg = parent.acquire(pids_max=4)
+    try:
+        p = start_inside(cg)
+        p.kill()
+        p.wait()  # reaped: nothing charged any more
+        parent.release(cg)
+        again = parent.acquire(pids_max=6)
+        assert again is cg and (cg.path / "pids.max").read_text().strip() == "6"
+        assert cg.limit_hits() == 0
+
+        zombie = start_inside(cg)
+        zombie.kill()
+        deadline = time.monotonic() + 5
+        while cg.pids() and time.monotonic() < deadline:  # dead, but not reaped: still charged
+            time.sleep(0.01)
+        assert cg.current() == 1
+        parent.release(cg)  # not kept: removed (rmdir does not wait for the zombie)
+        assert not cg.path.exists()
+        zombie.wait()
+        fresh = parent.acquire(pids_max=4)
+        assert fresh is not cg
+        parent.release(fresh)
+        assert fresh.path.exists()  # idle, kept for the next execution ...
+    finally:
+        parent.close()
+    assert not fresh.path.exists()  # ... until the parent closes
