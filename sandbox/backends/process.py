@@ -287,11 +287,11 @@ class ProcessBackend(base.Backend):
                         with open(cgroup.procs_file, "w") as f:
                             f.write(str(pid))
             os.write(gate_w, b"go\n")
-        except (OSError, ValueError, base.SandboxSetupError) as e:
+        except BaseException as e:  # never leave it waiting at the gate
             _abort(proc, gate_w, target)
-            if isinstance(e, base.SandboxSetupError):
-                raise
-            raise base.SandboxSetupError(f"could not confine the sandbox process: {e}") from e
+            if isinstance(e, (OSError, ValueError)):
+                raise base.SandboxSetupError(f"could not confine the sandbox process: {e}") from e
+            raise
         os.close(gate_w)
         return proc
 

@@ -14,7 +14,8 @@ import uuid
 
 import pytest
 
-from sandbox.backends import Limits, SandboxUnavailableError, available_backends, make_backend
+from sandbox.backends import (Limits, SandboxSetupError, SandboxUnavailableError,
+                              available_backends, make_backend)
 from sandbox.backends.bwrap import BwrapBackend, bwrap_available, etc_snapshot, find_bwrap
 from sandbox.backends.cgroup import PidsCgroupParent
 from sandbox.backends.process import MARKER_ENV, ProcessBackend
@@ -227,6 +228,28 @@ def test_bwrap_script_is_pid_1_with_the_rlimits_and_nothing_outlives_it(fake_tas
     while processes_with(token) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert processes_with(token) == []
+
+
+@pytest.mark.parametrize("backend_cls", [ProcessBackend, BwrapBackend])
+def test_what_cannot_be_confined_never_runs(backend_cls, fake_task, tmp_path):
+    """A failure between the spawn and the opening of the gate kills the waiting process: the
+    script never runs, unconfined or otherwise, and nothing is left behind."""
+    reason = bwrap_skip_reason() if backend_cls is BwrapBackend else ""
+    if reason:
+        pytest.skip(reason)
+    token = f"gate-{uuid.uuid4().hex}"
+
+    class Unconfinable(backend_cls):
+        def _confined_pid(self, proc, status):
+            assert super()._confined_pid(proc, status) is not None  # it is there, waiting
+            raise SandboxSetupError("cannot confine it")
+
+    backend = Unconfinable(root_dir=tmp_path, keep=True, extra_env={"ACE_TEST_GATE": token})
+    with pytest.raises(SandboxSetupError, match="cannot confine it"):
+        backend.execute(fake_task, "open('ran', 'w').write('unconfined')\n")
+    backend.close()
+    assert processes_with(token) == []
+    assert [p for p in tmp_path.glob("run-*/ran")] == []
 
 
 def test_bwrap_etc_is_one_snapshot(fake_task, tmp_path):
