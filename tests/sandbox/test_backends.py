@@ -280,6 +280,10 @@ def test_bwrap_etc_is_one_snapshot(fake_task, tmp_path):
 # cgroup
 
 
+# The preexec_fn (Python in a forked child of this multithreaded JAX process: what the warning is
+# about) only opens one file and writes the child's pid to it before exec; it puts the process in
+# its cgroup before it runs anything, which the test needs for an exact count.
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_pids_cgroup_limits_and_kills(tmp_path):
     parent, reason = PidsCgroupParent.detect()
     if parent is None:
