@@ -870,6 +870,42 @@ def write_seed_solutions(solutions: Sequence[buffer_lib.SeedSolution],
     return path
 
 
+def read_seed_solutions(path: Union[str, os.PathLike]) -> list[buffer_lib.SeedSolution]:
+    """The ``SeedSolution``s of a file written by ``write_seed_solutions`` (a local path or an
+    fsspec URL such as ``gs://...``).
+
+    Raises EvaluationError naming the file and line when it is missing or a line is not an
+    object with a task_id (str), code (str) and score (a finite number or null).
+    """
+    import fsspec
+
+    try:
+        with fsspec.open(os.fspath(path), "rt") as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError) as e:
+        raise EvaluationError(f"cannot read seed solutions {path}: {e}") from e
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            score = row["score"]
+            if not (isinstance(row, dict) and isinstance(row["task_id"], str)
+                    and isinstance(row["code"], str)
+                    and (score is None or (isinstance(score, (int, float))
+                                           and not isinstance(score, bool)
+                                           and math.isfinite(score)))):
+                raise ValueError("wrong types")
+        except (ValueError, KeyError, TypeError) as e:
+            raise EvaluationError(
+                f"{path} line {n}: not a seed solution (a JSON object with task_id, code and a "
+                f"finite score or null): {type(e).__name__}: {e}; {line[:120]!r}") from None
+        out.append(buffer_lib.SeedSolution(row["task_id"], row["code"],
+                                           None if score is None else float(score)))
+    return out
+
+
 # ------------------------------------------------------------------------------------ reports
 
 

@@ -28,7 +28,7 @@ import logging
 import os
 import pathlib
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -193,6 +193,30 @@ def seed_solutions(tasks, seed: int) -> list[buffer_lib.SeedSolution]:
     return out
 
 
+def load_evaluation_seeds(paths: str, task_by_id: Mapping) -> list[buffer_lib.SeedSolution]:
+    """The seed solutions of ``rl.seed_solutions`` (comma-separated ``seed_solutions.jsonl``
+    files written by ``launch/evaluate.py``) for this run's tasks; those of other tasks are
+    skipped. Raises SetupError for an unreadable or malformed file, and when the files hold
+    solutions but none for this run's tasks (most likely the wrong file)."""
+    from ace_jax import evaluation
+
+    out, skipped = [], set()
+    for path in [p.strip() for p in (paths or "").split(",") if p.strip()]:
+        try:
+            sols = evaluation.read_seed_solutions(path)
+        except evaluation.EvaluationError as e:
+            raise SetupError(f"rl.seed_solutions: {e}") from None
+        out += [s for s in sols if s.task_id in task_by_id]
+        skipped |= {s.task_id for s in sols if s.task_id not in task_by_id}
+    if skipped and not out:
+        raise SetupError(f"rl.seed_solutions ({paths}) holds solutions only for tasks this run "
+                         f"does not train on: {sorted(skipped)}; its tasks: {sorted(task_by_id)}")
+    if skipped:
+        log.info("rl.seed_solutions: skipped the solutions of tasks not in this run: %s",
+                 sorted(skipped))
+    return out
+
+
 def build_model_config(cfg: ml_collections.ConfigDict, vocab_size: int | None):
     overrides = dict(cfg.model.overrides)
     if vocab_size is not None:
@@ -221,6 +245,8 @@ class Trainer:
         self.tasks = load_tasks(cfg)
         self.task_by_id = {t.task_id: t for t in self.tasks}
         self.targets = {t.task_id: task_targets(t) for t in self.tasks}
+        self.evaluation_seeds = load_evaluation_seeds(cfg.rl.seed_solutions,
+                                                      self.task_by_id)
         self.tokenizer = self._load_tokenizer()
         self.model = self._build_model()
         self.eos_ids = tuple(self.tokenizer.convert_tokens_to_ids([tok_lib.IM_END,
@@ -266,6 +292,16 @@ class Trainer:
         self.best_scores: dict[str, Optional[float]] = {t: None for t in self.task_by_id}
 
     # ------------------------------------------------------------------ building blocks
+
+    def _seed_buffer(self) -> None:
+        """The states a fresh run starts from: an empty draft per task, the seed corpus's
+        reference solutions (``rl.seed_with_references``) and the valid attempts of earlier
+        evaluations (``rl.seed_solutions``, origin "evaluation")."""
+        cfg = self.cfg
+        self.buffer.seed(seed_solutions(self.tasks, cfg.tasks.seed)
+                         if cfg.rl.seed_with_references else ())
+        for sol in self.evaluation_seeds:
+            self.buffer.add_root(sol.task_id, sol.code, sol.score, origin="evaluation")
 
     def _load_tokenizer(self):
         path = self.cfg.model.get("tokenizer_path", "") or ""
@@ -593,8 +629,7 @@ class Trainer:
             self.learner = learner_lib.Learner.create(self.model, cfg.grpo, cfg.optim,
                                                       group_size=cfg.rl.group_size)
             self.generator.update_weights(self.learner.params)
-            self.buffer.seed(seed_solutions(self.tasks, cfg.tasks.seed)
-                             if cfg.rl.seed_with_references else ())
+            self._seed_buffer()
             self.metrics.write_config(cfg)
             self._persist()
         log.info("%s", grpo.describe(cfg.grpo))

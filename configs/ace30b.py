@@ -56,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.reward = "acegrpo_step"
     c.rl.max_prompt_tokens = 8192     # task description + current code + execution history
     c.rl.seed_with_references = False # MLE-bench ships no reference solutions: seeds are drafts
+    c.rl.seed_solutions = ""          # seed_solutions.jsonl of earlier evaluations (gs:// too)
 
     c.sampling = ml_collections.ConfigDict()
     c.sampling.max_new_tokens = 4096  # a full solution script with reasoning

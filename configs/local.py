@@ -47,6 +47,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The buffer starts from one empty draft per task; the reference solutions are the warm
     # start's SFT targets. True also seeds them as improvable states (as on MLE-bench).
     c.rl.seed_with_references = False
+    # Comma-separated seed_solutions.jsonl files of earlier evaluations (launch/evaluate.py
+    # --out): their valid attempts on this run's tasks become root states (origin "evaluation").
+    c.rl.seed_solutions = ""
 
     c.sampling = ml_collections.ConfigDict()
     c.sampling.max_new_tokens = 384

@@ -109,3 +109,39 @@ def test_root_child_metrics():
                  "rollout/valid_rate_child": pytest.approx(1 / 3)}
     assert trainer.root_child_metrics([True, True], [False, True]) == {
         "rollout/root_frac": 1.0, "rollout/valid_rate_root": 0.5}  # no child rollouts: no key
+
+
+def test_seed_solutions_of_an_evaluation_seed_the_buffer(cfg, tmp_path):
+    from ace_jax import buffer, evaluation
+    from tests.run_fixture import make_tiny_run
+
+    make_tiny_run(str(tmp_path / "warm"))
+    cfg.model.init_from_run = str(tmp_path / "warm")
+    cfg.tasks.ids = ("iris-species",)
+    code = "print('an earlier valid attempt')\n"
+    sols = evaluation.write_seed_solutions(
+        [buffer.SeedSolution("iris-species", code, 0.9),
+         buffer.SeedSolution("wine-cultivar", "print(1)\n", 0.8)],  # not a task of this run
+        tmp_path / "eval" / "seed_solutions.jsonl")
+    cfg.rl.seed_solutions = str(sols)
+    t = trainer.Trainer(cfg, progress=False)
+    t._seed_buffer()
+    roots = sorted((s.code, s.score, s.origin) for s in t.buffer.states.values())
+    assert roots == [("", None, "seed"), (code, 0.9, "evaluation")]
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "cannot read"),
+    ('{"task_id": "iris-species", "code": "x"}\n', "line 1: not a seed solution"),
+    ('{"task_id": "iris-species", "code": "x", "score": 1}\nnot json\n', "line 2"),
+    ('{"task_id": "iris-species", "code": "x", "score": NaN}\n', "line 1"),
+    ('{"task_id": "wine-cultivar", "code": "x", "score": 1}\n', "only for tasks this run"),
+])
+def test_bad_seed_solutions_are_setup_errors(cfg, tmp_path, content, match):
+    path = tmp_path / "seed_solutions.jsonl"
+    if content is not None:
+        path.write_text(content)
+    cfg.rl.seed_solutions = str(path)
+    cfg.tasks.ids = ("iris-species",)
+    with pytest.raises(trainer.SetupError, match=match):
+        trainer.Trainer(cfg, progress=False)
