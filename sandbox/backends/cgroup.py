@@ -275,8 +275,8 @@ class PidsCgroupParent:
 
     ``acquire`` / ``release`` hand out one cgroup per running execution and keep emptied ones
     for the next: making and removing a cgroup costs ~0.5 ms per execution here (mkdir, rmdir,
-    and the kernel's offlining of the old one), reusing an empty one ~0.02 ms (a ``pids.max``
-    write when the limit differs). A cgroup is reused only when nothing is left in it, not even
+    and the kernel's offlining of the old one), reusing an empty one a few reads and at most
+    one ``pids.max`` write. A cgroup is reused only when nothing is left in it, not even
     an unreaped task; ``limit_hits`` counts per execution (``begin_execution``). ``close``
     removes the idle ones.
     """
@@ -348,7 +348,7 @@ class PidsCgroupParent:
             try:
                 cgroup.set_max(pids_max)
             except (OSError, ValueError):
-                self._discard(cgroup)
+                _remove_all([cgroup])
                 raise
         cgroup.begin_execution()
         return cgroup
@@ -366,10 +366,6 @@ class PidsCgroupParent:
                         return
         except (OSError, TimeoutError):
             pass
-        self._discard(cgroup)
-
-    @staticmethod
-    def _discard(cgroup: PidsCgroup) -> None:
         _remove_all([cgroup])
 
     def close(self) -> None:
