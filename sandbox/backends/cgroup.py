@@ -358,8 +358,8 @@ class PidsCgroupParent:
         nothing is charged to it any more, else removes it (a killed task stays charged until it
         is reaped, e.g. an orphan whose new parent, the host's init, reaps lazily)."""
         try:
-            cgroup.kill_all(timeout_s=1.0)
-            if cgroup.current() == 0 and not cgroup.pids():
+            cgroup.kill_all(timeout_s=1.0)  # returns once cgroup.procs is empty
+            if cgroup.current() == 0:
                 with self._lock:
                     if len(self._idle) < self.max_idle:
                         self._idle.append(cgroup)
