@@ -850,8 +850,19 @@ def episodes_to_seed_states(buffer: buffer_lib.EvolvingBuffer, episodes: Iterabl
     Raises ``buffer.UnknownTaskError`` for a task the buffer does not know, unless
     ``skip_unknown_tasks``.
     """
+    return add_seed_states(buffer, episodes_to_seed_solutions(episodes), step=step,
+                           skip_unknown_tasks=skip_unknown_tasks)
+
+
+def add_seed_states(buffer: buffer_lib.EvolvingBuffer,
+                    solutions: Iterable[buffer_lib.SeedSolution], *, step: int = 0,
+                    skip_unknown_tasks: bool = False) -> list[int]:
+    """Adds seed solutions (``episodes_to_seed_solutions``, ``read_seed_solutions``) to
+    ``buffer`` as root states of origin "evaluation"; returns their ids. Raises
+    ``buffer.UnknownTaskError`` for a task the buffer does not know, unless
+    ``skip_unknown_tasks``."""
     ids = []
-    for sol in episodes_to_seed_solutions(episodes):
+    for sol in solutions:
         if sol.task_id not in buffer.targets:
             if skip_unknown_tasks:
                 continue

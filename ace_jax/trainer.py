@@ -297,11 +297,12 @@ class Trainer:
         """The states a fresh run starts from: an empty draft per task, the seed corpus's
         reference solutions (``rl.seed_with_references``) and the valid attempts of earlier
         evaluations (``rl.seed_solutions``, origin "evaluation")."""
+        from ace_jax import evaluation
+
         cfg = self.cfg
         self.buffer.seed(seed_solutions(self.tasks, cfg.tasks.seed)
                          if cfg.rl.seed_with_references else ())
-        for sol in self.evaluation_seeds:
-            self.buffer.add_root(sol.task_id, sol.code, sol.score, origin="evaluation")
+        evaluation.add_seed_states(self.buffer, self.evaluation_seeds)
 
     def _load_tokenizer(self):
         path = self.cfg.model.get("tokenizer_path", "") or ""
