@@ -75,28 +75,48 @@ class TaskTargets:
 
     Attributes:
       task_id: the task.
-      gold: the gold-medal threshold of the reference leaderboard (metric units).
-      median: the leaderboard median (metric units).
+      gold: the gold-medal threshold of the reference leaderboard (metric units); None when the
+        task has no leaderboard.
+      median: the leaderboard median (metric units); None exactly when ``gold`` is None.
       baseline: the task's prior baseline score (what a first valid submission improves on).
       lower_is_better: metric direction.
+
+    A task without a leaderboard (``gold`` = ``median`` = None) still trains, with this fallback:
+
+    * headroom is 1 for every score: no ceiling is known, so the learnability potential ranks the
+      task's states by their reward spread alone;
+    * spread = |baseline| (1 metric unit when the baseline is 0): an improvement as large as the
+      baseline itself is one spread, so the reward's improvement term and the normalised score
+      are relative to the baseline (log loss 1.10 -> 0.55 is +0.5, accuracy 0.40 -> 0.60 is
+      +0.5).
     """
 
     task_id: str
-    gold: float
-    median: float
+    gold: Optional[float]
+    median: Optional[float]
     baseline: float
     lower_is_better: bool = False
 
     def __post_init__(self):
+        if (self.gold is None) != (self.median is None):
+            raise ValueError(f"TaskTargets({self.task_id!r}): gold and median are both set (a "
+                             f"leaderboard) or both None (none); got gold={self.gold!r}, "
+                             f"median={self.median!r}")
         for name in ("gold", "median", "baseline"):
-            if not math.isfinite(float(getattr(self, name))):
+            value = getattr(self, name)
+            if (value is not None or name == "baseline") and not math.isfinite(float(value)):
                 raise ValueError(f"TaskTargets({self.task_id!r}).{name} must be finite, "
-                                 f"got {getattr(self, name)!r}")
-        if self.spread <= 0:
+                                 f"got {value!r}")
+        if self.has_leaderboard and self.spread <= 0:
             d = "below" if self.lower_is_better else "above"
             raise ValueError(f"TaskTargets({self.task_id!r}): gold ({self.gold}) must be strictly {d} "
                              f"the median ({self.median}) for a "
                              f"{'lower' if self.lower_is_better else 'higher'}-is-better metric")
+
+    @property
+    def has_leaderboard(self) -> bool:
+        """True when gold and median come from a reference leaderboard."""
+        return self.gold is not None
 
     @property
     def sign(self) -> float:
@@ -105,11 +125,17 @@ class TaskTargets:
 
     @property
     def spread(self) -> float:
-        """gold - median in the "better" direction (> 0), metric units."""
+        """gold - median in the "better" direction (> 0), metric units; without a leaderboard
+        |baseline|, or 1 when the baseline is 0."""
+        if not self.has_leaderboard:
+            return abs(float(self.baseline)) or 1.0
         return self.sign * (self.gold - self.median)
 
     def headroom(self, score: Optional[float]) -> float:
-        """clip((gold - best) / spread, 0, 1), direction-aware; a missing score counts as baseline."""
+        """clip((gold - best) / spread, 0, 1), direction-aware; a missing score counts as baseline.
+        1 for every score when the task has no leaderboard."""
+        if not self.has_leaderboard:
+            return 1.0
         s = self.baseline if score is None else float(score)
         return float(min(1.0, max(0.0, self.sign * (self.gold - s) / self.spread)))
 

@@ -42,6 +42,10 @@ Metrics (``score_episode``, one value per episode; ``summarize`` gives mean and 
   final submission has HumanRank 0. Equivalently 1 - #(strictly better) / N
   (``sandbox.grading.position_score``). The offline suite's leaderboards are our own baseline
   sweep, not human teams.
+* A task without a reference leaderboard (e.g. an MLE-bench competition with no
+  ``leaderboard.csv``) is still evaluated: its medal flags and HumanRank are None (not
+  available, printed "n/a"), with a note; the overall medal and HumanRank figures then average
+  over the tasks that have a leaderboard.
 * steps_to_first_valid: the 1-indexed step of the first valid dev submission (None if never;
   averaged only over episodes that reached one) and never_valid (1/0): the fraction that never did.
 * test_score: the final-test score in metric units (valid episodes only; per task only).
@@ -91,6 +95,9 @@ METRIC_LABELS = {
     "steps_to_first_valid": "steps->valid", "never_valid": "never valid %",
     "test_score": "test score"}
 PERCENT_METRICS = FLAG_METRICS + ("never_valid",)
+#: The metrics that need a reference leaderboard (None, printed "n/a", for a task without one).
+LEADERBOARD_METRICS = ("above_median", "any_medal", "gold", "silver", "bronze", "human_rank")
+NOT_AVAILABLE = "n/a"
 
 
 class EvaluationError(RuntimeError):
@@ -623,7 +630,8 @@ def score_episode(episode: Episode, task: Any) -> EpisodeOutcome:
         invalid_format=statuses.count("invalid_format"),
         advice_requests=sum(s.advice_reason is not None for s in episode.steps))
     if not getattr(task, "leaderboard", None):
-        out.note = f"task {episode.task_id} has no reference leaderboard: no medals / HumanRank"
+        out.note = (f"task {episode.task_id} has no reference leaderboard: medals and HumanRank "
+                    f"{NOT_AVAILABLE} (not counted in the overall figures)")
         return out
     medal = task.medal(test)
     out.above_median, out.gold, out.silver, out.bronze = (
@@ -921,8 +929,10 @@ def read_seed_solutions(path: Union[str, os.PathLike]) -> list[buffer_lib.SeedSo
 
 
 def _fmt(stat: Stat, metric: str) -> str:
+    """mean±SE in the metric's display units; "n/a" for a leaderboard metric with no value (no
+    reference leaderboard), "-" for any other metric with none."""
     if stat.mean is None:
-        return "-"
+        return NOT_AVAILABLE if metric in LEADERBOARD_METRICS else "-"
     scale, digits = (100.0, 0) if metric in PERCENT_METRICS else (1.0, 3)
     if metric == "steps_to_first_valid":
         digits = 1
@@ -981,6 +991,8 @@ def format_markdown(result: EvaluationResult, figures: Sequence[str] = ()) -> st
            "- HumanRank = (N - p + 1) / N (MLE-Dojo), N leaderboard entries, p = 1 + number of "
            "entries strictly better than the score (ties take the best tied position); invalid "
            "= 0. The offline leaderboards are our baseline sweep, not human teams.",
+           f"- {NOT_AVAILABLE}: not available, the task has no reference leaderboard; the overall "
+           "medal and HumanRank figures average over the tasks that have one.",
            "- steps->valid: mean 1-indexed step of the first valid dev submission over the "
            "episodes that reached one; never valid: the fraction that never did.",
            "- Per task: mean over seeds, SE = sample sd / sqrt(n). Overall: per seed the mean "
@@ -1018,6 +1030,9 @@ def plot_per_task(result: EvaluationResult, path: Union[str, os.PathLike]) -> pa
             color="tab:purple")
     ax2.set_ylim(0, 1.05)
     ax2.set_ylabel("HumanRank")
+    for j, s in enumerate(summaries):  # no leaderboard: say so rather than draw a zero bar
+        if s.stats["human_rank"].mean is None:
+            ax2.text(x[j], 0.02, NOT_AVAILABLE, ha="center", fontsize=8)
     for ax in (ax1, ax2):
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)

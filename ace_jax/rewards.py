@@ -18,12 +18,13 @@ Registered here:
   submission -> ``r_fail``; valid -> ``r_valid + improve_coef * clip((s_new - s_cur) * sign /
   spread, -1, 1)`` with ``s_cur = current_score`` or, for a first valid submission, the task's
   baseline; ``sign`` = -1 for lower-is-better metrics; ``spread = |gold - median|`` of the
-  reference leaderboard.
+  reference leaderboard (a task without one: ``|baseline|``, see ``buffer.TaskTargets``).
 * ``ideator_ternary`` (MLE-Ideator): +1 if the implementer's execution strictly improves on
   ``s_cur``, 0 if not or if it fails, -1 if the idea is not in the required format.
 
 ``normalised_score(score, targets)`` maps a dev score to "fraction of the way from the baseline to
-gold" (the trainer's "mean normalised dev score").
+gold" (the trainer's "mean normalised dev score"); without a leaderboard, to the improvement over
+the baseline in units of |baseline|.
 """
 from __future__ import annotations
 
@@ -104,14 +105,22 @@ def task_targets(task: Any) -> "Any":
     """``ace_jax.buffer.TaskTargets`` of a ``sandbox.tasks.base.Task`` (gold / median from its
     reference leaderboard, baseline = the sample submission's dev score).
 
+    A task without a leaderboard gets gold = median = None: headroom 1 and rewards relative to
+    the baseline (the fallback documented on ``TaskTargets``).
+
     Raises:
-      ValueError: the task has no baseline score or no leaderboard (names the task).
+      ValueError: the task has no baseline score (names the task and, for an MLE-bench task, why
+        its sample submission did not grade).
     """
     from ace_jax.buffer import TaskTargets
 
     if task.baseline_score is None:
-        raise ValueError(f"task {task.task_id!r} has no baseline_score; prepare it with sandbox.prepare")
-    return TaskTargets(task_id=task.task_id, gold=float(task.gold), median=float(task.median),
+        why = getattr(task, "baseline_error", "") or "prepare it with sandbox.prepare"
+        raise ValueError(f"task {task.task_id!r} has no baseline_score: {why}")
+    gold = median = None
+    if task.leaderboard:
+        gold, median = float(task.gold), float(task.median)
+    return TaskTargets(task_id=task.task_id, gold=gold, median=median,
                        baseline=float(task.baseline_score), lower_is_better=bool(task.lower_is_better))
 
 
@@ -140,11 +149,16 @@ def normalised_score(score: Optional[float], targets: Any, *, clip_low: Optional
     0 = the trivial baseline, 1 = the gold threshold of the reference leaderboard; the formula is
     direction-aware by construction (numerator and denominator flip sign together for
     lower-is-better metrics). A missing score (no valid submission) counts as the baseline, 0.
+    Without a leaderboard (``targets.gold`` None): sign * (score - baseline) / spread with spread
+    = |baseline| (``TaskTargets``), so 1 = better than the baseline by the baseline's magnitude.
 
     Raises:
       ValueError: gold equals the baseline (the task gives no scale).
     """
-    denom = float(targets.gold) - float(targets.baseline)
+    if targets.gold is None:
+        denom = targets.sign * targets.spread
+    else:
+        denom = float(targets.gold) - float(targets.baseline)
     if denom == 0.0:
         raise ValueError(f"task {targets.task_id!r}: gold == baseline ({targets.gold}); "
                          "normalised_score is undefined")

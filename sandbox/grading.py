@@ -185,6 +185,94 @@ def read_submission(path: "os.PathLike | str", id_column: str) -> pd.DataFrame:
     return df
 
 
+def check_columns(submission: pd.DataFrame, id_column: str, target_columns: Sequence[str]) -> None:
+    """Raises InvalidSubmissionError unless the columns are exactly ``id_column`` and
+    ``target_columns`` (any order, no duplicates)."""
+    if not isinstance(submission, pd.DataFrame):
+        raise InvalidSubmissionError(f"submission must be a DataFrame, got {type(submission).__name__}")
+    cols = [str(c) for c in submission.columns]
+    expected_cols = [id_column, *target_columns]
+    missing = [c for c in expected_cols if c not in cols]
+    extra = [c for c in cols if c not in expected_cols]
+    if missing or extra:
+        raise InvalidSubmissionError(
+            f"wrong columns: missing {missing}, unexpected {extra}; expected exactly {expected_cols}")
+    if len(set(cols)) != len(cols):
+        raise InvalidSubmissionError(f"duplicate column names in {cols}")
+
+
+def check_ids(submission: pd.DataFrame, id_column: str, expected_ids: Sequence[str]) -> pd.Series:
+    """Checks that the id column holds every expected id exactly as often as ``expected_ids`` does.
+
+    Args:
+      submission: the submission frame [n_rows, ...].
+      id_column: the id column's name.
+      expected_ids: the answer ids [n_expected] (usually unique; an id listed twice must appear
+        twice).
+
+    Returns:
+      the ids as stripped strings, [n_rows], in the submission's row order.
+
+    Raises:
+      InvalidSubmissionError: empty ids, or a wrong row count / duplicate / missing / unknown ids;
+        the message names the first few offending ids of each kind.
+    """
+    ids = submission[id_column]
+    if ids.isna().any():
+        rows = np.flatnonzero(ids.isna().to_numpy())
+        raise InvalidSubmissionError(
+            f"{len(rows)} rows have an empty {id_column!r} (rows {_fmt_ids(rows.tolist())}, "
+            "0-indexed after the header)")
+    ids = ids.astype(str).str.strip()
+    got = ids.value_counts()
+    want = pd.Series([str(i) for i in expected_ids], dtype=object).value_counts()
+    counts = pd.concat([got.rename("got"), want.rename("want")], axis=1).fillna(0)
+    problems = []
+    for what, mask in (("duplicate ids", (counts["got"] > counts["want"]) & (counts["want"] > 0)),
+                       ("missing ids", counts["got"] < counts["want"]),
+                       ("unknown ids", counts["want"] == 0)):
+        bad = sorted(counts.index[mask.to_numpy()])
+        if bad:
+            problems.append(f"{what}: {_fmt_ids(bad)}")
+    if len(ids) != len(expected_ids):
+        detail = f" ({'; '.join(problems)})" if problems else ""
+        raise InvalidSubmissionError(
+            f"wrong row count: {len(ids)} rows, expected {len(expected_ids)}{detail}")
+    if problems:
+        raise InvalidSubmissionError("; ".join(problems))
+    return ids
+
+
+def to_numeric_columns(frame: pd.DataFrame, columns: Sequence[str], ids: pd.Series) -> pd.DataFrame:
+    """``frame`` with ``columns`` as finite float64; ``ids`` [n_rows] name offending rows.
+
+    Raises:
+      InvalidSubmissionError: a non-numeric, empty (NaN) or infinite value; the message names the
+        column, the first few offending ids and (for non-numeric values) an example.
+    """
+    out = frame.copy()
+    ids = pd.Series(ids.to_numpy(), index=frame.index)
+    for c in columns:
+        col = pd.to_numeric(out[c], errors="coerce")
+        non_numeric = (col.isna() & out[c].notna()).to_numpy()
+        if non_numeric.any():
+            raise InvalidSubmissionError(
+                f"non-numeric values in column {c!r}, e.g. {out[c][non_numeric].iloc[0]!r} "
+                f"({int(non_numeric.sum())} rows; ids {_fmt_ids(ids[non_numeric].tolist())})")
+        nan = col.isna().to_numpy()
+        if nan.any():
+            raise InvalidSubmissionError(
+                f"NaN in column {c!r} ({int(nan.sum())} rows; ids {_fmt_ids(ids[nan].tolist())})")
+        values = col.to_numpy(dtype=np.float64)
+        inf = ~np.isfinite(values)
+        if inf.any():
+            raise InvalidSubmissionError(
+                f"infinite values in column {c!r} ({int(inf.sum())} rows; "
+                f"ids {_fmt_ids(ids[inf].tolist())})")
+        out[c] = values
+    return out
+
+
 def validate_submission(
     submission: pd.DataFrame,
     *,
@@ -210,43 +298,22 @@ def validate_submission(
 
     Raises:
       InvalidSubmissionError: naming the first problem found (columns, row count, duplicate, missing
-        or extra ids, NaN/inf, non-numeric values, probabilities out of [0, 1], unknown labels).
+        or extra ids, NaN/inf, non-numeric values, probabilities out of [0, 1], unknown labels) and
+        the first few offending ids.
     """
     metric = get_metric(metric) if isinstance(metric, str) else metric
-    if not isinstance(submission, pd.DataFrame):
-        raise InvalidSubmissionError(f"submission must be a DataFrame, got {type(submission).__name__}")
-    cols = [str(c) for c in submission.columns]
-    expected_cols = [id_column, *target_columns]
-    missing = [c for c in expected_cols if c not in cols]
-    extra = [c for c in cols if c not in expected_cols]
-    if missing or extra:
-        raise InvalidSubmissionError(
-            f"wrong columns: missing {missing}, unexpected {extra}; expected exactly {expected_cols}")
-    if len(set(cols)) != len(cols):
-        raise InvalidSubmissionError(f"duplicate column names in {cols}")
-    n_expected = len(expected_ids)
-    if len(submission) != n_expected:
-        raise InvalidSubmissionError(f"wrong row count: {len(submission)} rows, expected {n_expected}")
-    ids = submission[id_column]
-    if ids.isna().any():
-        raise InvalidSubmissionError(f"{int(ids.isna().sum())} rows have an empty {id_column!r}")
-    ids = ids.astype(str).str.strip()
-    dup = ids[ids.duplicated()].unique().tolist()
-    if dup:
-        raise InvalidSubmissionError(f"duplicate ids: {_fmt_ids(dup)}")
-    expected = set(map(str, expected_ids))
-    got = set(ids)
-    if got != expected:
-        raise InvalidSubmissionError(
-            f"id mismatch: missing ids {_fmt_ids(sorted(expected - got))}; "
-            f"unknown ids {_fmt_ids(sorted(got - expected))}")
+    check_columns(submission, id_column, target_columns)
+    ids = check_ids(submission, id_column, expected_ids)
     out = submission.copy()
     out[id_column] = ids
     out = out.set_index(id_column)[list(target_columns)]
 
     if metric.kind == "label":
-        if out.isna().any().any():
-            raise InvalidSubmissionError("empty (NaN) labels in the submission")
+        empty = out.isna().any(axis=1).to_numpy()
+        if empty.any():
+            raise InvalidSubmissionError(
+                f"empty (NaN) labels in the submission ({int(empty.sum())} rows; "
+                f"ids {_fmt_ids(out.index[empty].tolist())})")
         out = out.map(canonical_label)
         if labels is not None:
             allowed = set(map(str, labels))
@@ -256,23 +323,65 @@ def validate_submission(
                     f"unknown labels {bad[:5]}; expected one of {sorted(allowed)}")
         return out
 
-    for c in target_columns:
-        col = pd.to_numeric(out[c], errors="coerce")
-        non_numeric = col.isna() & out[c].notna()
-        if non_numeric.any():
-            raise InvalidSubmissionError(
-                f"non-numeric values in column {c!r}, e.g. {out[c][non_numeric].iloc[0]!r}")
-        if col.isna().any():
-            raise InvalidSubmissionError(f"NaN in column {c!r} ({int(col.isna().sum())} rows)")
-        if not np.all(np.isfinite(col.to_numpy(dtype=np.float64))):
-            raise InvalidSubmissionError(f"infinite values in column {c!r}")
-        out[c] = col.astype(np.float64)
+    out = to_numeric_columns(out, target_columns, pd.Series(out.index))
     if metric.kind == "probability":
         v = out.to_numpy()
-        if np.any(v < 0) or np.any(v > 1):
-            raise InvalidSubmissionError("probabilities must lie in [0, 1]")
-        if np.any(v.sum(axis=1) <= 0):
-            raise InvalidSubmissionError("a row of probabilities sums to 0")
+        outside = np.any((v < 0) | (v > 1), axis=1)
+        if outside.any():
+            raise InvalidSubmissionError(
+                f"probabilities must lie in [0, 1] ({int(outside.sum())} rows outside; "
+                f"ids {_fmt_ids(out.index[outside].tolist())})")
+        zero = v.sum(axis=1) <= 0
+        if zero.any():
+            raise InvalidSubmissionError(
+                f"a row of probabilities sums to 0 (ids {_fmt_ids(out.index[zero].tolist())})")
+    return out
+
+
+def validate_against_answers(
+    submission: pd.DataFrame,
+    answers: pd.DataFrame,
+    *,
+    id_column: str,
+    target_columns: Sequence[str],
+) -> pd.DataFrame:
+    """Format check for a grader we do not know (e.g. MLE-bench's own ``grade_fn``), led by the
+    answers: the rules every such grader assumes, applied to the whole submission.
+
+    * the columns are exactly ``id_column`` + ``target_columns`` (any order);
+    * every answer id appears exactly as often as in the answers (no duplicate, missing or
+      unknown id);
+    * a target column whose answers are numbers (not bools) holds finite numbers only;
+    * any other target column has no empty cell, unless its answers have empty cells too
+      (e.g. an empty run-length mask).
+
+    Args:
+      submission: as read by ``read_submission`` (id column as strings), [n, 1 + k].
+      answers: every answer row (both halves), id column as strings, [n, >= 1 + k].
+      id_column, target_columns: the submission layout.
+
+    Returns:
+      the submission in its own row order and column order, ids as stripped strings, numeric
+      target columns as float64 (so a grader never sees a string where it expects a number).
+
+    Raises:
+      InvalidSubmissionError: naming the problem and the first few offending ids.
+    """
+    check_columns(submission, id_column, target_columns)
+    ids = check_ids(submission, id_column, answers[id_column].astype(str).str.strip().tolist())
+    out = submission.copy()
+    out[id_column] = ids
+    numeric = [c for c in target_columns if pd.api.types.is_numeric_dtype(answers[c])
+               and not pd.api.types.is_bool_dtype(answers[c])]
+    out = to_numeric_columns(out, numeric, ids)
+    for c in target_columns:
+        if c in numeric or answers[c].isna().any():
+            continue
+        empty = out[c].isna().to_numpy()
+        if empty.any():
+            raise InvalidSubmissionError(
+                f"empty values in column {c!r} ({int(empty.sum())} rows; "
+                f"ids {_fmt_ids(ids[empty].tolist())})")
     return out
 
 

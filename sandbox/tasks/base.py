@@ -30,6 +30,14 @@ SPLITS = ("dev", "test")
 ANSWER_FILES = {"dev": "answers_dev.csv", "test": "answers_test.csv"}
 
 
+class NoLeaderboardError(ValueError):
+    """A medal or position score was asked of a task without a reference leaderboard.
+
+    Such a task still trains and evaluates: callers check ``Task.has_leaderboard`` and report
+    medals and HumanRank as not available (None, printed "n/a").
+    """
+
+
 @dataclasses.dataclass
 class Task:
     """One MLE task, duck-typed by ``sandbox.pool.SandboxPool``.
@@ -130,15 +138,24 @@ class Task:
 
     # ---------------------------------------------------------------- leaderboard helpers
 
+    @property
+    def has_leaderboard(self) -> bool:
+        """True when the task has reference scores (medals and HumanRank are defined)."""
+        return bool(self.leaderboard)
+
+    def leaderboard_hint(self) -> str:
+        """What to do to get a reference leaderboard for this task (one sentence)."""
+        return f"run `python -m sandbox.sweep` for seed {self.seed}"
+
     def _require_leaderboard(self) -> list[float]:
-        if not self.leaderboard:
-            raise ValueError(
-                f"task {self.task_id!r} (seed {self.seed}) has no reference leaderboard; "
-                "run `python -m sandbox.sweep` for this seed")
+        if not self.has_leaderboard:
+            raise NoLeaderboardError(
+                f"task {self.task_id!r} (seed {self.seed}) has no reference leaderboard, so no "
+                f"medals or HumanRank; {self.leaderboard_hint()}")
         return self.leaderboard
 
     def medal_thresholds(self) -> grading.MedalThresholds:
-        """MLE-bench's thresholds on the reference leaderboard."""
+        """MLE-bench's thresholds on the reference leaderboard (NoLeaderboardError without one)."""
         return grading.medal_thresholds(self._require_leaderboard(), self.lower_is_better)
 
     def medal(self, score: Optional[float]) -> grading.MedalReport:

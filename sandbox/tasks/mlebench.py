@@ -7,15 +7,25 @@ MLE-bench keeps two trees per competition ``<id>``:
     (the answers, in the submission's column layout);
   * the competition dir (the repo's ``mlebench/competitions/<id>/``): ``config.yaml`` (``grader.name``,
     ``grader.grade_fn`` = ``"module.path:function"``), ``description.md``, ``leaderboard.csv``
-    (Kaggle's final private leaderboard, a ``score`` column, best first).
+    (Kaggle's final private leaderboard, a ``score`` column, best first; stored with Git LFS).
 
-``competition_dir`` defaults to the installed ``mlebench`` package's copy when importable, else to
-``<data_dir>/<id>/`` (handy for tests and hand-made tasks).
+``find_competition_dir`` says which competition dir is used (the installed ``mlebench`` package's
+copy when importable, else ``<data_dir>/<id>/``); the loaded task records it as
+``MLEBenchTask.competition_dir``.
 
 Grading: the answers' rows are split (seeded) into a dev half and a final half, like the offline
-suite. A submission must cover every answer id. The score comes from MLE-bench's own grade
-function (``grader.grade_fn``) when it can be imported; otherwise from our metric of the same name
-when we have one (``GRADER_ALIASES``); otherwise loading fails with ``UnsupportedGraderError``.
+suite. A submission must cover every answer id, and it is validated whole (columns, ids,
+duplicates, values; then MLE-bench's grader on every row, as MLE-bench's ``/validate`` does)
+before either half is scored, so a problem in the half not being graded still makes it invalid.
+Whatever MLE-bench scores as None (its ``InvalidSubmissionError`` or any other exception of its
+grader on the whole file) is our ``InvalidSubmissionError``. The score comes from MLE-bench's own
+grade function (``grader.grade_fn``) when it can be imported; otherwise from our metric of the
+same name when we have one (``GRADER_ALIASES``); otherwise loading fails with
+``UnsupportedGraderError``.
+
+Leaderboard: a missing ``leaderboard.csv`` gives a task without a reference leaderboard (it trains
+and evaluates; medals and HumanRank are not available). A Git LFS pointer in its place, or a file
+without a numeric ``score`` column, is a ``LeaderboardError`` that says what to run.
 """
 from __future__ import annotations
 
@@ -49,6 +59,14 @@ class UnsupportedGraderError(NotImplementedError):
     """The competition's grader is neither importable (mlebench) nor one of our metrics."""
 
 
+class LeaderboardError(ValueError):
+    """A ``leaderboard.csv`` that is there but unusable (a Git LFS pointer, no numeric scores)."""
+
+
+#: First line of a Git LFS pointer file (what a checkout without ``git lfs pull`` holds).
+GIT_LFS_POINTER_HEADER = "version https://git-lfs.github.com/spec/v1"
+
+
 def _read_yaml(path: pathlib.Path) -> dict:
     try:
         import yaml
@@ -73,13 +91,70 @@ def _import_grade_fn(spec: str) -> Optional[Callable[[pd.DataFrame, pd.DataFrame
         return None
 
 
-def _default_competition_dir(competition_id: str, data_dir: pathlib.Path) -> pathlib.Path:
+def find_competition_dir(competition_id: str, data_dir: "os.PathLike | str") -> pathlib.Path:
+    """The folder with ``config.yaml`` / ``description.md`` / ``leaderboard.csv`` of a competition.
+
+    The installed ``mlebench`` package's ``competitions/<id>/`` when that package is importable
+    and has the folder; else ``<data_dir>/<id>/`` (hand-made tasks and tests). The path may not
+    exist; ``load_mlebench_task`` names the missing file.
+    """
     spec = importlib.util.find_spec("mlebench")
     if spec is not None and spec.submodule_search_locations:
         d = pathlib.Path(list(spec.submodule_search_locations)[0]) / "competitions" / competition_id
         if d.is_dir():
             return d
-    return data_dir / competition_id
+    return pathlib.Path(data_dir) / competition_id
+
+
+def is_git_lfs_pointer(path: "os.PathLike | str") -> bool:
+    """True when the file's first line is a Git LFS pointer header (the content is not fetched)."""
+    with open(path, "rb") as f:
+        head = f.read(len(GIT_LFS_POINTER_HEADER) + 2)
+    return head.decode("utf-8", errors="replace").startswith(GIT_LFS_POINTER_HEADER)
+
+
+def _lfs_pull_hint(path: pathlib.Path) -> str:
+    """Where to run ``git lfs pull``: the mle-bench checkout holding ``mlebench/competitions``."""
+    parts = path.resolve().parts
+    if "competitions" in parts:
+        i = len(parts) - 1 - parts[::-1].index("competitions")
+        if i >= 2 and parts[i - 1] == "mlebench":
+            root = pathlib.Path(*parts[: i - 1])
+            return (f"run `git lfs fetch --all && git lfs pull` in the mle-bench checkout "
+                    f"({root}), then reinstall mlebench if it was installed from a copy "
+                    "(pip install -e .)")
+    return "run `git lfs fetch --all && git lfs pull` in the mle-bench checkout it came from"
+
+
+def read_leaderboard(path: "os.PathLike | str") -> list[float]:
+    """Scores of an MLE-bench ``leaderboard.csv`` in file order (best first), NaN rows dropped.
+
+    Raises:
+      LeaderboardError: the file is a Git LFS pointer (the message says what to run), is empty,
+        has no ``score`` column or holds a non-numeric score.
+    """
+    path = pathlib.Path(path)
+    if is_git_lfs_pointer(path):
+        raise LeaderboardError(
+            f"{path}: this leaderboard.csv is a Git LFS pointer, not the leaderboard; "
+            f"{_lfs_pull_hint(path)}")
+    try:
+        lb = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise LeaderboardError(f"{path}: empty file; expected a 'score' column") from None
+    if "score" not in lb.columns:
+        raise LeaderboardError(f"{path}: no 'score' column (columns: {list(lb.columns)})")
+    scores = pd.to_numeric(lb["score"], errors="coerce")
+    bad = scores.isna() & lb["score"].notna()
+    if bad.any():
+        raise LeaderboardError(
+            f"{path}: non-numeric score {lb['score'][bad].iloc[0]!r} on row {int(bad.idxmax())}")
+    return [float(s) for s in scores.dropna()]
+
+
+def _is_mlebench_invalid(e: BaseException) -> bool:
+    """MLE-bench's own ``InvalidSubmissionError`` (matched by name: mlebench may be absent)."""
+    return type(e).__name__ == "InvalidSubmissionError"
 
 
 @dataclasses.dataclass
@@ -91,14 +166,22 @@ class MLEBenchTask(base.Task):
       grader_name: ``config.yaml``'s ``grader.name``.
       grade_fn: MLE-bench's ``grade(submission_df, answers_df) -> float`` or None (ours is used).
       dev_ids: the answer ids of the dev half (the rest form the final half).
+      competition_dir: the folder config.yaml / description.md / leaderboard.csv were read from
+        (``find_competition_dir``).
+      baseline_error: why the sample submission did not grade ("" when it did; then
+        ``baseline_score`` is None).
     """
 
     answers_file: Optional[pathlib.Path] = None
     grader_name: str = ""
     grade_fn: Optional[Callable[[pd.DataFrame, pd.DataFrame], Any]] = None
     dev_ids: frozenset = frozenset()
+    competition_dir: Optional[pathlib.Path] = None
+    baseline_error: str = ""
 
     def __post_init__(self):
+        if self.competition_dir is not None:
+            self.competition_dir = pathlib.Path(self.competition_dir)
         if self.grade_fn is None:
             super().__post_init__()
         else:  # MLE-bench's metric may have no registered twin; trust the declared direction
@@ -111,16 +194,23 @@ class MLEBenchTask(base.Task):
         """JSON-ready record; the grade function is recorded by name only."""
         d = super().to_dict()
         d["answers_file"] = str(self.answers_file)
+        d["competition_dir"] = None if self.competition_dir is None else str(self.competition_dir)
         d["dev_ids"] = sorted(self.dev_ids)
         d["grade_fn"] = None if self.grade_fn is None else (
             f"{self.grade_fn.__module__}:{self.grade_fn.__qualname__}")
         return d
+
+    def leaderboard_hint(self) -> str:
+        where = self.competition_dir or "?"
+        return (f"the MLE-bench competition folder {where} has no leaderboard.csv (the task still "
+                "trains and evaluates; medals and HumanRank are reported as n/a)")
 
     def _all_answers(self) -> pd.DataFrame:
         if "_answers_df" not in self.__dict__:
             df = pd.read_csv(self.answers_file, dtype={self.id_column: str})
             if self.id_column not in df.columns:
                 raise ValueError(f"{self.answers_file}: no id column {self.id_column!r}")
+            df[self.id_column] = df[self.id_column].str.strip()
             self.__dict__["_answers_df"] = df
         return self.__dict__["_answers_df"]
 
@@ -134,38 +224,65 @@ class MLEBenchTask(base.Task):
         return df[in_dev if split == "dev" else ~in_dev].reset_index(drop=True)
 
     def validate(self, submission_csv) -> pd.DataFrame:
+        """Checks the whole submission (every row, both halves), as MLE-bench would.
+
+        With our metric: ``grading.validate_submission`` (returns the frame indexed by id). With
+        MLE-bench's grade function: ``grading.validate_against_answers`` (columns, ids, duplicates,
+        values), then the grade function on every row against every answer (MLE-bench's
+        ``/validate``); returns the checked frame in file order.
+
+        Raises:
+          InvalidSubmissionError: naming the problem (and the first few offending ids).
+        """
         sub = grading.read_submission(submission_csv, self.id_column)
         if self.grade_fn is None:
             return grading.validate_submission(
                 sub, id_column=self.id_column, target_columns=self.target_columns,
                 expected_ids=self.test_ids, metric=self.metric, labels=self.labels)
-        if self.id_column not in sub.columns:
-            raise grading.InvalidSubmissionError(
-                f"submission has no id column {self.id_column!r}; columns: {list(sub.columns)}")
-        got, want = set(sub[self.id_column].astype(str)), set(self.test_ids)
-        if got != want:
-            raise grading.InvalidSubmissionError(
-                f"id mismatch: {len(want - got)} answer ids missing, {len(got - want)} unknown ids")
-        return sub
+        answers = self._all_answers()
+        checked = grading.validate_against_answers(
+            sub, answers, id_column=self.id_column, target_columns=self.target_columns)
+        self._run_grade_fn(checked, answers, whole=True)
+        return checked
+
+    def _run_grade_fn(self, submission: pd.DataFrame, answers: pd.DataFrame, *,
+                      whole: bool) -> float:
+        """MLE-bench's grade function on ``submission`` rows vs ``answers`` rows.
+
+        MLE-bench's ``InvalidSubmissionError`` is ours. On the whole file (``whole``) any other
+        exception is ours too: MLE-bench scores it None, an invalid submission. On one half of a
+        file that passed whole, another exception propagates (a grader bug: ``grader_error``).
+        """
+        try:
+            score = self.grade_fn(submission.reset_index(drop=True), answers.reset_index(drop=True))
+        except Exception as e:  # noqa: BLE001 - sorted into invalid submission / grader bug
+            if _is_mlebench_invalid(e):
+                raise grading.InvalidSubmissionError(str(e)) from e
+            if whole:
+                raise grading.InvalidSubmissionError(
+                    f"MLE-bench's grader {self.grader_name!r} could not score this submission "
+                    f"({type(e).__name__}: {e}); MLE-bench counts it as an invalid submission "
+                    "(score None)") from e
+            raise
+        if score is None:
+            raise grading.InvalidSubmissionError("MLE-bench's grader returned no score")
+        return float(score)
 
     def grade(self, submission_csv, split: str = "dev") -> float:
+        """Scores the ``split`` half after validating the whole submission (``validate``).
+
+        Raises InvalidSubmissionError for any format problem anywhere in the file, ValueError for an
+        unknown split.
+        """
         if split not in base.SPLITS:
             raise ValueError(f"split must be one of {base.SPLITS}, got {split!r}")
         validated = self.validate(submission_csv)
         answers = self._split_answers(split)
         if self.grade_fn is None:
-            a = answers.astype({self.id_column: str}).set_index(self.id_column)[list(self.target_columns)]
+            a = answers.set_index(self.id_column)[list(self.target_columns)]
             return grading.score_submission(validated, a, self.metric)
-        sub = validated[validated[self.id_column].astype(str).isin(set(answers[self.id_column]))]
-        try:
-            score = self.grade_fn(sub.reset_index(drop=True), answers)
-        except Exception as e:  # MLE-bench's own InvalidSubmissionError -> ours
-            if type(e).__name__ == "InvalidSubmissionError":
-                raise grading.InvalidSubmissionError(str(e)) from e
-            raise
-        if score is None:
-            raise grading.InvalidSubmissionError("MLE-bench's grader returned no score")
-        return float(score)
+        rows = validated[validated[self.id_column].isin(set(answers[self.id_column]))]
+        return self._run_grade_fn(rows, answers, whole=False)
 
 
 def load_mlebench_task(
@@ -183,19 +300,26 @@ def load_mlebench_task(
     Args:
       competition_id: e.g. ``"spooky-author-identification"``.
       data_dir: the MLE-bench data root holding ``<id>/prepared/{public,private}``.
-      competition_dir: folder with config.yaml / description.md / leaderboard.csv (see module doc).
+      competition_dir: folder with config.yaml / description.md / leaderboard.csv; None:
+        ``find_competition_dir`` (recorded as ``task.competition_dir`` either way).
       seed: seed of the dev/final split of the answer rows.
       time_limit_s, memory_limit_mb: per-execution budget.
       use_mlebench_grader: use ``grader.grade_fn`` when importable (False: force our metric).
 
+    Returns:
+      the task; ``leaderboard`` is empty when the competition has no ``leaderboard.csv``, and
+      ``baseline_score`` is None (``baseline_error`` says why) when the sample submission does not
+      grade.
+
     Raises:
       FileNotFoundError: a required file is missing (named in the message).
       UnsupportedGraderError: no importable grade function and no matching metric of ours.
+      LeaderboardError: leaderboard.csv is a Git LFS pointer or has no numeric ``score`` column.
     """
     data_dir = pathlib.Path(data_dir)
     prepared = data_dir / competition_id / "prepared"
     public, private = prepared / "public", prepared / "private"
-    comp = pathlib.Path(competition_dir) if competition_dir else _default_competition_dir(
+    comp = pathlib.Path(competition_dir) if competition_dir else find_competition_dir(
         competition_id, data_dir)
     for p in (public / "sample_submission.csv", private / "test.csv", comp / "config.yaml"):
         if not p.exists():
@@ -219,12 +343,7 @@ def load_mlebench_task(
         raise ValueError(f"{private / 'test.csv'}: no id column {id_column!r} (from sample_submission)")
 
     lb_path = comp / "leaderboard.csv"
-    leaderboard = []
-    if lb_path.exists():
-        lb = pd.read_csv(lb_path)
-        if "score" not in lb.columns:
-            raise ValueError(f"{lb_path}: no 'score' column")
-        leaderboard = [float(s) for s in lb["score"].dropna()]
+    leaderboard = read_leaderboard(lb_path) if lb_path.exists() else []
     if metric is not None:
         lower = grading.get_metric(metric).lower_is_better
     elif "lower_is_better" in cfg or "is_lower_better" in grader:
@@ -234,7 +353,7 @@ def load_mlebench_task(
     else:
         raise ValueError(f"competition {competition_id!r}: cannot tell the metric direction")
 
-    ids = sorted(set(answers[id_column].astype(str)))
+    ids = sorted(set(answers[id_column].astype(str).str.strip()))
     rng = np.random.default_rng([seed, 11])
     dev_ids = frozenset(np.asarray(ids, dtype=object)[rng.permutation(len(ids))[: len(ids) // 2]])
 
@@ -254,11 +373,12 @@ def load_mlebench_task(
         time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb,
         leaderboard=leaderboard,
         leaderboard_source=f"MLE-bench leaderboard.csv ({len(leaderboard)} Kaggle teams)" if leaderboard else "",
-        seed=seed, source=f"MLE-bench prepared competition at {prepared}",
+        seed=seed,
+        source=f"MLE-bench prepared competition at {prepared}; competition folder {comp}",
         answers_file=private / "test.csv", grader_name=grader_name, grade_fn=grade_fn,
-        dev_ids=dev_ids)
+        dev_ids=dev_ids, competition_dir=comp)
     try:
         task.baseline_score = task.grade(public / "sample_submission.csv", "dev")
-    except grading.InvalidSubmissionError:
-        task.baseline_score = None
+    except grading.InvalidSubmissionError as e:
+        task.baseline_score, task.baseline_error = None, f"sample_submission.csv is invalid: {e}"
     return task

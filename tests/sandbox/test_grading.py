@@ -85,23 +85,36 @@ def test_valid_submission_is_indexed_and_typed():
     (_sub(z=[1, 2, 3, 4]), r"wrong columns: missing \['y'\], unexpected \['z'\]"),
     (_sub(y=[1, 2, 3, 4], extra=[0, 0, 0, 0]), r"unexpected \['extra'\]"),
     (_sub(y=[1, 2, 3, 4]).iloc[:3], "wrong row count: 3 rows, expected 4"),
-    (pd.DataFrame({"id": ["a1", "a1", "c3", "d4"], "y": [1, 2, 3, 4]}), "duplicate ids: 'a1'"),
+    (pd.DataFrame({"id": ["a1", "a1", "c3", "d4"], "y": [1, 2, 3, 4]}),
+     "duplicate ids: 'a1'; missing ids: 'b2'"),
     (pd.DataFrame({"id": ["a1", "b2", "c3", "zz"], "y": [1, 2, 3, 4]}),
-     "missing ids 'd4'; unknown ids 'zz'"),
-    (pd.DataFrame({"id": ["a1", None, "c3", "d4"], "y": [1, 2, 3, 4]}), "empty 'id'"),
-    (_sub(y=[1, np.nan, 3, 4]), "NaN in column 'y'"),
-    (_sub(y=[1, np.inf, 3, 4]), "infinite values in column 'y'"),
-    (_sub(y=[1, "cat", 3, 4]), "non-numeric values in column 'y', e.g. 'cat'"),
+     "missing ids: 'd4'; unknown ids: 'zz'"),
+    (pd.DataFrame({"id": ["a1", "b2", "c3", "d4", "d4"], "y": [1, 2, 3, 4, 4]}),
+     r"wrong row count: 5 rows, expected 4 \(duplicate ids: 'd4'\)"),
+    (pd.DataFrame({"id": ["a1", None, "c3", "d4"], "y": [1, 2, 3, 4]}), r"empty 'id' \(rows 1,"),
+    (_sub(y=[1, np.nan, 3, 4]), r"NaN in column 'y' \(1 rows; ids 'b2'\)"),
+    (_sub(y=[1, np.inf, 3, -np.inf]), r"infinite values in column 'y' \(2 rows; ids 'b2', 'd4'\)"),
+    (_sub(y=[1, "cat", 3, 4]), "non-numeric values in column 'y', e.g. 'cat' .*ids 'b2'"),
 ])
 def test_format_errors_are_typed_and_named(df, match):
     with pytest.raises(InvalidSubmissionError, match=match):
         _validate(df)
 
 
+def test_offending_ids_are_listed_five_at_most():
+    ids = [f"r{i:02d}" for i in range(12)]
+    df = pd.DataFrame({"id": ids, "y": [np.nan] * 7 + [1.0] * 5})
+    with pytest.raises(InvalidSubmissionError,
+                       match=r"NaN in column 'y' \(7 rows; ids 'r00', 'r01', 'r02', 'r03', 'r04', "
+                             r"\.\.\. \(7 in all\)\)"):
+        grading.validate_submission(df, id_column="id", target_columns=("y",), expected_ids=ids,
+                                    metric="rmse")
+
+
 def test_probability_checks():
     ok = _sub(a=[0.5, 1, 0, 0.2], b=[0.5, 0, 1, 0.8])
     _validate(ok, "log_loss", ("a", "b"))
-    with pytest.raises(InvalidSubmissionError, match=r"in \[0, 1\]"):
+    with pytest.raises(InvalidSubmissionError, match=r"in \[0, 1\] \(1 rows outside; ids 'a1'\)"):
         _validate(_sub(a=[1.5, 1, 0, 0.2], b=[0.5, 0, 1, 0.8]), "log_loss", ("a", "b"))
     with pytest.raises(InvalidSubmissionError, match="sums to 0"):
         _validate(_sub(a=[0, 1, 0, 0.2], b=[0, 0, 1, 0.8]), "log_loss", ("a", "b"))
@@ -127,6 +140,61 @@ def test_read_submission_errors(tmp_path):
         grading.read_submission(tmp_path / "e.csv", "id")
     (tmp_path / "ids.csv").write_text("id,y\n007,1\n")
     assert grading.read_submission(tmp_path / "ids.csv", "id")["id"].tolist() == ["007"]
+
+
+# ------------------------------------------------------------------------------ answers-led
+
+ANSWERS = pd.DataFrame({"id": ["a1", "b2", "c3", "d4"], "p": [0.0, 1.0, 0.0, 1.0],
+                        "mask": ["1 3", None, "5 2", "7 1"], "kind": ["x", "y", "x", "y"]})
+
+
+def _against(df, answers=ANSWERS, targets=("p", "mask", "kind")):
+    return grading.validate_against_answers(df, answers, id_column="id", target_columns=targets)
+
+
+def test_validate_against_answers_types_numbers_and_keeps_order():
+    df = pd.DataFrame({"kind": ["y", "x", "x", "y"], "id": [" d4", "c3", "a1", "b2"],
+                       "p": ["0.5", 1, 0.25, "1e-1"], "mask": [None, "1 1", "", "2 2"]})
+    out = _against(df)
+    assert list(out.columns) == ["kind", "id", "p", "mask"]   # the file's own column order
+    assert out["id"].tolist() == ["d4", "c3", "a1", "b2"]     # the file's row order, stripped
+    assert out["p"].dtype == np.float64 and out["p"].tolist() == [0.5, 1.0, 0.25, 0.1]
+
+
+@pytest.mark.parametrize("df, match", [
+    (ANSWERS.drop(columns=["kind"]), r"wrong columns: missing \['kind'\]"),
+    (ANSWERS.assign(extra=1), r"unexpected \['extra'\]"),
+    (pd.concat([ANSWERS, ANSWERS.iloc[[2]]]),
+     r"wrong row count: 5 rows, expected 4 \(duplicate ids: 'c3'\)"),
+    (ANSWERS.iloc[[0, 1, 2, 2]], "duplicate ids: 'c3'; missing ids: 'd4'"),
+    (ANSWERS.iloc[:3], r"wrong row count: 3 rows, expected 4 \(missing ids: 'd4'\)"),
+    (ANSWERS.assign(p=[0.5, "abc", 0.1, 0.2]),
+     r"non-numeric values in column 'p', e.g. 'abc' \(1 rows; ids 'b2'\)"),
+    (ANSWERS.assign(p=[0.5, 0.5, np.nan, 0.2]), r"NaN in column 'p' \(1 rows; ids 'c3'\)"),
+    (ANSWERS.assign(p=[np.inf, 0.5, 0.1, 0.2]),
+     r"infinite values in column 'p' \(1 rows; ids 'a1'\)"),
+    (ANSWERS.assign(kind=["x", None, "x", None]),
+     r"empty values in column 'kind' \(2 rows; ids 'b2', 'd4'\)"),
+])
+def test_validate_against_answers_errors_name_the_rows(df, match):
+    with pytest.raises(InvalidSubmissionError, match=match):
+        _against(df)
+
+
+def test_validate_against_answers_allows_empty_cells_only_where_the_answers_have_them():
+    _against(ANSWERS.assign(mask=[None, None, None, None]))  # answers have an empty mask
+    answers = ANSWERS.assign(mask=["1 3", "2 2", "5 2", "7 1"])
+    with pytest.raises(InvalidSubmissionError, match="empty values in column 'mask'"):
+        _against(ANSWERS, answers)
+
+
+def test_validate_against_answers_repeated_answer_ids_must_repeat():
+    answers = pd.DataFrame({"id": ["a", "a", "b"], "y": [1.0, 2.0, 3.0]})
+    ok = grading.validate_against_answers(answers, answers, id_column="id", target_columns=("y",))
+    assert ok["id"].tolist() == ["a", "a", "b"]
+    with pytest.raises(InvalidSubmissionError, match="duplicate ids: 'b'; missing ids: 'a'"):
+        grading.validate_against_answers(answers.assign(id=["a", "b", "b"]), answers,
+                                         id_column="id", target_columns=("y",))
 
 
 def test_score_submission_uses_only_answer_rows():

@@ -1,5 +1,14 @@
-"""The MLE-bench adapter on small competition directories the test writes itself."""
+"""The MLE-bench adapter on small competition directories the test writes itself.
+
+MLE-bench is not installed here; ``fake_mlebench_spooky`` (written by a fixture) behaves like
+MLE-bench's ``spooky-author-identification`` grader: its own ``InvalidSubmissionError`` for a wrong
+shape, rows not summing to one or probabilities outside [0, 1], then sklearn's log loss.
+"""
+import dataclasses
+import importlib
 import math
+import re
+import sys
 import textwrap
 
 import numpy as np
@@ -7,9 +16,59 @@ import pandas as pd
 import pytest
 
 from sandbox.grading import InvalidSubmissionError
+from sandbox.result import Status
 from sandbox.tasks import mlebench
+from sandbox.tasks.base import NoLeaderboardError
 
 CLASSES = ["EAP", "HPL", "MWS"]
+
+FAKE_SPOOKY_GRADER = """\
+import numpy as np
+from sklearn.metrics import log_loss
+
+CLASSES = ["EAP", "HPL", "MWS"]
+N_ROWS = 40
+
+
+class InvalidSubmissionError(Exception):
+    pass
+
+
+def grade(submission, answers):
+    if submission.shape != (len(answers), len(CLASSES) + 1):
+        raise InvalidSubmissionError(f"Submission shape {submission.shape} does not match answers")
+    probs = submission[CLASSES]
+    if not np.all(np.isclose(probs.sum(axis=1), 1, atol=1e-6)):  # a string here: TypeError
+        raise InvalidSubmissionError("Each row in submission should sum to one, as probabilities.")
+    if not ((probs >= 0) & (probs <= 1)).all().all():
+        raise InvalidSubmissionError("All probabilities must be between 0 and 1.")
+    sub, ans = submission.sort_values("id"), answers.sort_values("id")
+    assert list(sub["id"]) == list(ans["id"]), "ids differ"
+    return log_loss(ans[CLASSES].to_numpy(), sub[CLASSES].to_numpy())
+
+
+def grade_crashes_on_halves(submission, answers):
+    if len(answers) != N_ROWS:
+        raise KeyError("grader bug: needs every answer row")
+    return grade(submission, answers)
+
+
+def grade_crashes_on_value(submission, answers):
+    if (submission["EAP"] == 0.125).any():
+        raise ZeroDivisionError("division by zero")
+    return grade(submission, answers)
+"""
+
+
+@pytest.fixture(scope="module")
+def spooky_grader(tmp_path_factory):
+    """Puts ``fake_mlebench_spooky`` on sys.path for this module's tests; yields its name."""
+    d = tmp_path_factory.mktemp("grader_mod")
+    (d / "fake_mlebench_spooky.py").write_text(FAKE_SPOOKY_GRADER)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(d))
+        yield "fake_mlebench_spooky"
+    sys.modules.pop("fake_mlebench_spooky", None)
 
 
 def _write_competition(root, cid, grader_name, grade_fn="mlebench.competitions.x.grade:grade",
@@ -45,8 +104,9 @@ def _write_competition(root, cid, grader_name, grade_fn="mlebench.competitions.x
           grade_fn: {grade_fn}
         """))
     (comp / "description.md").write_text("# Toy authors\nPredict the author.\n")
-    pd.DataFrame({"teamName": [f"t{i}" for i in range(len(leaderboard))],
-                  "score": list(leaderboard)}).to_csv(comp / "leaderboard.csv", index=False)
+    if leaderboard is not None:
+        pd.DataFrame({"teamName": [f"t{i}" for i in range(len(leaderboard))],
+                      "score": list(leaderboard)}).to_csv(comp / "leaderboard.csv", index=False)
     return answers
 
 
@@ -106,10 +166,11 @@ def test_imported_grade_fn_gets_only_the_split_rows(tmp_path, monkeypatch):
     assert task.grade(tmp_path / "sub.csv", "dev") == 15.5   # 15 dev rows, ids restricted
     assert task.grade(tmp_path / "sub.csv", "test") == 16.5
     answers.drop(columns=["EAP"]).to_csv(tmp_path / "bad.csv", index=False)
-    with pytest.raises(InvalidSubmissionError, match="missing column EAP"):
+    with pytest.raises(InvalidSubmissionError, match=r"wrong columns: missing \['EAP'\]"):
         task.grade(tmp_path / "bad.csv", "dev")
     answers.iloc[:5].to_csv(tmp_path / "few.csv", index=False)
-    with pytest.raises(InvalidSubmissionError, match="26 answer ids missing"):
+    with pytest.raises(InvalidSubmissionError,
+                       match=r"wrong row count: 5 rows, expected 31 \(missing ids: .*26 in all"):
         task.grade(tmp_path / "few.csv", "dev")
     assert task.to_dict()["grade_fn"] == "fake_mlebench_grader:grade"
 
@@ -144,5 +205,311 @@ def test_label_competition_with_accuracy(tmp_path):
     assert task.grade(tmp_path / "gold.csv", "dev") == 1.0
     assert task.baseline_score == pytest.approx(
         np.mean([int(i) % 2 == 0 for i in sorted(task.dev_ids)]))
-    with pytest.raises(ValueError, match="no reference leaderboard"):
+    with pytest.raises(NoLeaderboardError, match="no reference leaderboard"):
         task.medal_thresholds()
+
+
+# ------------------------------------------------------------------------------ whole-file checks
+
+def _final_ids(task):
+    """Answer ids of the final half (not graded with split="dev"), sorted."""
+    return sorted(set(task.test_ids) - task.dev_ids)
+
+
+def _predictions(answers, seed=0):
+    """A plausible submission: random probabilities (rows sum to one), answer row order."""
+    p = np.random.default_rng(seed).dirichlet(np.ones(3), len(answers))
+    return pd.DataFrame({"id": answers["id"], **{c: p[:, k] for k, c in enumerate(CLASSES)}})
+
+
+def _load(tmp_path, grader, spec, cid="spooky", **kw):
+    """(task, answers): ours (grader "ours", our log loss) or the fake MLE-bench grader ``spec``."""
+    if grader == "ours":
+        answers = _write_competition(tmp_path, cid, "multi-class-log-loss", **kw)
+    else:
+        answers = _write_competition(tmp_path, cid, "multi-class-log-loss", grade_fn=spec, **kw)
+    task = mlebench.load_mlebench_task(cid, tmp_path, memory_limit_mb=1024, time_limit_s=30)
+    assert (task.grade_fn is None) == (grader == "ours")
+    return task, answers
+
+
+def _defect(kind, sub, bad_id):
+    """``sub`` with one defect on the row ``bad_id`` (an id of the half NOT being graded)."""
+    row = sub.index[sub["id"] == bad_id][0]
+    if kind == "non_numeric":
+        text = sub.astype({"EAP": object})
+        return text.assign(EAP=text["EAP"].where(text.index != row, "abc"))
+    if kind == "nan":
+        return sub.assign(HPL=sub["HPL"].where(sub.index != row, np.nan))
+    if kind == "duplicate":
+        return pd.concat([sub, sub.loc[[row]]])
+    if kind == "duplicate_replacing":
+        other = sub.index[sub["id"] != bad_id][0]
+        return pd.concat([sub.drop(index=other), sub.loc[[row]]])
+    if kind == "missing":
+        return sub.drop(index=row)
+    raise AssertionError(kind)
+
+
+DEFECTS = {
+    "non_numeric": r"non-numeric values in column 'EAP', e.g. 'abc' \(1 rows; ids '{id}'\)",
+    "nan": r"NaN in column 'HPL' \(1 rows; ids '{id}'\)",
+    "duplicate": r"wrong row count: 41 rows, expected 40 \(duplicate ids: '{id}'\)",
+    "duplicate_replacing": r"duplicate ids: '{id}'; missing ids: ",
+    "missing": r"wrong row count: 39 rows, expected 40 \(missing ids: '{id}'\)",
+}
+
+
+@pytest.mark.parametrize("grader", ["ours", "mlebench"])
+@pytest.mark.parametrize("kind", sorted(DEFECTS))
+def test_a_defect_in_the_other_half_makes_the_whole_submission_invalid(
+        tmp_path, spooky_grader, grader, kind):
+    task, answers = _load(tmp_path, grader, f"{spooky_grader}:grade")
+    bad_id = _final_ids(task)[0]
+    assert bad_id not in task.dev_ids
+    sub = _defect(kind, _predictions(answers), bad_id)
+    sub.to_csv(tmp_path / "sub.csv", index=False)
+    for split in ("dev", "test"):
+        with pytest.raises(InvalidSubmissionError, match=DEFECTS[kind].format(id=bad_id)):
+            task.grade(tmp_path / "sub.csv", split)
+    with pytest.raises(InvalidSubmissionError, match=DEFECTS[kind].format(id=bad_id)):
+        task.validate(tmp_path / "sub.csv")
+
+
+def test_mlebench_rules_apply_to_the_whole_file(tmp_path, spooky_grader):
+    """A rule only MLE-bench's grader knows (rows sum to one) is checked on every row: a bad row
+    in the final half makes the dev grade invalid too."""
+    task, answers = _load(tmp_path, "mlebench", f"{spooky_grader}:grade")
+    sub = _predictions(answers)
+    sub.loc[sub["id"] == _final_ids(task)[0], "EAP"] += 0.5
+    sub.to_csv(tmp_path / "sub.csv", index=False)
+    with pytest.raises(InvalidSubmissionError, match="should sum to one"):
+        task.grade(tmp_path / "sub.csv", "dev")
+
+
+def test_mlebench_grader_and_ours_agree(tmp_path, spooky_grader):
+    """The same file scored by the (fake) MLE-bench grader and by our log loss: equal on both
+    halves; the sample submission scores log 3 either way."""
+    ours, answers = _load(tmp_path / "a", "ours", None)
+    theirs, _ = _load(tmp_path / "b", "mlebench", f"{spooky_grader}:grade")
+    assert ours.dev_ids == theirs.dev_ids
+    assert ours.baseline_score == pytest.approx(math.log(3), rel=1e-12)
+    assert theirs.baseline_score == pytest.approx(math.log(3), rel=1e-12)
+    _predictions(answers, seed=3).to_csv(tmp_path / "sub.csv", index=False)
+    for split in ("dev", "test"):
+        a, b = ours.grade(tmp_path / "sub.csv", split), theirs.grade(tmp_path / "sub.csv", split)
+        assert a > 0.1 and b == pytest.approx(a, rel=1e-12)
+
+
+def test_a_crash_of_mlebench_grader_on_the_whole_file_is_an_invalid_submission(
+        tmp_path, spooky_grader):
+    """MLE-bench scores None (an invalid submission) whatever its grader raises."""
+    task, answers = _load(tmp_path, "mlebench", f"{spooky_grader}:grade_crashes_on_value")
+    sub = _predictions(answers)
+    sub.loc[0, ["EAP", "HPL", "MWS"]] = [0.125, 0.375, 0.5]
+    sub.to_csv(tmp_path / "sub.csv", index=False)
+    with pytest.raises(InvalidSubmissionError,
+                       match=r"could not score this submission \(ZeroDivisionError: division by "
+                             r"zero\); MLE-bench counts it as an invalid submission") as info:
+        task.grade(tmp_path / "sub.csv", "dev")
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def _with_buggy_grader(task, spooky_grader):
+    """``task`` whose MLE-bench grader crashes on anything but every answer row."""
+    bug = importlib.import_module(spooky_grader).grade_crashes_on_halves
+    return dataclasses.replace(task, task_id="buggy", grade_fn=bug)
+
+
+def test_a_crash_on_one_half_of_a_valid_file_is_a_grader_bug(tmp_path, spooky_grader):
+    with pytest.raises(KeyError, match="grader bug"):  # found at load: the sample's dev half
+        _load(tmp_path / "a", "mlebench", f"{spooky_grader}:grade_crashes_on_halves")
+    good, answers = _load(tmp_path / "b", "mlebench", f"{spooky_grader}:grade")
+    task = _with_buggy_grader(good, spooky_grader)
+    _predictions(answers).to_csv(tmp_path / "sub.csv", index=False)
+    task.validate(tmp_path / "sub.csv")  # the whole file is fine
+    with pytest.raises(KeyError, match="grader bug"):
+        task.grade(tmp_path / "sub.csv", "dev")
+
+
+def test_an_invalid_sample_submission_leaves_no_baseline_and_says_why(tmp_path):
+    _write_competition(tmp_path, "toy", "multi-class-log-loss")
+    sample_path = tmp_path / "toy" / "prepared" / "public" / "sample_submission.csv"
+    sample = pd.read_csv(sample_path)
+    sample.assign(EAP=-1.0).to_csv(sample_path, index=False)
+    task = mlebench.load_mlebench_task("toy", tmp_path)
+    assert task.baseline_score is None
+    assert task.baseline_error.startswith(
+        "sample_submission.csv is invalid: probabilities must lie")
+
+
+# ------------------------------------------------------------------------------ the pool carries on
+
+AGENT_CODE = """
+import csv
+overrides = {overrides!r}
+rows = list(csv.DictReader(open("input/sample_submission.csv")))
+with open("submission/submission.csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    w.writeheader()
+    for r in rows:
+        r.update(overrides.get(r["id"], {{}}))
+        w.writerow(r)
+print("VALIDATION_METRIC: 1.0")
+"""
+
+
+def test_the_pool_reports_invalid_submissions_and_carries_on(tmp_path, spooky_grader):
+    from sandbox.pool import SandboxPool
+
+    task, _ = _load(tmp_path, "mlebench", f"{spooky_grader}:grade")
+    buggy = _with_buggy_grader(task, spooky_grader)
+    final = _final_ids(task)
+    good = AGENT_CODE.format(overrides={final[0]: {"EAP": "0.5", "HPL": "0.25", "MWS": "0.25"}})
+    jobs = [
+        (task, AGENT_CODE.format(overrides={final[0]: {"EAP": "abc"}}), "dev"),   # non-numeric
+        (task, AGENT_CODE.format(overrides={final[1]: {"MWS": ""}}), "dev"),      # NaN
+        (task, AGENT_CODE.format(overrides={final[2]: {"EAP": "0.9"}}), "test"),  # sum != 1
+        (buggy, good, "dev"),                                                     # grader bug
+        (task, good, "test"),                                                     # valid
+    ]
+    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3) as pool:
+        non_numeric, nan, not_one, bug, ok = pool.map(jobs)
+        again = pool.run(task, good, split="dev")
+    for r, match in ((non_numeric, f"non-numeric values in column 'EAP', e.g. 'abc' .*{final[0]}"),
+                     (nan, f"NaN in column 'MWS' .*'{final[1]}'"),
+                     (not_one, "should sum to one")):
+        assert r.status is Status.INVALID_SUBMISSION, (r.status, r.error, r.stderr[-500:])
+        assert re.search(match, r.error), r.error
+        assert r.dev_score is None and r.test_score is None and not r.valid_submission
+    assert bug.status is Status.GRADER_ERROR and "KeyError" in bug.error
+    assert ok.status is Status.OK and ok.valid_submission, (ok.error, ok.stderr[-500:])
+    assert ok.dev_score == pytest.approx(math.log(3), rel=1e-9)  # the changed row is final-half
+    assert ok.test_score > ok.dev_score
+    assert again.status is Status.OK and again.dev_score == ok.dev_score
+
+
+# ------------------------------------------------------------------------------ leaderboard file
+
+LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
+               "oid sha256:4d7a2146b0f1c1b5a8a5e3e4b5e16c1d1f4b6f1a5f0c2e3d4c5b6a7f8e9d0c1b\n"
+               "size 48213\n")
+
+
+def test_a_git_lfs_pointer_leaderboard_says_what_to_run(tmp_path):
+    _write_competition(tmp_path, "toy", "multi-class-log-loss")
+    (tmp_path / "toy" / "leaderboard.csv").write_text(LFS_POINTER)
+    with pytest.raises(mlebench.LeaderboardError,
+                       match=r"this leaderboard.csv is a Git LFS pointer.*git lfs pull"):
+        mlebench.load_mlebench_task("toy", tmp_path)
+    # In an mle-bench checkout layout the message names the checkout to run it in.
+    comp = tmp_path / "checkout" / "mlebench" / "competitions" / "toy"
+    comp.mkdir(parents=True)
+    for name in ("config.yaml", "description.md", "leaderboard.csv"):
+        (comp / name).write_bytes((tmp_path / "toy" / name).read_bytes())
+    with pytest.raises(mlebench.LeaderboardError) as info:
+        mlebench.load_mlebench_task("toy", tmp_path, comp)
+    assert f"in the mle-bench checkout ({(tmp_path / 'checkout').resolve()})" in str(info.value)
+    assert mlebench.is_git_lfs_pointer(comp / "leaderboard.csv")
+    assert not mlebench.is_git_lfs_pointer(comp / "config.yaml")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("teamName,points\na,1\n", r"no 'score' column \(columns: \['teamName', 'points'\]\)"),
+    ("teamName,score\na,0.3\nb,oops\n", "non-numeric score 'oops' on row 1"),
+    ("", "empty file"),
+])
+def test_an_unusable_leaderboard_is_a_typed_error(tmp_path, text, match):
+    _write_competition(tmp_path, "toy", "multi-class-log-loss")
+    (tmp_path / "toy" / "leaderboard.csv").write_text(text)
+    with pytest.raises(mlebench.LeaderboardError, match=match):
+        mlebench.load_mlebench_task("toy", tmp_path)
+
+
+def test_the_competition_folder_is_public(tmp_path):
+    _write_competition(tmp_path, "toy", "multi-class-log-loss")
+    assert mlebench.find_competition_dir("toy", tmp_path) == tmp_path / "toy"  # no mlebench here
+    task = mlebench.load_mlebench_task("toy", tmp_path)
+    assert task.competition_dir == tmp_path / "toy"
+    assert task.to_dict()["competition_dir"] == str(tmp_path / "toy")
+    assert str(tmp_path / "toy") in task.source
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.yaml").write_bytes((tmp_path / "toy" / "config.yaml").read_bytes())
+    (elsewhere / "description.md").write_text("# Elsewhere\n")
+    task = mlebench.load_mlebench_task("toy", tmp_path, elsewhere)
+    assert task.competition_dir == elsewhere and task.description == "# Elsewhere\n"
+    assert task.leaderboard == []  # no leaderboard.csv in the chosen folder
+
+
+# ------------------------------------------------------------------------------ no leaderboard
+
+class FixedPolicy:
+    """A ChatPolicy answering every step with the same script."""
+
+    name = "fixed"
+
+    def __init__(self, code):
+        self.code = code
+
+    def complete(self, conversations, *, seed=0):
+        from ace_jax import agent
+        from ace_jax.policy import Completion
+
+        return [Completion(text=agent.completion_target(self.code)) for _ in conversations]
+
+
+def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
+    """Targets fall back to headroom 1 and baseline-relative rewards; evaluation reports medals
+    and HumanRank as n/a; grading is unaffected."""
+    from ace_jax import buffer as buffer_lib
+    from ace_jax import evaluation, rewards
+    from sandbox.pool import SandboxPool
+
+    _write_competition(tmp_path, "nolb", "multi-class-log-loss", leaderboard=None)
+    task = mlebench.load_mlebench_task("nolb", tmp_path, memory_limit_mb=1024, time_limit_s=30)
+    assert not task.has_leaderboard and task.leaderboard_source == ""
+    with pytest.raises(NoLeaderboardError,
+                       match=r"competition folder .*nolb has no leaderboard.csv .*n/a"):
+        task.medal(0.5)
+    with pytest.raises(NoLeaderboardError):
+        task.position_score(0.5)
+
+    base = math.log(3)
+    targets = rewards.task_targets(task)
+    assert (targets.gold, targets.median, targets.has_leaderboard) == (None, None, False)
+    assert targets.baseline == pytest.approx(base) and targets.spread == pytest.approx(base)
+    assert targets.headroom(None) == targets.headroom(0.01) == targets.headroom(5.0) == 1.0
+    assert rewards.normalised_score(base / 2, targets) == pytest.approx(0.5)  # lower is better
+    assert rewards.normalised_score(base * 1.25, targets) == pytest.approx(-0.25)
+    assert rewards.improvement(base / 2, None, targets) == pytest.approx(0.5)
+    cfg = rewards.default_config()
+    assert rewards.acegrpo_step(
+        action=type("A", (), {"valid": True})(), current_score=None, targets=targets, cfg=cfg,
+        result=type("R", (), {"status": Status.OK, "dev_score": base / 2})()) == pytest.approx(
+            cfg.r_valid + cfg.improve_coef * 0.5)
+    zero = buffer_lib.TaskTargets("z", gold=None, median=None, baseline=0.0)  # e.g. QWK 0
+    assert zero.spread == 1.0 and rewards.normalised_score(0.25, zero) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="both set .* or both None"):
+        buffer_lib.TaskTargets("t", gold=0.2, median=None, baseline=1.0, lower_is_better=True)
+    buf = buffer_lib.EvolvingBuffer(buffer_lib.default_config(), [targets])
+    root = buf.seed()[0]
+    assert buf.stats.headroom[buf.slot_of[root]] == 1.0
+
+    good = AGENT_CODE.format(overrides={})
+    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3) as pool:
+        ep = evaluation.run_episode(FixedPolicy(good), task, pool, seed=0, max_steps=1)
+    out = ep.outcome
+    assert out.valid and out.test_score == pytest.approx(base, rel=1e-9)
+    assert [out.gold, out.silver, out.bronze, out.any_medal, out.above_median, out.human_rank] \
+        == [None] * 6
+    tasks, overall, notes = evaluation.summarize([ep])
+    assert any("nolb has no reference leaderboard: medals and HumanRank n/a" in n for n in notes)
+    result = evaluation.EvaluationResult(
+        policy="fixed", config={"tasks": ["nolb"], "seeds": [0], "max_steps": 1,
+                                "time_budget_s": None, "stagnation_steps": 2, "advisor": None},
+        episodes=[ep], tasks=tasks, overall=overall, notes=notes, wall_s=1.0)
+    row = next(l for l in evaluation.format_table(result).splitlines() if l.startswith("nolb"))
+    cells = row.split()
+    assert cells[2] == "100" and cells[3:9] == ["n/a"] * 6, row  # valid %, then the six n/a
+    assert evaluation.format_markdown(result).count("n/a") >= 6

@@ -97,10 +97,19 @@ def test_gold_scores_perfectly_and_beats_sample(suite, task_id, tmp_path):
 def test_corrupted_submissions_raise_typed_errors(suite, tmp_path):
     task = suite["digits-8x8"]
     gold = _gold_submission(task, tmp_path / "gold.csv")
+    final_id = sorted(_answers(task, "test")["id"])[0]  # a row of the half not graded on "dev"
+    in_final = gold["id"] == final_id
     bad = {
         "missing_id": (gold.iloc[1:], "wrong row count"),
         "dup_id": (pd.concat([gold.iloc[:1], gold.iloc[:-1]]), "duplicate ids"),
         "nan": (gold.assign(**{"3": np.nan}), "NaN in column '3'"),
+        "nan_in_final_half": (gold.assign(**{"3": gold["3"].where(~in_final, np.nan)}),
+                              rf"NaN in column '3' \(1 rows; ids '{final_id}'\)"),
+        "dup_of_final_row": (pd.concat([gold[~in_final].iloc[1:], gold[in_final], gold[in_final]]),
+                             rf"duplicate ids: '{final_id}'; missing ids: "),
+        "text_in_final_half": (gold.astype({"5": object}).assign(
+            **{"5": gold["5"].astype(object).where(~in_final, "high")}),
+            rf"non-numeric values in column '5', e.g. 'high' \(1 rows; ids '{final_id}'\)"),
         "wrong_cols": (gold.rename(columns={"9": "nine"}), "wrong columns"),
         "neg_prob": (gold.assign(**{"0": -0.5}), r"\[0, 1\]"),
     }
@@ -146,9 +155,15 @@ def test_task_json_roundtrip_and_leaderboard_helpers(suite):
         base.Task.from_dict({**task.to_dict(), "bogus": 1})
     with pytest.raises(ValueError, match="contradicts metric"):
         base.Task.from_dict({**task.to_dict(), "lower_is_better": False})
+    assert task.has_leaderboard
     empty = base.Task.from_dict({**task.to_dict(), "leaderboard": []})
-    with pytest.raises(ValueError, match="no reference leaderboard"):
-        empty.medal_thresholds()
+    assert not empty.has_leaderboard
+    asks = (empty.medal_thresholds, lambda: empty.medal(0.1), lambda: empty.position_score(0.1))
+    for ask in asks:
+        with pytest.raises(base.NoLeaderboardError,
+                           match=r"no reference leaderboard, so no medals or HumanRank; run "
+                                 r"`python -m sandbox.sweep` for seed 0"):
+            ask()
     lb = base.Task.from_dict({**task.to_dict(), "leaderboard": [0.05, 0.1, 0.2, 0.5, 1.1]})
     thr = lb.medal_thresholds()
     assert (lb.gold, lb.median, thr.bronze) == (0.05, 0.2, 0.1)  # lower is better
