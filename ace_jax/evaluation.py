@@ -1152,8 +1152,8 @@ def load_tasks(ids: Sequence[str], run_cfg: Optional[dict[str, Any]] = None, *,
       run_cfg: a run's config dict (``read_run_config``) or None.
       cache_dir: prepared tasks; empty: the run's ``tasks.cache_dir``, else ``cache/tasks``.
       task_seed: the seed the tasks were prepared with (its reference leaderboard must exist).
-      exec_time_limit_s: per-execution limit (s); 0: the run's ``tasks.time_limit_s``, else the
-        task's own.
+      exec_time_limit_s: per-execution limit (s); 0: the run's ``sandbox.max_time_limit_s`` (or
+        ``tasks.time_limit_s`` of older runs), else the task's own.
 
     Raises:
       EvaluationError: an unknown task id (the message lists the available ones).
@@ -1168,7 +1168,9 @@ def load_tasks(ids: Sequence[str], run_cfg: Optional[dict[str, Any]] = None, *,
         raise EvaluationError(f"unknown task ids {unknown}; available: {known}")
     tasks = registry.load_suite(cache_dir or run_tasks.get("cache_dir") or "cache/tasks",
                                 task_seed, ids)
-    limit = exec_time_limit_s or float(run_tasks.get("time_limit_s") or 0.0)
+    run_sandbox = (run_cfg or {}).get("sandbox") or {}
+    limit = exec_time_limit_s or float(run_sandbox.get("max_time_limit_s")
+                                       or run_tasks.get("time_limit_s") or 0.0)  # older runs
     if limit > 0:
         for t in tasks:
             t.time_limit_s = min(float(t.time_limit_s), limit)

@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.lp.temperature_start = 0.2
 
     c.sandbox = pool.default_config()  # bwrap isolation, 2 workers
+    c.sandbox.max_time_limit_s = 30.0  # per execution (min with each task's own budget); 0 = off
 
     c.agent = agent.default_config()
     c.agent.show_system = False       # short prompts for the tiny policy
@@ -105,7 +106,6 @@ def get_config() -> ml_collections.ConfigDict:
                    "diabetes-progression", "wine-alcohol", "digits-8x8")
     c.tasks.cache_dir = "cache/tasks"
     c.tasks.data_dir = ""             # mlebench: the directory of prepared competitions
-    c.tasks.time_limit_s = 30.0       # per execution; 0 = each task's own budget
     c.tasks.seed = 0
 
     c.checkpoint = checkpoint.default_config()

@@ -43,7 +43,7 @@ _CACHE = flags.DEFINE_string("cache_dir", "", "Prepared offline tasks (prepared 
 _TASK_SEED = flags.DEFINE_integer("task_seed", 0, "Seed the tasks were prepared with (its "
                                   "reference leaderboard must exist).")
 _EXEC_LIMIT = flags.DEFINE_float("exec_time_limit_s", 0.0, "Per-execution wall-clock limit; "
-                                 "0 = the run's tasks.time_limit_s, else the task's own.")
+                                 "0 = the run's sandbox.max_time_limit_s, else the task's own.")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the progress bar.")
 
 

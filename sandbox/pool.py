@@ -43,12 +43,14 @@ def default_config() -> ml_collections.ConfigDict:
     """Defaults of ``SandboxPool.from_config``; every knob of the pool and its backend.
 
     backend: "bwrap" (namespaces; the default isolation), "process" (no isolation beyond
-    rlimits), "docker" (an engine is required). Limits time/memory come from each task.
+    rlimits), "docker" (an engine is required). Limits time/memory come from each task;
+    max_time_limit_s caps the time (seconds; 0 = each task's own budget).
     """
     cfg = ml_collections.ConfigDict()
     cfg.backend = "bwrap"
     cfg.num_workers = 2
     cfg.max_code_bytes = 1 << 20
+    cfg.max_time_limit_s = 0.0         # per execution: min(task's time_limit_s, this); 0 = off
     cfg.backend_options = ml_collections.ConfigDict({
         "root_dir": None,            # working dirs; None = $TMPDIR/ace_sandbox
         "keep": False,               # keep working dirs after each run
@@ -67,12 +69,26 @@ def default_config() -> ml_collections.ConfigDict:
     return cfg
 
 
-def _backend_from(name_or_backend: Union[str, Backend], options: Mapping[str, Any]) -> Backend:
+def _backend_from(name_or_backend: Union[str, Backend], options: Mapping[str, Any],
+                  max_time_limit_s: float) -> Backend:
     if isinstance(name_or_backend, Backend):
-        if options:
-            raise ValueError("backend options are only used when the backend is given by name")
+        if options or max_time_limit_s:
+            raise ValueError("backend options and max_time_limit_s are only used when the "
+                             "backend is given by name (a built backend has its own limits: "
+                             "Limits.max_time_s)")
         return name_or_backend
+    if max_time_limit_s:
+        options = {**options, "max_time_s": max_time_limit_s}
     return make_backend(name_or_backend, **dict(options))
+
+
+def _check_time_cap(value: Any) -> float:
+    """``max_time_limit_s`` as a float; TypeError / ValueError unless a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"max_time_limit_s must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"max_time_limit_s must be finite and >= 0 (0 = no cap), got {value!r}")
+    return float(value)
 
 
 class SandboxPool:
@@ -82,14 +98,23 @@ class SandboxPool:
       backend: a ``Backend`` instance, or a registered name ("process", "bwrap", "docker").
       num_workers: concurrent executions.
       max_code_bytes: longer code is refused (runtime_error) without running.
+      max_time_limit_s: the most wall-clock seconds any execution gets: each one runs for
+        min(its task's ``time_limit_s``, this); 0 = no cap. The backend applies it and shows it
+        as ``backend.limits.max_time_s``.
       **backend_options: passed to ``make_backend`` when ``backend`` is a name.
+
+    Raises:
+      ValueError / TypeError: a bad ``num_workers`` or ``max_time_limit_s``, or options with a
+        built backend. KeyError: an unknown backend name. SandboxUnavailableError: the backend
+        cannot run here.
     """
 
     def __init__(self, backend: Union[str, Backend] = "bwrap", num_workers: int = 2, *,
-                 max_code_bytes: int = 1 << 20, **backend_options: Any):
+                 max_code_bytes: int = 1 << 20, max_time_limit_s: float = 0.0,
+                 **backend_options: Any):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
-        self.backend = _backend_from(backend, backend_options)
+        self.backend = _backend_from(backend, backend_options, _check_time_cap(max_time_limit_s))
         self.num_workers = num_workers
         self.max_code_bytes = int(max_code_bytes)
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -111,7 +136,8 @@ class SandboxPool:
         options = options.to_dict() if isinstance(options, ml_collections.ConfigDict) else dict(options)
         options = {k: v for k, v in options.items() if not (k == "root_dir" and v is None)}
         return cls(merged.backend, int(merged.num_workers),
-                   max_code_bytes=int(merged.max_code_bytes), **options)
+                   max_code_bytes=int(merged.max_code_bytes),
+                   max_time_limit_s=merged.max_time_limit_s, **options)
 
     # ------------------------------------------------------------------------------------
 
@@ -253,6 +279,16 @@ def classify(raw: RawExecution) -> tuple[Status, str]:
     return Status.OK, ""
 
 
+def with_sandbox_facts(reason: str, raw: RawExecution) -> str:
+    """``reason`` followed by what the sandbox did besides ending the script, in parentheses:
+    the other processes it killed and the backend's notes (a fork bomb then does not read as a
+    plain timeout)."""
+    facts = list(raw.notes)
+    if raw.leftovers_killed:
+        facts.insert(0, f"{raw.leftovers_killed} other process(es) killed")
+    return f"{reason} ({'; '.join(facts)})" if facts else reason
+
+
 def _grade(task: Any, submission, split: str) -> float:
     score = task.grade(submission, split)
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
@@ -278,7 +314,9 @@ def execute_and_grade(backend: Backend, task: Any, code: str, *, split: str = "d
         result = ExecutionResult(
             status=status, exit_code=raw.exit_code, wall_s=raw.wall_s,
             peak_memory_mb=raw.peak_memory_mb, stdout=raw.stdout, stderr=raw.stderr,
-            reported_metric=metric_parse.parse_reported_metric(raw.stdout), error=reason)
+            reported_metric=metric_parse.parse_reported_metric(raw.stdout),
+            error=with_sandbox_facts(reason, raw) if status is not Status.OK else reason,
+            notes=tuple(raw.notes), leftovers_killed=raw.leftovers_killed)
         if status is not Status.OK:
             return result
         try:

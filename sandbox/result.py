@@ -40,6 +40,13 @@ class ExecutionResult:
       test_score: the score on the hidden final-test split (evaluation only; None in training).
       reported_metric: the validation metric the script printed, parsed from stdout (None if absent).
       error: a short human-readable reason for any non-ok status.
+      notes: what the sandbox itself saw and did, as the backend reported it (e.g.
+        "pid limit (64) refused 812 new processes or threads"); empty when nothing happened.
+      leftovers_killed: processes of the execution other than the script itself that the sandbox
+        killed: still alive when the script ended, or when it was killed (timeout, disk limit,
+        cancel). A fork bomb shows here; a fork or thread bomb in ``notes`` too (where a pids
+        cgroup counts the refusals). Under bwrap what is left when the script ends dies with its
+        PID namespace, uncounted; what a timeout kills is counted.
     """
 
     status: Status
@@ -53,16 +60,25 @@ class ExecutionResult:
     test_score: Optional[float] = None
     reported_metric: Optional[float] = None
     error: str = ""
+    notes: tuple[str, ...] = ()
+    leftovers_killed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["status"] = self.status.value
+        d["notes"] = list(self.notes)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ExecutionResult":
+        """The inverse of ``to_dict``; a record written before ``notes`` / ``leftovers_killed``
+        existed gets their defaults."""
         d = dict(d)
         d["status"] = Status(d["status"])
+        notes = d.get("notes", ())
+        if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
+            raise TypeError(f"ExecutionResult notes must be a list of strings, got {notes!r}")
+        d["notes"] = tuple(notes)
         return cls(**d)
 
     def to_json(self) -> str:

