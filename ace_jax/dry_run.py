@@ -1,33 +1,34 @@
-"""The production dry run: build everything abstractly, lower it, and project memory and time.
+"""The production dry run: compile what trains for the target slice, and report its memory.
 
-``python launch/tpu_train.py --config=configs/ace30b.py --dry_run`` calls `run_dry_run(config)` and
-prints `format_report`. Nothing is allocated and no weights are read:
+``python launch/tpu_train.py --config=configs/ace30b.py --dry_run`` calls `run_dry_run(config)`,
+prints `format_report` and, last, `summary` as one JSON line (exit status 1 when a program does
+not fit). Nothing is allocated and no weights are read:
 
 1. the policy is built with ``nnx.eval_shape`` (parameter shapes and logical axes only), the
    optimizer state with ``jax.eval_shape(tx.init, ...)``;
-2. shardings come from ``config.mesh`` and its rules table (`ace_jax.sharding`), over a
-   ``jax.sharding.AbstractMesh`` of ``config.dry_run.num_chips`` devices (or over real devices when
-   `run_dry_run` is given ``devices=``, e.g. 8 simulated CPU devices in the tests);
-3. the GRPO learner step (`ace_jax.learner._learner_step`) and the grouped generation rollout
-   (`ace_jax.generate._rollout`) are traced and LOWERED ahead of time for
-   ``config.dry_run.platform`` from ``ShapeDtypeStruct`` inputs that carry those shardings, which
-   proves that they trace and that the shardings are consistent. With real devices and
-   ``compile=True`` the learner step is also compiled and XLA's ``memory_analysis()`` is reported;
-4. memory per device is computed from the shardings (exact for parameters, optimizer state,
-   gradient buffers, batch, KV cache) and from formulas for the activations (estimates, labelled);
+2. every sharding comes from the trainer's own `placement.Placement` (``config.mesh`` and its
+   rules) over the abstract devices of ``dry_run.topology`` (XLA's TPU compiler, libtpu, runs on
+   any host: `ace_jax.tpu_compile`), over real devices given as ``devices=`` (e.g. 8 simulated CPU
+   devices in the tests), or, with neither, over an `AbstractMesh` of ``dry_run.num_chips``;
+3. THE jitted functions the trainer runs, `learner.jit_learner_step` and `generate._rollout`, are
+   traced, lowered and (with devices) COMPILED from ``ShapeDtypeStruct`` inputs carrying those
+   shardings; the model takes the target's code paths (``ModelConfig.platform``: splash attention
+   and ``ragged_dot`` MoE on TPU). XLA's per-chip figures (arguments, temporaries, outputs,
+   aliases, their peak against the chip's HBM as the compiler states it, FLOPs, compile time)
+   are reported per program;
+4. beside them an analytic table: exact per-device bytes of parameters, optimizer state, gradient
+   buffers, batch and KV cache from the shardings, and labelled estimates of the activations,
+   with its difference from the compiled peak;
 5. time is projected with the formulas of ``reference/qwen3_moe_spec.md`` §5.4-5.5: training FLOPs
    ``rows x T x (6 N_act + 6 L nq d T)`` at the stated MFU, prefill FLOPs at the same MFU, decode as
    HBM-bandwidth bound ``M x (replicas x bf16 weights + KV bytes read) / (chips x BW x eff)``.
 
-Units: bytes and decimal GB (1 GB = 1e9 B), FLOP, seconds. "Per device" means per chip.
+Units: bytes and decimal GB (1 GB = 1e9 B; the compiler's own messages print GiB), FLOP,
+seconds. "Per device" means per chip.
 
-Known limits that the report states rather than hides: this port's attention materialises the
-[T, S] score matrix (no flash / splash kernel) and the learner computes fp32 logits for whole rows
-before slicing the completion, both of which the estimate counts; the decode estimate assumes
-``dry_run.decode_replicas`` model replicas each reading its weights once per step (spec §5.5),
-while `ace_jax.generate` runs in the training (FSDP) layout, where XLA either moves the small
-decode activations (cheap) or all-gathers weights every step; the report also gives that worst
-case.
+The decode estimate assumes ``dry_run.decode_replicas`` model replicas each reading its weights
+once per step (spec §5.5), while `ace_jax.generate` runs in the training (FSDP) layout; the
+report also gives the worst case where XLA all-gathers the weights every step.
 """
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from ace_jax import generate, learner, sharding
+from ace_jax import generate, learner, placement as placement_lib, sharding, tpu_compile
 from ace_jax.rollout_batch import TrainBatch
 from models import configs as model_configs
 from models import qwen3
+from models.attention import resolve_attention_impl
 
 GB = 1e9
 
@@ -75,8 +77,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.decode_replicas = 8            # model replicas during decode (spec §5.5: 8 on v5p-128)
     c.prompt_tokens = 0              # 0: rl.max_prompt_tokens rounded up to sampling.prompt_bucket
     c.new_tokens = 0                 # 0: sampling.max_new_tokens
-    c.platform = "tpu"               # lowering target for the abstract mesh
+    c.platform = "tpu"               # lowering target for the abstract mesh (no topology)
     c.lower = True                   # trace + lower the learner step and the rollout
+    # With a topology and libtpu installed, both programs are COMPILED by XLA's TPU compiler for
+    # that slice (one abstract device per chip; num_chips and hbm_gb_per_chip then come from the
+    # compiler) and their real per-chip memory is reported; "" = the abstract plan only.
+    c.topology = ""                  # e.g. "v5p:4x4x4" (64 chips)
+    c.max_hbm_fraction = 1.0         # a compiled program "fits" when its peak <= this x HBM
     return c
 
 
@@ -126,13 +133,16 @@ def build_model_config(config: ml_collections.ConfigDict) -> model_configs.Model
 
 def build_mesh(config: ml_collections.ConfigDict, devices: Any = None):
     """(mesh, is_abstract): an `AbstractMesh` of ``dry_run.num_chips`` devices, or a real mesh
-    over `devices`."""
-    if devices is not None:
-        return sharding.make_mesh(config.mesh, list(devices)), False
-    n = int(config.dry_run.num_chips)
-    if n < 1:
-        raise DryRunConfigError(f"dry_run.num_chips must be >= 1, got {n}")
-    sizes = sharding.resolve_mesh_shape(config.mesh, n)
+    over `devices` (e.g. the abstract TPU devices of `tpu_compile.topology_devices`)."""
+    try:
+        if devices is not None:
+            return sharding.make_mesh(config.mesh, list(devices)), False
+        n = int(config.dry_run.num_chips)
+        if n < 1:
+            raise DryRunConfigError(f"dry_run.num_chips must be >= 1, got {n}")
+        sizes = sharding.resolve_mesh_shape(config.mesh, n)
+    except sharding.MeshConfigError as e:
+        raise DryRunConfigError(f"mesh: {e}") from None
     kinds = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}
     if config.mesh.axis_types not in kinds:
         raise DryRunConfigError(f"mesh.axis_types must be one of {sorted(kinds)}, got "
@@ -140,14 +150,6 @@ def build_mesh(config: ml_collections.ConfigDict, devices: Any = None):
     mesh = AbstractMesh(tuple(sizes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES,
                         axis_types=(kinds[config.mesh.axis_types],) * len(sharding.MESH_AXES))
     return mesh, True
-
-
-def _param_shardings(params: nnx.State, mesh, rules) -> nnx.State:
-    """A State of NamedShardings (inside the Param wrappers) from each Param's logical axes."""
-    def one(var):
-        axes = tuple(var.get_metadata()["out_sharding"])
-        return var.replace(sharding.logical_sharding(axes, var.shape, mesh, rules))
-    return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def _axes_dims(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
@@ -258,14 +260,15 @@ def _shapes(config, mc) -> dict[str, int]:
                 microbatches=k, rows_per_microbatch=n // k)
 
 
-def _abstract_batch(n: int, p: int, m: int, bsh1: NamedSharding, bsh2: NamedSharding) -> TrainBatch:
+def _abstract_batch(n: int, p: int, m: int, place: placement_lib.Placement) -> TrainBatch:
+    """A TrainBatch of ShapeDtypeStructs carrying the placement's batch shardings."""
     t = p + m
-    s2 = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=bsh2)  # noqa: E731
-    return TrainBatch(input_ids=s2((n, t), jnp.int32), positions=s2((n, t), jnp.int32),
-                      attention_mask=s2((n, t), jnp.bool_), completion_mask=s2((n, m), jnp.float32),
-                      behaviour_logprobs=s2((n, m), jnp.float32),
-                      rewards=jax.ShapeDtypeStruct((n,), jnp.float32, sharding=bsh1),
-                      ref_logprobs=s2((n, m), jnp.float32))
+    s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
+    batch = TrainBatch(input_ids=s((n, t), jnp.int32), positions=s((n, t), jnp.int32),
+                       attention_mask=s((n, t), jnp.bool_), completion_mask=s((n, m), jnp.float32),
+                       behaviour_logprobs=s((n, m), jnp.float32), rewards=s((n,), jnp.float32),
+                       ref_logprobs=s((n, m), jnp.float32))
+    return jax.tree.map(_with_sharding, batch, place.batch(batch))
 
 
 def _lower(traced, platform: str | None):
@@ -273,54 +276,74 @@ def _lower(traced, platform: str | None):
 
 
 def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
-                compile: bool = False) -> dict:
-    """Build, shard and lower the learner step and the rollout abstractly; project memory and time.
+                compile: bool | None = None) -> dict:
+    """Build, shard, lower (and compile) the learner step and the rollout; project memory and time.
 
     Args:
       config: a full run config (sections model, mesh, rl, sampling, grpo, optim, dry_run).
-      devices: None (default) for an `AbstractMesh` of ``dry_run.num_chips`` chips lowered for
-        ``dry_run.platform``; or a list of real devices (e.g. ``jax.devices()``) to build a real
-        mesh, in which case ``num_chips`` is ``len(devices)`` and the default platform is used.
-      compile: with real devices, also compile the learner step and report XLA's memory analysis.
+      devices: None (default): the abstract TPU devices of ``dry_run.topology`` when it is set and
+        libtpu is installed, else an `AbstractMesh` of ``dry_run.num_chips`` chips lowered for
+        ``dry_run.platform``; or a list of real devices (e.g. ``jax.devices()``).
+      compile: compile both programs and report XLA's memory analysis; None (default) = whenever
+        the devices are real or a topology's (never for an `AbstractMesh`).
 
-    Returns a report dict (see `format_report`); memory values are bytes per device.
+    Returns a report dict (see `format_report` and `summary`); memory values are bytes per device.
+    Raises DryRunConfigError for a config it cannot use (unknown topology, a mesh that does not
+    divide the chips, shapes), and tpu_compile.LibtpuMissingError never: without libtpu the report
+    says that nothing was compiled.
     """
     if "dry_run" not in config:
         raise DryRunConfigError("the config has no 'dry_run' section (see ace_jax.dry_run.default_config)")
     dry = config.dry_run
-    if compile and devices is None:
-        raise DryRunConfigError("compile=True needs real devices (pass devices=jax.devices())")
     for name in ("mfu", "hbm_bw_efficiency"):
         if not 0 < float(dry[name]) <= 1:
             raise DryRunConfigError(f"dry_run.{name} must be in (0, 1], got {dry[name]}")
     t_start = time.perf_counter()
-    mc = build_model_config(config)
-    shp = _shapes(config, mc)
+    topology = str(dry.get("topology", "") or "")
+    not_compiled = ""
+    if devices is None and topology:
+        if tpu_compile.libtpu_available():
+            try:
+                devices = list(tpu_compile.topology_devices(topology))
+            except tpu_compile.TopologyError as e:
+                raise DryRunConfigError(f"dry_run.topology: {e}") from None
+        else:
+            not_compiled = (f"libtpu is not installed: nothing was compiled for {topology} "
+                            f"(`pip install \"jax[tpu]=={jax.__version__}\"` adds XLA's TPU "
+                            "compiler; it runs without a TPU)")
+    if compile and devices is None:
+        raise DryRunConfigError("compile=True needs devices (a dry_run.topology with libtpu "
+                                "installed, or devices=jax.devices())")
     mesh, abstract_mesh = build_mesh(config, devices)
+    compile = (not abstract_mesh) if compile is None else compile
     chips = int(math.prod(dict(mesh.shape).values()))
-    rules = sharding.rules_from_config(config.mesh.rules.to_dict()
-                                       if isinstance(config.mesh.rules, ml_collections.ConfigDict)
-                                       else config.mesh.rules)
+    target = dry.platform if abstract_mesh else devices[0].platform
+    mc = build_model_config(config).replace(platform=str(target))
+    shp = _shapes(config, mc)
+    place = placement_lib.Placement.create(mesh, config.mesh.rules)
+    rules = place.rules_dict
     platform = str(dry.platform) if abstract_mesh else None
+    hbm = float(dry.hbm_gb_per_chip) * GB
+    if compile and target == "tpu":
+        hbm = float(tpu_compile.hbm_bytes(devices[0]))
 
-    # ---- abstract policy, optimizer state, shardings
+    # ---- abstract policy, optimizer state, shardings (the trainer's own Placement)
     t0 = time.perf_counter()
     model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0)))
     graphdef, params = nnx.split(model, nnx.Param)
     total, active = qwen3.param_counts(mc)
     n_act = matmul_active_params(mc, total, active)
-    psh = _param_shardings(params, mesh, rules)
+    psh = place.params(params)
     tx, schedule = learner.make_optimizer(config.optim)
     opt = jax.eval_shape(tx.init, params)
-    osh = sharding.optimizer_state_shardings(tx, opt, psh, mesh)
-    rep = NamedSharding(mesh, PartitionSpec())
+    state_sh = place.learner_state(params, config.optim)
+    osh = state_sh.opt_state
+    rep = sharding.replicated(mesh)
     build_s = time.perf_counter() - t0
 
     n, p, m, t = shp["rows"], shp["prompt_len"], shp["new_tokens"], shp["seq_len"]
     b, g = shp["prompts"], shp["group_size"]
-    bsh1 = sharding.logical_sharding(sharding.batch_axes(1), (n,), mesh, rules)
-    bsh2 = sharding.logical_sharding(sharding.batch_axes(2), (n, t), mesh, rules)
-    batch = _abstract_batch(n, p, m, bsh1, bsh2)
+    batch = _abstract_batch(n, p, m, place)
 
     # ---- exact per-device bytes of the state
     cdt, pdt = mc.dtype, mc.param_dtype
@@ -351,10 +374,24 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
         per_tok = (6 * H + 3 * (nq + 2 * nkv) * d + kk * (4 * im + 2 * H)) * cb
         saved = L * (tok_dev * per_tok + rows_dev * heads_dev * t * t * (4 + 2 * cb))
         saved_note = "no remat: every layer's intermediates incl. attention probs (rough)"
-    scores = rows_dev * heads_dev * t * t * (4 + 4 + cb)  # fp32 scores, masked fp32, probs
-    mask = rows_dev * t * t                                # bool [B, T, T], shared by all layers
+    attn = resolve_attention_impl(mc.attention_impl, str(target), t)
+    blk = 512                                              # splash / blockwise block (both sides)
+    if attn == "dot":
+        scores = rows_dev * heads_dev * t * t * (4 + 4 + cb)  # fp32 scores, masked fp32, probs
+        scores_note = "materialised [T,T] fp32 scores+probs (attention_impl dot)"
+        mask, mask_note = rows_dev * t * t, "bool [rows, T, T]"
+    else:
+        scores = rows_dev * heads_dev * blk * blk * (4 + 4 + cb)
+        scores_note = f"{attn}: one [{blk},{blk}] block of scores+probs, never [T,T]"
+        mask, mask_note = 2 * rows_dev * t * 4, "int32 segment ids of queries and keys"
+    chunk = int(config.optim.get("logprob_chunk_tokens", 0) or 0)
     moe_ws = tok_dev * kk * (2 * H + 3 * im) * cb + tok_dev * H * 4
-    logits = rows_dev * t * vocab_dev * 4 + 2 * rows_dev * m * vocab_dev * 4
+    if chunk:   # completion log-probs in chunks: fp32 logits, p and dz of one chunk
+        logits, logits_note = 3 * min(chunk, rows_dev * m) * vocab_dev * 4, \
+            f"completion log-probs in chunks of {chunk} tokens (fp32 logits, p, dz)"
+    else:
+        logits, logits_note = 3 * rows_dev * m * vocab_dev * 4, \
+            "fp32 completion logits, p, dz of whole rows"
     gathered = 2 * _gathered_bytes(params, psh, mesh, cdt, layer_only=True)
 
     train_items = [
@@ -365,34 +402,31 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
         ("batch (TrainBatch)", batch_b, "exact, from shardings"),
         ("gathered layer weights x2", gathered, "FSDP all-gather of one layer, double-buffered (%s)" % cdt),
         ("saved activations", saved, saved_note),
-        ("attention scores, one layer", scores, "materialised [T,T] fp32 scores+probs (no flash kernel)"),
-        ("attention mask", mask, "bool [rows, T, T]"),
+        ("attention scores, one layer", scores, scores_note),
+        ("attention mask", mask, mask_note),
         ("MoE dispatch buffers, one layer" if mc.is_moe else "MLP buffers, one layer", moe_ws,
          "sorted token copies + SwiGLU intermediates"),
-        ("logits", logits, "fp32 full rows + 2 completion log-softmax copies"),
+        ("logits", logits, logits_note),
     ]
 
     # ---- generation memory (per device)
     kv_tok = kv_bytes_per_token(mc)
-    kv_axes = sharding.kv_cache_axes(5)
+    kv_axes = placement_lib.KV_CACHE_AXES["standard"][0]
     kv_shape = (L, n, t, nkv, d)
-    kv_sh = sharding.logical_sharding(kv_axes, kv_shape, mesh, rules)
-    kv_b = 2 * _shard_bytes(kv_shape, cdt, kv_sh)
+    kv_b = 2 * _shard_bytes(kv_shape, cdt, place.sharding(kv_axes, kv_shape))
     pre_shape = (L, b, t, nkv, d)
-    pre_b = 2 * _shard_bytes(pre_shape, cdt, sharding.logical_sharding(kv_axes, pre_shape, mesh, rules))
+    pre_b = 2 * _shard_bytes(pre_shape, cdt, place.sharding(kv_axes, pre_shape))
     b_dev = math.ceil(b / _batch_shards(mesh, rules, b))
-    pre_scores = b_dev * heads_dev * p * t * (4 + 4 + cb)
-    pre_logits = b_dev * p * vocab_dev * 4
+    pre_scores = b_dev * heads_dev * (p * t if attn == "dot" else blk * blk) * (4 + 4 + cb)
     gen_items = [
         ("params (master, %s)" % pdt, params_b, "resident"),
         ("optimizer state (AdamW mu, nu)", opt_b, "resident (time-shared slice)"),
         ("KV cache, %d rows x %d slots" % (n, t), kv_b, "exact, from shardings (%s)" % cdt),
         ("prefill KV cache before sharing", pre_b, "exact: %d prompts, repeated G times after" % b),
-        ("prefill attention scores, one layer", pre_scores, "materialised [P, P+M] fp32 (no flash kernel)"),
-        ("prefill logits", pre_logits, "fp32 [prompts, P, V]"),
+        ("prefill attention scores, one layer", pre_scores, scores_note.replace("T,T", "P,P")),
+        ("prefill logits", b_dev * vocab_dev * 4, "fp32 [prompts, V]: the last position only"),
         ("gathered layer weights x2", gathered, "FSDP all-gather of one layer (%s)" % cdt),
     ]
-    hbm = float(dry.hbm_gb_per_chip) * GB
     train_total = sum(v for _, v, _ in train_items)
     gen_total = sum(v for _, v, _ in gen_items)
 
@@ -424,47 +458,48 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     dec_worst_s = max(ici_s, hbm_cur_s)
     step_s = train_s + pre_s + dec_s
 
-    # ---- lowering
+    # ---- lowering and compiling THE functions the trainer runs (learner.jit_learner_step,
+    # generate._rollout), with the trainer's Placement
     lowering: dict[str, dict] = {}
-    compiled: dict[str, Any] = {}
+    compiled: dict[str, tpu_compile.CompiledProgram] = {}
     if dry.lower or compile:
-        state_sh = learner.LearnerState(psh, osh, rep)
-        state_in = learner.LearnerState(
-            jax.tree.map(_with_sharding, params, psh),
-            jax.tree.map(_with_sharding, opt, osh),
-            jax.ShapeDtypeStruct((), jnp.int32, sharding=rep))
-        step_fn = functools.partial(learner._learner_step, graphdef, tx, schedule, config.grpo,
-                                    config.optim, g)
-        jitted = jax.jit(step_fn, in_shardings=(state_sh, batch_sharding_tree(batch)),
-                         out_shardings=(state_sh, None), donate_argnums=(0,))
-        lowering["learner_step"], lowered = _trace_and_lower(jitted, (state_in, batch), platform)
-        if compile and lowered is not None:
-            compiled["learner_step"] = _compile_memory(lowered)
+        state_in = jax.tree.map(_with_sharding, learner.LearnerState(
+            params, opt, jax.ShapeDtypeStruct((), jnp.int32)), state_sh)
+        jitted = learner.jit_learner_step(graphdef, config.grpo, config.optim, g, place, params)
+        with place.context():
+            lowering["learner_step"], lowered = _trace_and_lower(jitted, (state_in, batch), platform)
+        if compile:
+            compiled["learner_step"] = _compile(lowered, lowering["learner_step"])
 
         sampling = generate.SamplingConfig(
             max_new_tokens=m, group_size=g, temperature=float(config.sampling.temperature),
             eos_ids=_eos_ids(mc), prompt_bucket=int(config.sampling.prompt_bucket))
         knobs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
                              generate.SamplingKnobs.from_config(sampling))
-        psh_b = sharding.logical_sharding(sharding.batch_axes(2), (b, p), mesh, rules)
-        ids = jax.ShapeDtypeStruct((b, p), jnp.int32, sharding=psh_b)
-        msk = jax.ShapeDtypeStruct((b, p), jnp.bool_, sharding=psh_b)
+        prompt_sh = place.sharding(sharding.batch_axes(2), (b, p))
+        ids = jax.ShapeDtypeStruct((b, p), jnp.int32, sharding=prompt_sh)
+        msk = jax.ShapeDtypeStruct((b, p), jnp.bool_, sharding=prompt_sh)
         key = jax.eval_shape(lambda: jax.random.key(0))
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
         p_in = jax.tree.map(_with_sharding, params, psh)
-        args = (graphdef, m, g, None, p_in, knobs, ids, ids, msk, key)  # placement: none
-        lowering["generate_rollout"], _ = _trace_and_lower(generate._rollout, args, platform)
+        args = (graphdef, m, g, place, p_in, knobs, ids, ids, msk, key)
+        with place.context():
+            lowering["generate_rollout"], lowered = _trace_and_lower(generate._rollout, args,
+                                                                     platform)
+        if compile:
+            compiled["generate_rollout"] = _compile(lowered, lowering["generate_rollout"])
 
     report = {
         "model": dict(preset=config.model.preset, hf_path=str(config.model.get("hf_path", "")),
                       total_params=total, active_params=active, matmul_active_params=n_act,
                       layers=L, hidden=H, vocab=V, experts=mc.num_experts, top_k=mc.num_experts_per_tok,
-                      dtype=cdt, param_dtype=pdt, remat=mc.remat_policy, moe_dispatch=mc.moe_dispatch),
+                      dtype=cdt, param_dtype=pdt, remat=mc.remat_policy, moe_dispatch=mc.moe_dispatch,
+                      attention_impl=resolve_attention_impl(mc.attention_impl, str(target), t)),
         "hardware": dict(chip=str(dry.chip), chips=chips, hbm_gb_per_chip=float(dry.hbm_gb_per_chip),
                          peak_tflops_bf16=float(dry.peak_tflops_bf16), hbm_bw_gbps=float(dry.hbm_bw_gbps),
                          mfu=float(dry.mfu), hbm_bw_efficiency=float(dry.hbm_bw_efficiency),
                          decode_replicas=replicas),
-        "mesh": dict(shape=dict(mesh.shape), abstract=abstract_mesh, platform=platform or jax.default_backend()),
+        "mesh": dict(shape=dict(mesh.shape), abstract=abstract_mesh, platform=str(target)),
         "shapes": dict(shp, rows_per_device_microbatch=rows_dev, tokens_per_device_microbatch=tok_dev),
         "memory": dict(
             train=[dict(name=a, bytes=int(v), note=c) for a, v, c in train_items],
@@ -481,16 +516,14 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
                      generated_tokens=n * m, decode_tokens_per_s=n * m / dec_s if dec_s else 0.0,
                      train_flops_per_token=train_f / (n * t)),
         "lowering": lowering,
-        "compiled": compiled,
+        "compiled": {k: v.to_dict() for k, v in compiled.items()},
+        "not_compiled": not_compiled if not compiled else "",
+        "max_hbm_fraction": float(dry.get("max_hbm_fraction", 1.0)),
+        "topology": topology if compiled else "",
         "timings_s": dict(build=build_s, total=time.perf_counter() - t_start),
     }
     report["checks"] = _spec_checks(config.model.preset, report)
     return report
-
-
-def batch_sharding_tree(batch: TrainBatch) -> TrainBatch:
-    """The shardings carried by an abstract batch, as a TrainBatch of NamedShardings."""
-    return jax.tree.map(lambda x: x.sharding, batch)
 
 
 def _eos_ids(mc) -> tuple[int, ...]:
@@ -498,6 +531,14 @@ def _eos_ids(mc) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, tuple) else (int(eos),)
+
+
+def _compile(lowered, lowering: dict) -> tpu_compile.CompiledProgram:
+    """The compiled program, or (lowering failed) a failed one that carries the lowering error."""
+    if lowered is None:
+        return tpu_compile.CompiledProgram(ok=False, compile_s=0.0,
+                                           error=f"not lowered: {lowering.get('error', '')}")
+    return tpu_compile.compile_program(lowered)
 
 
 def _trace_and_lower(jitted, args, platform):
@@ -519,16 +560,40 @@ def _trace_and_lower(jitted, args, platform):
         return out, None
 
 
-def _compile_memory(lowered) -> dict:
-    t0 = time.perf_counter()
-    try:
-        ma = lowered.compile().memory_analysis()
-    except Exception as e:
-        return dict(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
-    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-              "temp_size_in_bytes", "generated_code_size_in_bytes")
-    out = {f: int(getattr(ma, f)) for f in fields if ma is not None and hasattr(ma, f)}
-    out.update(ok=True, compile_s=time.perf_counter() - t0)
+_KNOBS = {
+    "learner_step": "raise optim.microbatches (fewer rows per chip at once), shorten "
+                    "rl.max_prompt_tokens / sampling.max_new_tokens, or add chips",
+    "generate_rollout": "lower rl.batch_states (fewer rows, smaller KV cache), shorten "
+                        "rl.max_prompt_tokens / sampling.max_new_tokens, or add chips",
+}
+
+
+def summary(report: dict) -> dict:
+    """The one-line JSON result: topology, chips, HBM, and per program the compiled peak per chip
+    (decimal GB) and whether everything fits. Without a compile, the analytic totals stand in
+    for the peaks (``compiled`` false)."""
+    hw, me, sh = report["hardware"], report["memory"], report["shapes"]
+    comp = report["compiled"]
+    frac = report["max_hbm_fraction"]
+    out = dict(topology=report["topology"] or None, chips=hw["chips"],
+               hbm_gb=round(me["hbm_bytes"] / GB, 3), compiled=bool(comp),
+               prompt_tokens=sh["prompt_len"], new_tokens=sh["new_tokens"],
+               batch_states=sh["prompts"], group_size=sh["group_size"])
+    fits = True
+    for name, key, analytic in (("learner_step", "learner", me["train_total"]),
+                                ("generate_rollout", "rollout", me["generate_total"])):
+        c = comp.get(name)
+        peak = c["peak_bytes"] if c else analytic
+        ok = (c["ok"] and peak <= frac * me["hbm_bytes"]) if c else peak <= frac * me["hbm_bytes"]
+        out[f"{key}_peak_gb"] = round(peak / GB, 3)
+        out[f"{key}_fits"] = bool(ok)
+        if c:
+            out[f"{key}_compile_s"] = round(c["compile_s"], 1)
+            out[f"{key}_tflops"] = round(c["flops"] / 1e12, 3)
+            if not c["ok"] and not c["oom"]:
+                out[f"{key}_error"] = c["error"][:300]
+        fits = fits and ok
+    out["fits"] = fits
     return out
 
 
@@ -620,13 +685,34 @@ def format_report(report: dict) -> str:
             lines.append(f"  {name:<18} FAILED  {r.get('error', '')}")
     if not report["lowering"]:
         lines.append("  skipped (dry_run.lower = False)")
-    for name, r in report.get("compiled", {}).items():
-        if r.get("ok"):
-            lines.append(f"  {name:<18} compiled in {r['compile_s']:.1f} s: arguments "
-                         f"{_gb(r['argument_size_in_bytes']).strip()}, temporaries "
-                         f"{_gb(r['temp_size_in_bytes']).strip()} per device (XLA)")
-        else:
-            lines.append(f"  {name:<18} compile FAILED  {r.get('error', '')}")
+    comp = report.get("compiled", {})
+    if comp:
+        hbm = me["hbm_bytes"]
+        lines += ["", f"-- compiled by XLA's TPU compiler for {report['topology'] or mesh['platform']} "
+                      f"(per chip; HBM {hbm / GB:.2f} GB) --"]
+        analytic = {"learner_step": me["train_total"], "generate_rollout": me["generate_total"]}
+        for name, r in comp.items():
+            if r["ok"]:
+                lines.append(
+                    f"  {name:<18} arguments {_gb(r['argument_bytes']).strip()}, temporaries "
+                    f"{_gb(r['temp_bytes']).strip()}, outputs {_gb(r['output_bytes']).strip()}, "
+                    f"aliased {_gb(r['alias_bytes']).strip()}")
+                lines.append(
+                    f"  {'':<18} PEAK {_gb(r['peak_bytes']).strip()} = "
+                    f"{100 * r['peak_bytes'] / hbm:.0f}% of HBM "
+                    f"({'fits' if r['peak_bytes'] <= report['max_hbm_fraction'] * hbm else 'DOES NOT FIT'}); "
+                    f"analytic estimate {_gb(analytic[name]).strip()} "
+                    f"({(analytic[name] - r['peak_bytes']) / GB:+.2f} GB); "
+                    f"{r['flops'] / 1e12:.1f} TFLOP; compiled in {r['compile_s']:.0f} s")
+            elif r["oom"]:
+                lines.append(f"  {name:<18} DOES NOT FIT: the compiler needs "
+                             f"{_gb(r['peak_bytes']).strip()} of temporaries, "
+                             f"{(r['peak_bytes'] - hbm) / GB:.1f} GB over HBM; to fit: "
+                             f"{_KNOBS.get(name, '')}")
+            else:
+                lines.append(f"  {name:<18} compile FAILED  {r['error']}")
+    elif report.get("not_compiled"):
+        lines += ["", f"-- not compiled: {report['not_compiled']} --"]
     if report["checks"]:
         lines += ["", "-- cross-checks against reference/qwen3_moe_spec.md §5 --"]
         for c in report["checks"]:

@@ -120,14 +120,15 @@ def _tokenizer_files(src: str, dst: pathlib.Path) -> pathlib.Path:
 
 
 def export_run(workdir: str, out_dir: str, *, step: Optional[int] = None,
-               dtype: str = "bfloat16", max_shard_bytes: Any = DEFAULT_MAX_SHARD_BYTES,
+               dtype: Optional[str] = None, max_shard_bytes: Any = DEFAULT_MAX_SHARD_BYTES,
                overwrite: bool = False,
                generation_config: Optional[Mapping[str, Any]] = None) -> ExportResult:
     """Writes checkpoint ``step`` (default: the newest complete one) of run ``workdir`` as an HF
     model directory ``out_dir`` (local path or fsspec URL; see the module docstring).
 
     Args:
-      dtype: stored dtype, "bfloat16" (half the size) or "float32" (exact).
+      dtype: stored dtype, "bfloat16" (half the size) or "float32" (exact); None (default): the
+        model's own ``param_dtype`` (an fp32 run exports fp32).
       max_shard_bytes: shard size bound (int bytes or "5GB"-style string).
       overwrite: allow a non-empty ``out_dir``; files of an earlier export there are replaced
         (nothing else is deleted).
@@ -141,7 +142,7 @@ def export_run(workdir: str, out_dir: str, *, step: Optional[int] = None,
     from models import hf_mapping
     from ace_jax import policy as policy_lib
 
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     shard_bytes = parse_size(max_shard_bytes)
     out_dir = os.fspath(out_dir)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import qwen3
+from models import configs as model_configs, qwen3
 
 
 class FinishReason(enum.IntEnum):
@@ -200,28 +200,17 @@ def share_cache(cache: qwen3.KVCache, g: int) -> qwen3.KVCache:
                          kv_mask=jnp.repeat(cache.kv_mask, g, axis=0), layout=cache.layout)
 
 
-# Logical axes of the per-layer k / v arrays of a "decode" layout cache (see `qwen3.KVCache`).
-_DECODE_K_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
-_DECODE_V_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
-
-
-def cache_layout() -> str:
-    """The KV-cache layout the sampler uses: "decode" on CPU (per-layer buffers in the matmuls'
-    operand layouts, unrolled layers: XLA:CPU otherwise copies and transposes the cache and the
-    weights in every decode step), "standard" elsewhere (one scanned stack per layer group)."""
-    return "decode" if jax.default_backend() == "cpu" else "standard"
+def cache_layout(config) -> str:
+    """The KV-cache layout the sampler uses for a model of ``config``: "decode" on CPU (per-layer
+    buffers in the matmuls' operand layouts, unrolled layers: XLA:CPU otherwise copies and
+    transposes the cache and the weights in every decode step), "standard" elsewhere (one scanned
+    stack per layer group). The platform is the model's target (``config.platform``), so a CPU
+    host compiling ahead of time for TPU takes the TPU layout."""
+    return "decode" if model_configs.target_platform(config) == "cpu" else "standard"
 
 
 def _constrain_cache(cache: qwen3.KVCache, placement) -> qwen3.KVCache:
-    if placement is None:
-        return cache
-    if cache.layout == "standard":
-        return jax.lax.with_sharding_constraint(cache, placement.kv_cache(cache))
-    shardings = qwen3.KVCache(
-        k=tuple(placement.sharding(_DECODE_K_AXES, x.shape) for x in cache.k),
-        v=tuple(placement.sharding(_DECODE_V_AXES, x.shape) for x in cache.v),
-        kv_mask=placement.kv_cache(cache.kv_mask), layout=cache.layout)
-    return jax.lax.with_sharding_constraint(cache, shardings)
+    return cache if placement is None else placement.constrain_kv_cache(cache)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -231,7 +220,7 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
     b, p = ids.shape
     m, g = max_new_tokens, group_size
     n = b * g
-    layout = cache_layout()
+    layout = cache_layout(model.config)
     cache = _constrain_cache(qwen3.init_cache(model.config, b, p + m, layout=layout), placement)
     # "decode": the per-layer weights are sliced out of the stacks once, here, not in every step
     layer_params = model.layer_params() if layout == "decode" else None
@@ -310,8 +299,12 @@ class Generator:
         """Samples ``group_size`` completions for each prompt (token-id lists of any lengths)."""
         cfg = sampling or self.sampling
         ids, pos, mask = left_pad(prompts, cfg.prompt_bucket, cfg.pad_id)
-        inputs = (ids, pos, mask)
-        if self.placement is not None:
-            inputs = self.placement.place_batch(inputs)
-        return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, self.placement,
-                        self.params, SamplingKnobs.from_config(cfg), *map(jnp.asarray, inputs), key)
+        knobs = SamplingKnobs.from_config(cfg)
+        if self.placement is None:
+            return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, None, self.params,
+                            knobs, *map(jnp.asarray, (ids, pos, mask)), key)
+        inputs = self.placement.place_batch((ids, pos, mask))
+        knobs, key = self.placement.replicate((knobs, key))
+        with self.placement.context():
+            return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, self.placement,
+                            self.params, knobs, *inputs, key)

@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 from ace_jax import grpo
-from ace_jax.rollout_batch import TrainBatch, completion_logprobs
+from ace_jax.rollout_batch import DEFAULT_CHUNK_TOKENS, TrainBatch, completion_logprobs
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -46,6 +46,8 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.microbatches = 1            # gradient accumulation steps per learner step
     cfg.aux_loss_coef = 0.0         # router load-balancing loss coefficient
     cfg.temperature = 1.0           # must equal the sampler's temperature (log-prob convention)
+    cfg.logprob_chunk_tokens = DEFAULT_CHUNK_TOKENS  # completion positions per lm_head chunk:
+    #                                 the fp32 [rows, M, vocab] logits are never formed whole
     return cfg
 
 
@@ -70,6 +72,24 @@ class LearnerState(NamedTuple):
     step: jax.Array    # int32 scalar: completed (not skipped) optimizer steps
 
 
+def jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size: int, placement=None,
+                     params: Any = None):
+    """THE jitted GRPO update ``(LearnerState, TrainBatch) -> (LearnerState, metrics)`` that the
+    trainer runs and the dry run compiles (donates its state).
+
+    With a `placement.Placement` (and the Param state ``params``, arrays or abstract, to read the
+    shardings from) the state's in / out shardings are pinned to the placement's; the batch keeps
+    the sharding it arrives with (`Learner.step` places it by the 'batch' rule)."""
+    tx, schedule = make_optimizer(optim_cfg)
+    step_fn = functools.partial(_learner_step, graphdef, tx, schedule, grpo_cfg, optim_cfg,
+                                group_size)
+    if placement is None:
+        return jax.jit(step_fn, donate_argnums=(0,))
+    state_sh = placement.learner_state(params, optim_cfg)
+    return jax.jit(step_fn, donate_argnums=(0,), in_shardings=(state_sh, None),
+                   out_shardings=(state_sh, None))
+
+
 @dataclasses.dataclass
 class Learner:
     """Owns the policy's parameters and optimizer state and runs GRPO updates.
@@ -78,6 +98,8 @@ class Learner:
       graphdef: the policy's static structure (``nnx.split``).
       state: ``LearnerState``.
       grpo_cfg / optim_cfg: the ``grpo`` and ``optim`` config sections.
+      placement: None (one device, or wherever the params live) or the `placement.Placement`
+        whose shardings the state keeps and whose 'batch' rule splits the batch rows.
     """
 
     graphdef: Any
@@ -85,35 +107,30 @@ class Learner:
     grpo_cfg: ml_collections.ConfigDict
     optim_cfg: ml_collections.ConfigDict
     group_size: int
-    state_shardings: Any = None
-    batch_sharding: Any = None
+    placement: Any = None
 
     @classmethod
     def create(cls, model: nnx.Module, grpo_cfg, optim_cfg, *, group_size: int,
-               state_shardings: Any = None, batch_sharding: Any = None) -> "Learner":
-        """Builds the learner from a policy module (its current parameters are the start)."""
+               placement: Any = None) -> "Learner":
+        """Builds the learner from a policy module (its current parameters are the start). With
+        a ``placement`` the parameters and the optimizer state are laid out by its rules (the
+        optimizer state is created in place, never replicated first)."""
         grpo.validate_config(grpo_cfg)
         graphdef, params = nnx.split(model, nnx.Param)
-        # The step donates its state: own a copy, so the caller's module stays usable.
-        params = jax.tree.map(jnp.copy, params)
         tx, _ = make_optimizer(optim_cfg)
-        state = LearnerState(params, tx.init(params), jnp.zeros((), jnp.int32))
-        if state_shardings is not None:
-            state = jax.device_put(state, state_shardings)
-        learner = cls(graphdef, state, grpo_cfg, optim_cfg, group_size, state_shardings,
-                      batch_sharding)
-        learner._build()
+        if placement is None:
+            # The step donates its state: own a copy, so the caller's module stays usable.
+            params = jax.tree.map(jnp.copy, params)
+            state = LearnerState(params, tx.init(params), jnp.zeros((), jnp.int32))
+        else:
+            state_sh = placement.learner_state(params, optim_cfg)
+            state = jax.jit(lambda p: LearnerState(jax.tree.map(jnp.copy, p), tx.init(p),
+                                                   jnp.zeros((), jnp.int32)),
+                            out_shardings=state_sh)(params)
+        learner = cls(graphdef, state, grpo_cfg, optim_cfg, group_size, placement)
+        learner._step = jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size, placement,
+                                         params)
         return learner
-
-    def _build(self) -> None:
-        tx, schedule = make_optimizer(self.optim_cfg)
-        step_fn = functools.partial(_learner_step, self.graphdef, tx, schedule, self.grpo_cfg,
-                                    self.optim_cfg, self.group_size)
-        kwargs = {}
-        if self.state_shardings is not None:
-            kwargs = dict(in_shardings=(self.state_shardings, self.batch_sharding),
-                          out_shardings=(self.state_shardings, None))
-        self._step = jax.jit(step_fn, donate_argnums=(0,), **kwargs)
 
     @property
     def params(self):
@@ -131,7 +148,12 @@ class Learner:
             raise ValueError(f"batch of {n} rows is not divisible by optim.microbatches={mb}")
         if n % self.group_size:
             raise ValueError(f"batch of {n} rows is not divisible by group_size={self.group_size}")
-        self.state, metrics = self._step(self.state, batch)
+        if self.placement is None:
+            self.state, metrics = self._step(self.state, batch)
+            return metrics
+        batch = self.placement.place_batch(batch)
+        with self.placement.context():
+            self.state, metrics = self._step(self.state, batch)
         return metrics
 
 
@@ -140,7 +162,9 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, adva
     """This microbatch's share of the full-batch loss (its numerator over the batch's
     denominator), plus its share of the router aux loss."""
     model = nnx.merge(graphdef, params)
-    logprobs, entropy, aux = completion_logprobs(model, mb, optim_cfg.temperature)
+    logprobs, entropy, aux = completion_logprobs(
+        model, mb, optim_cfg.temperature,
+        chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS))
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
         advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
@@ -163,7 +187,10 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, state
     else:
         sequence_mask = jnp.ones((n,), bool)
     keep = batch.completion_mask * sequence_mask[:, None].astype(jnp.float32)
-    split = lambda x: x.reshape((k, n // k) + x.shape[1:])
+    # Microbatch i takes rows i, k + i, 2k + i, ...: with the rows split over devices in
+    # contiguous blocks (the 'batch' rule), every device keeps its own rows in every microbatch,
+    # so the split moves no data. Advantages are computed above, so row order does not matter.
+    split = lambda x: jnp.swapaxes(x.reshape((n // k, k) + x.shape[1:]), 0, 1)
     micro = jax.tree.map(split, (batch, advantages, sequence_mask))
     # One denominator for the whole batch: the microbatch losses then sum to the batch loss.
     den_total = grpo.aggregation_denominator(

@@ -25,6 +25,14 @@ seconds, on `flush`, on `resume` and on `close`. An existing remote ``metrics.js
 downloaded first, so `resume` works across machines. A failed upload is logged and retried at the
 next sync; it never stops training.
 
+Terminal: a tqdm progress bar (on a TTY only) and one line per step with the numbers a researcher
+watches (`STEP_LINE`), e.g.::
+
+    step 3/20  reward 0.312  valid 0.5  score 0.781  learn 2.1s  gen 5.3s  sandbox 1.2s
+
+printed above the bar, or alone when there is no bar (a log file). Everything else goes to the
+files; `ace_jax.logs.configure_logging` keeps library INFO logs off the terminal.
+
 The plots use matplotlib's Agg canvas directly (no pyplot, no global backend switch).
 """
 from __future__ import annotations
@@ -56,6 +64,16 @@ HEADLINE: dict[str, str] = {
     "score": "score/dev_norm_mean",
     "tok/s": "perf/gen_tokens_per_s",
 }
+# The one line per step (`format_step_line`): label -> (scalar name, unit). A unit "s" prints the
+# value as seconds with one decimal, the others 3 significant digits. Absent names are left out.
+STEP_LINE: dict[str, tuple[str, str]] = {
+    "reward": ("reward/mean", ""),                  # mean reward over the B x G rollouts
+    "valid": ("rollout/valid_rate", ""),            # fraction of rollouts with a valid submission
+    "score": ("score/dev_norm_mean", ""),           # mean normalised dev score of valid ones
+    "learn": ("perf/learn_seconds", "s"),           # learner step
+    "gen": ("perf/gen_seconds", "s"),               # generation
+    "sandbox": ("perf/sandbox_wait_seconds", "s"),  # waiting for the sandbox pool
+}
 DEFAULT_CURVES: tuple[str, ...] = (
     "rollout/valid_rate",          # fraction of completions that produced a valid submission
     "score/dev_norm_mean",         # mean task-normalised dev score of valid submissions
@@ -85,6 +103,20 @@ def _to_float(key: str, value: Any) -> float:
         raise TypeError(f"metric {key!r} must be a number or a one-element numeric array, "
                         f"got dtype {arr.dtype} shape {arr.shape}")
     return float(arr.reshape(()))
+
+
+def format_step_line(step: int, values: Mapping[str, float], total: int | None = None,
+                     fields: Mapping[str, tuple[str, str]] | None = None) -> str:
+    """The one terminal line of a step: ``step s[/total]`` then ``label value`` for each of
+    `fields` (default `STEP_LINE`: label -> (scalar name, unit)) present in `values`, e.g.
+    ``step 3/20  reward 0.312  valid 0.5  learn 2.1s``."""
+    parts = [f"step {step}" if total is None else f"step {step}/{total}"]
+    for label, (name, unit) in (STEP_LINE if fields is None else fields).items():
+        if name not in values:
+            continue
+        v = float(values[name])
+        parts.append(f"{label} {v:.1f}{unit}" if unit == "s" else f"{label} {v:.3g}{unit}")
+    return "  ".join(parts)
 
 
 def _is_tty(stream: TextIO) -> bool:
@@ -135,8 +167,10 @@ class MetricWriter:
       jsonl: also append to ``<workdir>/metrics.jsonl``.
       progress_total: total steps for the progress bar (None: a bar without total).
       progress: show a bar at all; it is shown only when `progress_file` is a TTY.
-      progress_file: the bar's stream (default: sys.stderr).
+      progress_file: the stream of the bar and of the step lines (default: sys.stderr).
       headline: bar label -> scalar name, the numbers shown with the bar (default `HEADLINE`).
+      step_lines: print one `format_step_line` per `write` to `progress_file` (above the bar
+        when there is one; TTY or not). `progress` does not turn them off.
       local_dir: staging directory for a remote `workdir` (default: a new temporary directory).
       sync_interval_s: minimum seconds between uploads of a remote `workdir` during `write`.
     """
@@ -144,7 +178,8 @@ class MetricWriter:
     def __init__(self, workdir: str, *, tensorboard: bool = True, jsonl: bool = True,
                  progress_total: int | None = None, progress: bool = True,
                  progress_file: TextIO | None = None, headline: Mapping[str, str] | None = None,
-                 local_dir: str | None = None, sync_interval_s: float = 30.0):
+                 local_dir: str | None = None, sync_interval_s: float = 30.0,
+                 step_lines: bool = True):
         if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
             raise ValueError(f"workdir must be a non-empty path, got {workdir!r}")
         workdir = os.fspath(workdir)
@@ -170,6 +205,7 @@ class MetricWriter:
         self._progress_total = None if progress_total is None else int(progress_total)
         self._progress_file = sys.stderr if progress_file is None else progress_file
         self._progress = bool(progress) and _is_tty(self._progress_file)
+        self._step_lines = bool(step_lines)
         self._jsonl: TextIO | None = None
         self._tb = None
         self._bar = None
@@ -222,12 +258,13 @@ class MetricWriter:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def resume(self, step: int) -> None:
-        """Continue a run from the checkpoint of `step`: drop JSONL lines with step > `step`
-        (and torn lines), purge later TensorBoard events, and start the bar at `step`.
-        Must be called before the first `write` of this writer."""
+        """Continue a run from the checkpoint of `step` (the last RL step whose metrics were
+        written; -1 when none was): drop JSONL lines with step > `step` (and torn lines), purge
+        later TensorBoard events, and start the bar at `step`. Must be called before the first
+        `write` of this writer."""
         step = int(step)
-        if step < 0:
-            raise ValueError(f"resume step must be >= 0, got {step}")
+        if step < -1:
+            raise ValueError(f"resume step must be >= -1, got {step}")
         if self._jsonl is not None or self._tb is not None:
             raise RuntimeError("resume() must be called before the first write()")
         self._check_open()
@@ -245,7 +282,7 @@ class MetricWriter:
             self._last_step = max((r["step"] for r in kept), default=None)
         else:
             self._last_step = None
-        self._open(purge_step=step + 1, initial=step)
+        self._open(purge_step=step + 1, initial=max(step, 0))
         self.sync()
 
     def _check_open(self) -> None:
@@ -326,10 +363,20 @@ class MetricWriter:
             self._bar.update(max(0, step - self._bar_step))
             self._bar_step = max(self._bar_step, step)
             self._bar.refresh()
+        if self._step_lines:
+            self._print_step_line(step, values)
         self._last_step = step
         if self.remote is not None and time.monotonic() - self._last_sync >= self.sync_interval_s:
             self.sync()
         return record
+
+    def _print_step_line(self, step: int, values: Mapping[str, float]) -> None:
+        line = format_step_line(step, values, self._progress_total)
+        if self._bar is not None:
+            self._bar.write(line, file=self._progress_file)   # above the bar, which is redrawn
+        else:
+            self._progress_file.write(line + "\n")
+            self._progress_file.flush()
 
     def flush(self) -> None:
         """Flush every sink (and upload, for a remote workdir)."""

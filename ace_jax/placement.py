@@ -5,12 +5,15 @@ to the objects of the RL runtime: a Flax NNX policy (its ``nnx.Param`` s carry t
 as ``out_sharding`` metadata, see `models.qwen3`), the learner's ``LearnerState`` (params, optax
 state, step), a ``TrainBatch`` and a ``KVCache``::
 
-    placement = Placement.create(mesh, rules)            # rules: cfg.mesh.rules or a dict
-    params = placement.place_params(model)               # the module now lives on the mesh
-    learner = Learner.create(model, grpo_cfg, optim_cfg, group_size=G,
-                             state_shardings=placement.learner_state(params, optim_cfg),
-                             batch_sharding=placement.batch(batch))
+    placement = Placement.from_config(cfg.mesh)          # the mesh over all hosts' devices
+    model = placement.init_model(lambda: Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0)))  # born sharded
+    learner = Learner.create(model, grpo_cfg, optim_cfg, group_size=G, placement=placement)
     gen = Generator(model, sampling, placement=placement)  # batch- and cache-sharded rollouts
+
+This module is the ONE definition of every sharding of the runtime: parameters (from each
+Param's logical axes), optimizer state, learner state, batches and both KV-cache layouts
+(`KV_CACHE_AXES`). The trainer, the learner, the generator, checkpoint restore (its targets carry
+these shardings) and the dry run all take them from a `Placement`.
 
 Every sharding follows `sharding.logical_to_pspec` (so a dim that a mesh axis does not divide is
 replicated over that axis, with a warning), and a `Placement` is hashable, so it can be a static
@@ -25,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 
 from ace_jax import sharding as sh
 
@@ -33,13 +36,19 @@ __all__ = [
     "Placement",
     "param_shardings",
     "place_params",
-    "KV_CACHE_LOGICAL_AXES",
-    "KV_MASK_LOGICAL_AXES",
+    "KV_CACHE_AXES",
+    "KV_MASK_AXES",
 ]
 
-# KVCache leaves: k / v [Lg, B, S, nkv, d] and kv_mask [B, S].
-KV_CACHE_LOGICAL_AXES: tuple[str, ...] = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
-KV_MASK_LOGICAL_AXES: tuple[str, ...] = ("batch", "cache_length")
+# Logical axes of a `models.qwen3.KVCache`'s k / v arrays, per cache layout:
+#   "standard": one array per layer group, k and v [Lg, B, S, nkv, d];
+#   "decode":   one array per layer, k [B, nkv, d, S] and v [B, nkv, S, d].
+KV_CACHE_AXES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "standard": (("layers", "batch", "cache_length", "kv_heads", "head_dim"),) * 2,
+    "decode": (("batch", "kv_heads", "head_dim", "cache_length"),
+               ("batch", "kv_heads", "cache_length", "head_dim")),
+}
+KV_MASK_AXES: tuple[str, ...] = ("batch", "cache_length")   # kv_mask [B, S]
 
 
 def _is_variable(x: Any) -> bool:
@@ -116,9 +125,43 @@ class Placement:
     @classmethod
     def create(cls, mesh: Mesh, rules: Mapping[str, Any] | None = None) -> "Placement":
         """From a mesh and a rules table (config section, dict; default `sharding.DEFAULT_RULES`)."""
-        if not isinstance(mesh, Mesh):
-            raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+        if not isinstance(mesh, (Mesh, AbstractMesh)):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh (or an AbstractMesh, to trace "
+                            f"without devices), got {type(mesh).__name__}")
         return cls(mesh, _hashable_rules(sh.DEFAULT_RULES if rules is None else rules))
+
+    @classmethod
+    def from_config(cls, mesh_cfg: Any, devices: Any = None) -> "Placement":
+        """The mesh of a ``mesh`` config section (`sharding.default_config`) over ``devices``
+        (default: every device of every process) with the section's rules table."""
+        return cls.create(sh.make_mesh(mesh_cfg, devices), mesh_cfg.rules)
+
+    def init_model(self, build: Any) -> nnx.Module:
+        """A module born sharded: ``build()`` (e.g. ``lambda: Qwen3ForCausalLM(cfg, rngs=...)``)
+        runs under ``jax.jit`` with its Params' out_shardings from `params`, so no device (and no
+        host) ever holds the whole model. The values equal those of an eager ``build()``."""
+        abstract = nnx.eval_shape(build)
+        graphdef, state = nnx.split(abstract)
+        if jax.tree.leaves(nnx.state(abstract, nnx.Not(nnx.Param))):
+            raise ValueError("init_model expects a module that holds Params only")
+        shardings = self.params(state)
+        params = jax.jit(lambda: nnx.state(build(), nnx.Param), out_shardings=shardings)()
+        return nnx.merge(graphdef, params)
+
+    def context(self):
+        """The mesh as the context of tracing (``with placement.context(): ...``): kernels that
+        XLA cannot partition by itself (Pallas / Mosaic, e.g. splash attention) find it there
+        and run under ``shard_map``. The learner, the generator and the trainer trace under it."""
+        if isinstance(self.mesh, AbstractMesh):
+            return jax.sharding.use_abstract_mesh(self.mesh)
+        return jax.set_mesh(self.mesh)
+
+    @property
+    def is_multi_process(self) -> bool:
+        """Whether the mesh spans devices of more than one process (a multi-host run)."""
+        if isinstance(self.mesh, AbstractMesh):
+            return False
+        return len({d.process_index for d in self.mesh.devices.flat}) > 1
 
     @property
     def rules_dict(self) -> dict[str, tuple[str, ...] | None]:
@@ -141,22 +184,42 @@ class Placement:
         'batch' rule, every other dim replicated. Leaves may be arrays or ShapeDtypeStructs."""
         return jax.tree.map(lambda x: self.sharding(sh.batch_axes(np.ndim(x)), np.shape(x)), tree)
 
+    def replicate(self, tree: Any) -> Any:
+        """Every array of ``tree`` (PRNG keys included) replicated on every device of the mesh:
+        a global array that every process of a multi-host run can use in the runtime's jitted
+        functions. The value must be the same on every process."""
+        from ace_jax import multihost  # local: multihost is only needed here
+
+        rep = sh.replicated(self.mesh)
+
+        def one(x):
+            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+                data = sh.place(multihost.host_value(jax.random.key_data(x)), rep)
+                return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+            return sh.place(multihost.host_value(x), rep)
+
+        return jax.tree.map(one, tree)
+
     def place_batch(self, tree: Any) -> Any:
         """``tree`` placed by `batch`."""
         return sh.place(tree, self.batch(tree))
 
     def kv_cache(self, cache: Any) -> Any:
-        """Shardings of a `models.qwen3.KVCache`: k / v [Lg, B, S, nkv, d] by
-        `KV_CACHE_LOGICAL_AXES`, kv_mask [B, S] by `KV_MASK_LOGICAL_AXES` (same pytree type)."""
-        def one(x):
-            ndim = np.ndim(x)
-            if ndim == len(KV_CACHE_LOGICAL_AXES):
-                return self.sharding(KV_CACHE_LOGICAL_AXES, np.shape(x))
-            if ndim == len(KV_MASK_LOGICAL_AXES):
-                return self.sharding(KV_MASK_LOGICAL_AXES, np.shape(x))
-            raise ValueError(f"unexpected KV-cache leaf of shape {np.shape(x)}")
+        """Shardings of a `models.qwen3.KVCache` (either layout; see `KV_CACHE_AXES`), as a
+        KVCache of NamedShardings. Leaves may be arrays or ShapeDtypeStructs."""
+        from models import qwen3  # local: models stay importable without the runtime
 
-        return jax.tree.map(one, cache)
+        if cache.layout not in KV_CACHE_AXES:
+            raise ValueError(f"unknown KV-cache layout {cache.layout!r}; valid: {list(KV_CACHE_AXES)}")
+        k_axes, v_axes = KV_CACHE_AXES[cache.layout]
+        return qwen3.KVCache(k=tuple(self.sharding(k_axes, np.shape(x)) for x in cache.k),
+                             v=tuple(self.sharding(v_axes, np.shape(x)) for x in cache.v),
+                             kv_mask=self.sharding(KV_MASK_AXES, np.shape(cache.kv_mask)),
+                             layout=cache.layout)
+
+    def constrain_kv_cache(self, cache: Any) -> Any:
+        """``cache`` constrained to `kv_cache` inside a jitted function."""
+        return jax.lax.with_sharding_constraint(cache, self.kv_cache(cache))
 
     def optimizer_state(self, tx: Any, params: Any) -> Any:
         """Shardings of ``tx.init(params)``: params-shaped parts follow the params, the rest

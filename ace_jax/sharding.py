@@ -85,8 +85,6 @@ __all__ = [
     "init_sharded_optimizer_state",
     "batch_axes",
     "shard_batch",
-    "kv_cache_axes",
-    "shard_kv_cache",
     "with_logical_constraint",
     "replicated",
 ]
@@ -120,6 +118,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.coordinator_address = ""   # passed to jax.distributed.initialize when set
     cfg.num_processes = 0          # 0: let JAX detect (TPU / SLURM / env)
     cfg.process_id = -1            # -1: let JAX detect
+    cfg.heartbeat_timeout_s = 0    # a lost peer is detected after this long (0: JAX's 100 s)
     cfg.rules = ml_collections.ConfigDict(dict(DEFAULT_RULES))
     return cfg
 
@@ -204,6 +203,11 @@ def maybe_initialize_distributed(cfg: ml_collections.ConfigDict, *,
         kwargs["num_processes"] = int(cfg.num_processes)
     if cfg.process_id >= 0:
         kwargs["process_id"] = int(cfg.process_id)
+    if cfg.get("heartbeat_timeout_s", 0) > 0:
+        kwargs["heartbeat_timeout_seconds"] = int(cfg.heartbeat_timeout_s)
+    # CPU devices of different processes talk through gloo (TPU and GPU ignore this setting):
+    # this is what lets a multi-process run be tested on one machine.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     (initialize or jax.distributed.initialize)(**kwargs)
     logger.info("jax.distributed initialised: %s", kwargs or "auto-detected")
     return True
@@ -378,7 +382,7 @@ def init_sharded_optimizer_state(tx: Any, params: Any, param_shardings: Any, mes
 
 
 # ----------------------------------------------------------------------------------------------
-# Batches, KV cache, activations
+# Batches and activations (KV-cache shardings: ace_jax.placement.KV_CACHE_AXES)
 # ----------------------------------------------------------------------------------------------
 
 def batch_axes(ndim: int) -> tuple[str | None, ...]:
@@ -394,26 +398,6 @@ def shard_batch(batch: Any, mesh: Mesh, rules: Mapping[str, Any],
     if axes_tree is None:
         axes_tree = jax.tree.map(lambda x: batch_axes(np.ndim(x)), batch)
     return place(batch, shardings_for(axes_tree, jax.tree.map(np.shape, batch), mesh, rules))
-
-
-KV_CACHE_AXES: tuple[str, ...] = ("batch", "cache_length", "kv_heads", "head_dim")
-
-
-def kv_cache_axes(ndim: int, axes: tuple[str, ...] = KV_CACHE_AXES) -> tuple[str | None, ...]:
-    """Logical axes of a KV-cache leaf of rank `ndim`: `axes` aligned to the trailing dims, extra
-    leading dims 'layers' (a stacked cache) or replicated; lower ranks (positions, lengths) are
-    ('batch',) + replicated, and scalars replicated."""
-    if ndim >= len(axes):
-        lead = ndim - len(axes)
-        return ("layers",) * min(lead, 1) + (None,) * max(lead - 1, 0) + tuple(axes)
-    return batch_axes(ndim)
-
-
-def shard_kv_cache(cache: Any, mesh: Mesh, rules: Mapping[str, Any],
-                   axes: tuple[str, ...] = KV_CACHE_AXES) -> Any:
-    """Place a KV-cache pytree; each leaf's axes come from `kv_cache_axes(leaf.ndim, axes)`."""
-    axes_tree = jax.tree.map(lambda x: kv_cache_axes(np.ndim(x), axes), cache)
-    return place(cache, shardings_for(axes_tree, jax.tree.map(np.shape, cache), mesh, rules))
 
 
 def with_logical_constraint(x: jax.Array, axes: Sequence[str | None], mesh: Mesh,

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import pathlib
+import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -38,7 +39,7 @@ from flax import nnx
 
 from ace_jax import agent, buffer as buffer_lib, checkpoint as ckpt_lib, learnability, rewards
 from ace_jax import buffer_store, generate, grpo, learner as learner_lib, metrics as metrics_lib
-from ace_jax import rollout_batch, sft
+from ace_jax import multihost, placement as placement_lib, rollout_batch, sft, sharding
 from models import configs as model_configs, qwen3, tokenizer as tok_lib
 from sandbox.pool import SandboxPool
 from sandbox.result import ExecutionResult, Status
@@ -142,7 +143,12 @@ def check_writable(path: str) -> None:
 
 
 def load_tasks(cfg: ml_collections.ConfigDict) -> list:
-    """The configured tasks, each with a reference leaderboard (SetupError if unusable)."""
+    """The configured tasks (SetupError if unusable).
+
+    A task without a reference leaderboard trains with the fallback of ``buffer.TaskTargets``
+    (headroom 1, rewards relative to its baseline); its medals and HumanRank are not reported.
+    A task whose sample submission does not grade has no baseline: SetupError (says why).
+    """
     if cfg.tasks.source == "offline":
         ids = list(cfg.tasks.ids) or registry.list_tasks()
         unknown = sorted(set(ids) - set(registry.list_tasks()))
@@ -157,23 +163,28 @@ def load_tasks(cfg: ml_collections.ConfigDict) -> list:
             raise SetupError(f"tasks.data_dir={data_dir!r} is not a directory of prepared "
                              "MLE-bench competitions")
         ids = list(cfg.tasks.ids) or sorted(os.listdir(data_dir))
-        tasks = [mlebench.load_mlebench_task(i, data_dir, seed=cfg.tasks.seed) for i in ids]
+        try:
+            tasks = [mlebench.load_mlebench_task(i, data_dir, seed=cfg.tasks.seed) for i in ids]
+        except (FileNotFoundError, mlebench.UnsupportedGraderError,
+                mlebench.LeaderboardError) as e:
+            raise SetupError(f"cannot load an MLE-bench task: {e}") from e
     else:
         raise SetupError(f"tasks.source={cfg.tasks.source!r}; valid: offline, mlebench")
-    if cfg.tasks.get("time_limit_s", 0):  # a tighter per-execution budget than the tasks' own
-        for t in tasks:
-            t.time_limit_s = min(float(t.time_limit_s), float(cfg.tasks.time_limit_s))
     for t in tasks:
+        if t.baseline_score is None:
+            why = getattr(t, "baseline_error", "") or "it has no baseline score"
+            raise SetupError(f"task {t.task_id}: {why} (the baseline anchors the rewards)")
         if not t.leaderboard:
-            raise SetupError(f"task {t.task_id} has no reference leaderboard (needed for the "
-                             "headroom and medal thresholds)")
+            log.warning("task %s has no reference leaderboard: headroom 1 and rewards relative "
+                        "to its baseline %.6g; medals and HumanRank n/a", t.task_id,
+                        t.baseline_score)
     return tasks
 
 
 def task_targets(task) -> buffer_lib.TaskTargets:
-    return buffer_lib.TaskTargets(task_id=task.task_id, gold=float(task.gold),
-                                  median=float(task.median), baseline=float(task.baseline_score),
-                                  lower_is_better=bool(task.lower_is_better))
+    """Score anchors of ``task`` (``rewards.task_targets``; gold / median None without a
+    reference leaderboard)."""
+    return rewards.task_targets(task)
 
 
 def seed_solutions(tasks, seed: int) -> list[buffer_lib.SeedSolution]:
@@ -248,6 +259,11 @@ class Trainer:
         self.evaluation_seeds = load_evaluation_seeds(cfg.rl.seed_solutions,
                                                       self.task_by_id)
         self.tokenizer = self._load_tokenizer()
+        try:  # one mesh over every process's devices, one Placement for every sharding
+            self.placement = placement_lib.Placement.from_config(cfg.mesh)
+        except (sharding.MeshConfigError, ValueError) as e:
+            raise SetupError(f"mesh: {e} (jax sees {jax.device_count()} devices in "
+                             f"{jax.process_count()} processes)") from e
         self.model = self._build_model()
         self.eos_ids = tuple(self.tokenizer.convert_tokens_to_ids([tok_lib.IM_END,
                                                                    tok_lib.ENDOFTEXT]))
@@ -287,7 +303,7 @@ class Trainer:
         self.generator: Optional[generate.Generator] = None
         self.next_step = 0                  # the next RL step to generate
         self.iteration = 0                  # loop iterations done (checkpoint / commit tag)
-        self.rng = jax.random.key(cfg.seed)
+        self.rng = self.placement.replicate(jax.random.key(cfg.seed))
         self.pending: Optional[PendingStep] = None
         self.best_scores: dict[str, Optional[float]] = {t: None for t in self.task_by_id}
 
@@ -319,12 +335,13 @@ class Trainer:
                 path = local
             return tok_lib.load_tokenizer(path)
         local = os.path.join(self.workdir, "tokenizer")
-        if not os.path.exists(os.path.join(local, "tokenizer.json")):
+        if jax.process_index() == 0 and not os.path.exists(os.path.join(local, "tokenizer.json")):
             from sandbox import seed_corpus
 
             corpus = [s for t in self.tasks for s in seed_corpus.list_scripts(t.task_id)]
             sft.build_tokenizer(self.tasks, corpus, self.cfg.sft.vocab_size, local,
                                 agent_cfg=self.cfg.agent)
+        multihost.barrier("tokenizer")   # the others read what process 0 wrote
         return tok_lib.load_tokenizer(local)
 
     def _build_model(self):
@@ -337,14 +354,18 @@ class Trainer:
             except (policy.PolicyError, ckpt_lib.CheckpointError) as e:
                 raise SetupError(f"model.init_from_run={cfg.model.init_from_run!r}: {e}") from e
             log.info("initial weights: %s step %d (no warm start)", cfg.model.init_from_run, step)
+            self.placement.place_params(model)
             return model
         if cfg.model.hf_path:
             from models import hf_mapping
 
-            model = hf_mapping.load_hf_model(cfg.model.hf_path, **dict(cfg.model.runtime))
+            # each host reads only the slices of the safetensors that its devices hold
+            model = hf_mapping.load_hf_model(cfg.model.hf_path, shardings=self.placement.params,
+                                             **dict(cfg.model.runtime))
         else:
             model_cfg = build_model_config(cfg, len(self.tokenizer))
-            model = qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(cfg.seed))
+            model = self.placement.init_model(
+                lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(cfg.seed)))
         if len(self.tokenizer) > model.config.vocab_size:
             raise SetupError(f"the tokenizer has {len(self.tokenizer)} tokens but the model's "
                              f"vocab_size is {model.config.vocab_size}: they do not belong together")
@@ -409,9 +430,10 @@ class Trainer:
 
     def _persist(self) -> None:
         """Checkpoint first, then the buffer commit, both tagged with the loop iteration."""
-        self.checkpointer.save(self._train_state(), force=True)
+        self.checkpointer.save(self._train_state(), force=True)   # every process: its shards
         self.checkpointer.wait_until_finished()
-        self.store.commit(self.buffer, self.iteration, self.sampler.state_dict())
+        if self.is_writer:   # the buffer is identical on every process: one writer
+            self.store.commit(self.buffer, self.iteration, self.sampler.state_dict())
 
     def _warm_start(self) -> dict:
         """Supervised warm start on the seed corpus (only when no checkpoint exists and the
@@ -419,8 +441,10 @@ class Trainer:
         if not self.cfg.sft.enabled or self.cfg.model.get("init_from_run", ""):
             return {}
         examples = self._sft_examples()
-        model, info = sft.train_sft(self.model, self.tokenizer, examples, self.cfg.sft,
-                                    progress=self.progress)
+        with self.placement.context():   # e.g. splash attention runs under shard_map on TPU
+            model, info = sft.train_sft(self.model, self.tokenizer, examples, self.cfg.sft,
+                                        progress=self.progress)
+        self.placement.place_params(model)
         self.model = model
         log.info("warm start: %d steps in %.0f s, loss %.3f -> %.3f", info["steps"],
                  info["seconds"], info["first_loss"], info["final_loss"])
@@ -455,8 +479,9 @@ class Trainer:
         self.rng, key = jax.random.split(self.rng)
         t0 = time.perf_counter()
         out = self.generator.generate(list(prompts), key)
-        tokens, logprobs, lengths = (np.asarray(out.tokens), np.asarray(out.logprobs),
-                                     np.asarray(out.lengths))
+        tokens, logprobs, lengths = (multihost.host_value(out.tokens),
+                                     multihost.host_value(out.logprobs),
+                                     multihost.host_value(out.lengths))
         gen_s = time.perf_counter() - t0
         g = self.cfg.rl.group_size
         version = int(self.learner.state.step)
@@ -475,19 +500,32 @@ class Trainer:
 
     def _submit(self, step: int, rollouts: list[Rollout], gen_s: float, gen_tokens: int
                 ) -> PendingStep:
-        """Parses every completion and sends the valid actions to the sandbox pool."""
+        """Parses every completion and sends the valid actions of this process's share
+        (`multihost.my_share`; all of them on one host) to its sandbox pool."""
+        mine = multihost.my_share(len(rollouts))
         futures = []
-        for r in rollouts:
+        for i, r in enumerate(rollouts):
             r.action = agent.parse_action(r.text, max_code_chars=self.cfg.agent.max_code_chars)
             futures.append(self.pool.submit(self.task_by_id[r.task_id], r.action.code)
-                           if r.action.valid else None)
+                           if r.action.valid and i in mine else None)
         return PendingStep(step, rollouts, futures, gen_s, gen_tokens)
+
+    def _wait_results(self, p: PendingStep) -> None:
+        """Sets every rollout's result: this process's executions, then (multi-host) everyone's,
+        gathered so that every process holds the same results."""
+        mine = multihost.my_share(len(p.rollouts))
+        own = [None if p.futures[i] is None else p.futures[i].result().to_dict() for i in mine]
+        if multihost.is_multi_process():
+            log.info("process %d of %d ran %d of the %d executions of step %d",
+                     jax.process_index(), jax.process_count(), len(own) - own.count(None),
+                     len(p.rollouts), p.step)
+        for r, d in zip(p.rollouts, multihost.allgather_json(own)):
+            r.result = None if d is None else ExecutionResult.from_dict(d)
 
     def _finish(self, p: PendingStep) -> dict[str, float]:
         """Waits for the executions of ``p``, rewards them, learns, grows the buffer, logs."""
         t0 = time.perf_counter()
-        for r, f in zip(p.rollouts, p.futures):
-            r.result = f.result() if f is not None else None
+        self._wait_results(p)
         wait_s = time.perf_counter() - t0
         reward_fn = rewards.get_reward(self.cfg.rl.reward)
         for r in p.rollouts:
@@ -611,7 +649,8 @@ class Trainer:
                 continue
             task = self.task_by_id[task_id]
             m[metrics_lib.task_scalar(task_id, "best_dev_score")] = best
-            m[metrics_lib.task_scalar(task_id, "medal")] = medal_level(task.medal(best))
+            if task.has_leaderboard:
+                m[metrics_lib.task_scalar(task_id, "medal")] = medal_level(task.medal(best))
         return m
 
     # ------------------------------------------------------------------ the loop
@@ -621,19 +660,18 @@ class Trainer:
         cfg = self.cfg
         t_start = time.perf_counter()
         self.pool = SandboxPool.from_config(cfg.sandbox)
-        self.learner = learner_lib.Learner.create(self.model, cfg.grpo, cfg.optim,
-                                                  group_size=cfg.rl.group_size)
-        self.generator = generate.Generator(self.model, self.sampling)
+        self.learner = self._make_learner()
+        self.generator = generate.Generator(self.model, self.sampling, placement=self.placement)
         warm = {}
         if not self._restore():
             warm = self._warm_start()
-            self.learner = learner_lib.Learner.create(self.model, cfg.grpo, cfg.optim,
-                                                      group_size=cfg.rl.group_size)
+            self.learner = self._make_learner()
             self.generator.update_weights(self.learner.params)
             self._seed_buffer()
             self.metrics.write_config(cfg)
             self._persist()
-        log.info("%s", grpo.describe(cfg.grpo))
+        if self.is_writer:   # the GRPO mode, on the terminal at every start
+            print(grpo.describe(cfg.grpo), file=sys.stderr, flush=True)
         last: dict = {}
         while self.next_step < cfg.rl.num_steps or self.pending is not None:
             step = self.next_step
@@ -653,6 +691,11 @@ class Trainer:
             self._persist()
         return {"steps": cfg.rl.num_steps, "minutes": (time.perf_counter() - t_start) / 60,
                 "warm_start": warm, "last": last}
+
+    def _make_learner(self) -> learner_lib.Learner:
+        return learner_lib.Learner.create(self.model, self.cfg.grpo, self.cfg.optim,
+                                          group_size=self.cfg.rl.group_size,
+                                          placement=self.placement)
 
     def close(self) -> None:
         if self.pool is not None:

@@ -99,7 +99,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.tasks.source = "mlebench"       # prepared competitions (`mlebench prepare`), see docs/tpu.md
     c.tasks.ids = ()                  # () = every prepared competition under data_dir
     c.tasks.data_dir = "/mnt/mlebench/data"   # placeholder: the MLE-bench data dir on every host
-    c.tasks.time_limit_s = 0.0        # 0 = each competition's own budget
     c.tasks.cache_dir = "cache/tasks"
     c.tasks.seed = 0
 
@@ -121,4 +120,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.dry_run.decode_replicas = 8     # 8-chip rollout replicas (spec §5.5-5.6)
     c.dry_run.prompt_tokens = 0       # 0: rl.max_prompt_tokens (8192)
     c.dry_run.new_tokens = 0          # 0: sampling.max_new_tokens (4096)
+    # Compiled by XLA's TPU compiler for this slice when libtpu is installed (it runs on any host);
+    # each program must stay under 90% of a chip's HBM.
+    c.dry_run.topology = "v5p:4x4x4"
+    c.dry_run.max_hbm_fraction = 0.9
     return c

@@ -66,6 +66,9 @@ def _make_pool(backend: str, workers: int):
 
 
 def main(argv):
+    from ace_jax import logs
+
+    logs.configure_logging()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from ace_jax import agent, buffer, evaluation

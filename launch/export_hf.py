@@ -1,7 +1,7 @@
 """Export a training run's checkpoint as a Hugging Face model directory (see ``ace_jax/export.py``).
 
-  python launch/export_hf.py --run=runs/local --out=exports/local               # newest step, bf16
-  python launch/export_hf.py --run=runs/local --step=200 --out=exports/s200 --dtype=float32
+  python launch/export_hf.py --run=runs/local --out=exports/local   # newest step, the model's param dtype
+  python launch/export_hf.py --run=runs/local --step=200 --out=exports/s200 --dtype=bfloat16
   python launch/export_hf.py --run=runs/local --out=gs://bucket/exports/local --max_shard_size=2GB
 
 The directory loads with ``transformers.AutoModelForCausalLM.from_pretrained``, vLLM, and
@@ -17,7 +17,8 @@ from absl import app, flags  # noqa: E402
 _RUN = flags.DEFINE_string("run", None, "The training run directory (its workdir).")
 _OUT = flags.DEFINE_string("out", None, "Directory (or fsspec URL) to write the HF model into.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest complete one).")
-_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Stored dtype.")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["bfloat16", "float32"],
+                           "Stored dtype (default: the model's param_dtype).")
 _MAX_SHARD_SIZE = flags.DEFINE_string("max_shard_size", "5GiB",
                                       "Largest safetensors shard, e.g. 5GiB, 500MB or bytes.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out.")
@@ -31,9 +32,10 @@ def main(argv):
     from models import hf_mapping
 
     try:
-        result = export.export_run(_RUN.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value,
+        dtype = {} if _DTYPE.value is None else {"dtype": _DTYPE.value}
+        result = export.export_run(_RUN.value, _OUT.value, step=_STEP.value,
                                    max_shard_bytes=_MAX_SHARD_SIZE.value,
-                                   overwrite=_OVERWRITE.value)
+                                   overwrite=_OVERWRITE.value, **dtype)
     except (export.PolicyError, checkpoint.CheckpointError, hf_mapping.CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)

@@ -7,7 +7,8 @@
 Then any OpenAI client can talk to it, e.g. ``ace_jax.policy.OpenAIPolicy("http://127.0.0.1:8000/v1")``
 or ``curl -d '{"messages": [{"role": "user", "content": "hi"}]}' URL/v1/chat/completions``.
 ``--port=0`` picks a free port; the first line printed is ``serving <model> at <url>``.
-Ctrl-C or SIGTERM stops it cleanly.
+Ctrl-C or SIGTERM stops it cleanly. Only warnings and errors are logged; ``--verbosity=0`` shows
+INFO logs too (Orbax, requests at ``--verbosity=1``).
 """
 import os
 import signal
@@ -26,14 +27,19 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on; 0 picks a free one.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 256,
-                                       "Largest reply in tokens (and the default max_tokens).")
+                                       "Largest reply in tokens per sample (and the default "
+                                       "max_tokens); a larger max_tokens is refused (HTTP 400).")
 _MAX_PROMPT_TOKENS = flags.DEFINE_integer("max_prompt_tokens", 1024,
                                           "Prompts are cut from the left to this many tokens.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0,
                                   "Temperature of requests that do not give one.")
 _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 20.0, "Requests arriving within this "
                                       "many ms of the first waiting one are sampled together.")
-_MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 32, "Most requests in one batch.")
+_MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 32, "Most samples (the sum of the "
+                                       "requests' n) decoded together; also the largest n.")
+_DECODE_CHUNK_TOKENS = flags.DEFINE_integer(
+    "decode_chunk_tokens", 8, "Decode steps between stop-string checks and streamed chunks: "
+    "smaller streams more smoothly, larger syncs the host less often.", lower_bound=1)
 _MODEL_NAME = flags.DEFINE_string("model_name", None, "Model id reported by the API "
                                   "(default: the run or directory name).")
 
@@ -44,8 +50,9 @@ def main(argv):
         raise app.UsageError("give exactly one of --run or --hf")
     if _STEP.value is not None and not _RUN.value:
         raise app.UsageError("--step needs --run")
-    from ace_jax import policy as policy_lib, serving
+    from ace_jax import logs, policy as policy_lib, serving
 
+    logs.configure_logging()
     kwargs = dict(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
                   max_prompt_tokens=_MAX_PROMPT_TOKENS.value)
     if _MODEL_NAME.value:
@@ -60,7 +67,8 @@ def main(argv):
         sys.exit(2)
     server, thread, url = serving.start_server(
         policy, _HOST.value, _PORT.value, batch_window_ms=_BATCH_WINDOW_MS.value,
-        max_batch_size=_MAX_BATCH_SIZE.value, max_new_tokens=_MAX_NEW_TOKENS.value)
+        max_batch_size=_MAX_BATCH_SIZE.value, max_new_tokens=_MAX_NEW_TOKENS.value,
+        decode_chunk_tokens=_DECODE_CHUNK_TOKENS.value)
     print(f"serving {server.model_name} at {url}  (OpenAI base_url {url}/v1)", flush=True)
 
     def _stop(signum, frame):

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from ace_jax import config_utils  # noqa: E402
@@ -26,12 +26,12 @@ _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the terminal pro
 
 def main(argv):
     del argv
+    from ace_jax import logs
+
+    logs.configure_logging()   # warnings and errors; --verbosity=0 shows INFO (Orbax's too)
     cfg = _CONFIG.value
     if _DRY_RUN.value:
-        from ace_jax import dry_run
-
-        print(dry_run.format_report(dry_run.run_dry_run(cfg)))
-        return
+        return _dry_run(cfg)
     from ace_jax import sharding, trainer
 
     sharding.maybe_initialize_distributed(cfg.mesh)
@@ -48,7 +48,25 @@ def main(argv):
         summary = t.run()
     finally:
         t.close()
-    logging.info("done: %s", summary)
+    print(f"done: {summary}", flush=True)
+
+
+def _dry_run(cfg) -> None:
+    """Prints the plan, then its one-line JSON summary; exits 1 when a program does not fit."""
+    import json
+
+    from ace_jax import dry_run
+
+    try:
+        report = dry_run.run_dry_run(cfg)
+    except dry_run.DryRunConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(dry_run.format_report(report))
+    result = dry_run.summary(report)
+    print(json.dumps(result), flush=True)
+    if not result["fits"]:
+        sys.exit(1)
 
 
 def _precheck_overrides(argv):

@@ -2,7 +2,9 @@
 
 `ModelConfig` uses Hugging Face field names (``hidden_size``, ``num_experts``, ...) so a reader can
 compare it with a Hub ``config.json`` field by field. A few runtime fields are ours, not HF's:
-``dtype`` (compute dtype), ``param_dtype``, ``moe_dispatch``, ``remat_policy``, ``scan_layers``.
+``dtype`` (compute dtype), ``param_dtype``, ``moe_dispatch``, ``remat_policy``, ``scan_layers``,
+``attention_impl``, ``platform`` (`target_platform` resolves the platform the model's code paths are
+chosen for).
 
 Layer kinds follow HF's rule (``Qwen3MoeDecoderLayer.__init__``): layer ``i`` is a sparse MoE layer
 iff ``num_experts > 0`` and ``i not in mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``;
@@ -23,11 +25,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 from flax.core import FrozenDict
 
 __all__ = [
     "UnsupportedConfigError",
     "LayerGroup",
+    "ATTENTION_IMPLS",
+    "PLATFORMS",
+    "target_platform",
     "ModelConfig",
     "get_model_config",
     "model_config_names",
@@ -50,8 +56,11 @@ class UnsupportedConfigError(ValueError):
 COMPUTE_DTYPES = ("float32", "bfloat16")
 PARAM_DTYPES = ("float32", "bfloat16")
 MOE_DISPATCH = ("dense", "ragged", "capacity")
+ATTENTION_IMPLS = ("auto", "dot", "blockwise", "splash")  # see models.attention
+PLATFORMS = ("auto", "cpu", "gpu", "tpu")
 # Fields of ModelConfig that are ours, not HF's (not in config.json; from_hf_dict takes them as kwargs).
-RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_dispatch", "moe_capacity_factor", "remat_policy", "scan_layers")
+RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_dispatch", "moe_capacity_factor", "remat_policy", "scan_layers",
+                  "attention_impl", "platform")
 # remat policy name -> name of the jax.checkpoint_policies entry (None: save nothing but the layer input).
 REMAT_POLICIES: Mapping[str, str | None] = {
     "none": None,  # no jax.checkpoint at all
@@ -153,6 +162,13 @@ class ModelConfig:
       remat_policy: "none" | "full" | "dots_saveable" | "dots_with_no_batch_dims_saveable";
         jax.checkpoint around each decoder layer.
       scan_layers: run each `LayerGroup` with one ``jax.lax.scan`` (True) or unroll it (False).
+      attention_impl: "dot" (exact [B, T, S] mask, the HF-parity reference) | "blockwise" (pure-JAX
+        flash attention, memory O(T x block)) | "splash" (Pallas TPU kernel) | "auto" (splash on TPU,
+        else dot up to ``models.attention.DOT_MAX_KEYS`` keys and blockwise above); see
+        `models.attention`.
+      platform: "cpu" | "gpu" | "tpu": the platform whose code paths the model takes (CPU fast
+        paths, kernels); "auto" (default) = ``jax.default_backend()`` at trace time. Set it when
+        the compile target is not the host's backend (a CPU host compiling ahead of time for TPU).
 
     The instance is immutable and hashable (it is static module metadata under ``jax.jit``);
     ``rope_scaling`` is stored as a ``flax.core.FrozenDict`` (or None for default RoPE).
@@ -192,6 +208,8 @@ class ModelConfig:
     moe_capacity_factor: float = 1.25
     remat_policy: str = "none"
     scan_layers: bool = True
+    attention_impl: str = "auto"
+    platform: str = "auto"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass normalisation)
@@ -260,6 +278,10 @@ class ModelConfig:
             raise UnsupportedConfigError(f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor!r}")
         if self.remat_policy not in REMAT_POLICIES:
             raise UnsupportedConfigError(f"remat_policy={self.remat_policy!r}; valid: {list(REMAT_POLICIES)}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise UnsupportedConfigError(f"attention_impl={self.attention_impl!r}; valid: {list(ATTENTION_IMPLS)}")
+        if self.platform not in PLATFORMS:
+            raise UnsupportedConfigError(f"platform={self.platform!r}; valid: {list(PLATFORMS)}")
 
     # ------------------------------------------------------------------ layer structure
     @property
@@ -565,6 +587,21 @@ def param_counts(config: ModelConfig) -> tuple[int, int]:
     from models.qwen3 import param_counts as _param_counts  # the count is taken from the real module
 
     return _param_counts(config)
+
+
+def target_platform(config: ModelConfig | str) -> str:
+    """The platform ("cpu" | "gpu" | "tpu") whose code paths a model of ``config`` takes.
+
+    ``config``: a `ModelConfig` or the value of its ``platform`` field. "auto" resolves to
+    ``jax.default_backend()`` (call it at trace time); CUDA / ROCm backends count as "gpu".
+    """
+    platform = config.platform if isinstance(config, ModelConfig) else config
+    if platform not in PLATFORMS:
+        raise UnsupportedConfigError(f"platform={platform!r}; valid: {list(PLATFORMS)}")
+    if platform != "auto":
+        return platform
+    backend = jax.default_backend()
+    return "gpu" if backend in ("cuda", "rocm") else backend
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

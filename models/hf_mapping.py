@@ -31,9 +31,12 @@ HF checkpoints are read in either expert layout: the Hub's per-expert keys
 
 Reading uses ``safetensors`` with numpy (no torch); bf16 is ``ml_dtypes.bfloat16`` so an HF ->
 Flax -> HF round trip in bf16 is bit-exact (no float16 hop). Paths may be local directories or
-fsspec URLs (``gs://``, ``memory://``, ...): remote checkpoints are copied to a local temporary
-directory first (needs local disk for the whole checkpoint), and exports are written locally
-then uploaded.
+fsspec URLs (``gs://``, ``memory://``, ...). `SafetensorsReader` reads blocks of tensors: local
+files through ``safe_open(...).get_slice``, remote ones by byte ranges from their headers' offsets
+(nothing is copied to local disk). `load_hf_params_sharded` / `load_hf_model(shardings=...)` build
+each parameter with ``jax.make_array_from_callback``, so a host reads only the blocks its devices
+hold (the table maps a Flax block to the HF keys and rows / columns it covers). Exports are
+written locally then uploaded.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from models.configs import LayerGroup, ModelConfig, UnsupportedConfigError
+from models.configs import RUNTIME_FIELDS, LayerGroup, ModelConfig, UnsupportedConfigError
 
 __all__ = [
     "CheckpointError",
@@ -64,8 +67,12 @@ __all__ = [
     "hf_param_shapes",
     "flax_to_hf",
     "hf_to_flax",
+    "ReadStats",
+    "SafetensorsReader",
     "read_safetensors_dir",
+    "load_hf_config",
     "load_hf_checkpoint",
+    "load_hf_params_sharded",
     "load_hf_model",
     "export_hf",
 ]
@@ -84,15 +91,26 @@ class CheckpointMismatchError(CheckpointError):
 # Both directions accept extra leading (batch) axes, so experts or layers can be converted at once.
 
 
+Range = tuple[int, int]  # [start, stop) along one axis
+
+
 @dataclasses.dataclass(frozen=True)
 class Transform:
     """A named, invertible layout change. ``to_flax(x, dims)`` / ``to_hf(y, dims)`` act on the
-    trailing axes (any leading axes are carried along); ``flax_shape(hf_shape, dims)`` maps shapes."""
+    trailing axes (any leading axes are carried along); ``flax_shape(hf_shape, dims)`` maps shapes.
+
+    ``hf_region(flax_ranges, dims) -> (hf_ranges, covered)`` maps a block of the Flax slice (one
+    ``(start, stop)`` per trailing Flax axis) to the block of the HF tensor to read (one range per
+    HF axis) and the Flax block that ``to_flax`` of that HF block yields: ``covered`` equals the
+    request except where the HF block must span whole heads (a ``head_dim`` range is widened to
+    ``(0, d)``; the caller cuts the requested part out of ``covered``).
+    """
 
     name: str
     to_flax: Callable[[np.ndarray, Mapping[str, int]], np.ndarray]
     to_hf: Callable[[np.ndarray, Mapping[str, int]], np.ndarray]
     flax_shape: Callable[[tuple[int, ...], Mapping[str, int]], tuple[int, ...]]
+    hf_region: Callable[[Sequence[Range], Mapping[str, int]], tuple[tuple[Range, ...], tuple[Range, ...]]]
 
 
 def _swap(x: np.ndarray) -> np.ndarray:
@@ -101,9 +119,9 @@ def _swap(x: np.ndarray) -> np.ndarray:
 
 def _split_heads_out(n_key: str) -> Transform:
     # HF [n*d, H] -> Flax [H, n, d]   (q/k/v projections; head j owns rows j*d:(j+1)*d)
-    def to_flax(x, dims):
+    def to_flax(x, dims):  # any whole number of heads (a block of rows), hence -1
         y = _swap(x)
-        return y.reshape(*y.shape[:-1], dims[n_key], dims["d"])
+        return y.reshape(*y.shape[:-1], -1, dims["d"])
 
     def to_hf(y, dims):
         x = y.reshape(*y.shape[:-2], dims[n_key] * dims["d"])
@@ -112,14 +130,18 @@ def _split_heads_out(n_key: str) -> Transform:
     def shape(s, dims):
         return (*s[:-2], s[-1], dims[n_key], dims["d"])
 
-    return Transform(f"split_heads_out[{n_key}]", to_flax, to_hf, shape)
+    def region(r, dims):
+        (h, n, _), d = r, dims["d"]
+        return ((n[0] * d, n[1] * d), h), (h, n, (0, d))
+
+    return Transform(f"split_heads_out[{n_key}]", to_flax, to_hf, shape, region)
 
 
 def _merge_heads_in(n_key: str) -> Transform:
     # HF [H, n*d] -> Flax [n, d, H]   (o_proj)
-    def to_flax(x, dims):
+    def to_flax(x, dims):  # any whole number of heads (a block of columns), hence -1
         y = _swap(x)
-        return y.reshape(*y.shape[:-2], dims[n_key], dims["d"], y.shape[-1])
+        return y.reshape(*y.shape[:-2], -1, dims["d"], y.shape[-1])
 
     def to_hf(y, dims):
         x = y.reshape(*y.shape[:-3], dims[n_key] * dims["d"], y.shape[-1])
@@ -128,13 +150,19 @@ def _merge_heads_in(n_key: str) -> Transform:
     def shape(s, dims):
         return (*s[:-2], dims[n_key], dims["d"], s[-2])
 
-    return Transform(f"merge_heads_in[{n_key}]", to_flax, to_hf, shape)
+    def region(r, dims):
+        (n, _, h), d = r, dims["d"]
+        return (h, (n[0] * d, n[1] * d)), (n, (0, d), h)
+
+    return Transform(f"merge_heads_in[{n_key}]", to_flax, to_hf, shape, region)
 
 
 TRANSFORMS: dict[str, Transform] = {
-    "identity": Transform("identity", lambda x, d: x, lambda y, d: y, lambda s, d: tuple(s)),
+    "identity": Transform("identity", lambda x, d: x, lambda y, d: y, lambda s, d: tuple(s),
+                          lambda r, d: (tuple(r), tuple(r))),
     "transpose": Transform("transpose", lambda x, d: _swap(x), lambda y, d: _swap(y),
-                           lambda s, d: (*s[:-2], s[-1], s[-2])),
+                           lambda s, d: (*s[:-2], s[-1], s[-2]),
+                           lambda r, d: ((*r[:-2], r[-1], r[-2]), tuple(r))),
     "q_heads": _split_heads_out("nq"),
     "kv_heads": _split_heads_out("nkv"),
     "o_heads": _merge_heads_in("nq"),
@@ -326,6 +354,143 @@ def _np_dtype(dtype: Any) -> np.dtype:
         raise ValueError(f"unknown dtype {dtype!r}") from exc
 
 
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """Where one Flax parameter's numbers are in a checkpoint.
+
+    ``tensors``: for a global rule ``(key,)``; for a layer rule one key per layer of the group; for
+    an expert rule, per layer either the fused v5 key (a str) or the per-expert keys (a tuple).
+    ``tied_copy``: a stored ``lm_head.weight`` that must equal this (embedding) tensor.
+    """
+
+    rule: ParamRule
+    tensors: tuple
+    tied_copy: str | None = None
+
+
+_LEADING_AXES = {"global": 0, "layer": 1, "expert": 2}  # stacked [Lg] / [Lg, E] axes before the slice
+
+
+def _plan_sources(config: ModelConfig, keys: Mapping[str, tuple[int, ...]]) -> dict[str, _Source]:
+    """Flax name -> `_Source`, from the checkpoint's key -> shape alone (nothing is read).
+
+    Raises:
+      CheckpointMismatchError: naming the tensor(s): missing, unexpected, or of the wrong shape.
+    """
+    dims, rules = _dims(config), _active_rules(config)
+    used: set[str] = set()
+    missing: list[str] = []
+
+    def need(key: str, want: tuple[int, ...]) -> bool:
+        if key not in keys:
+            missing.append(key)
+            return False
+        _check_shape(key, keys[key], want, "the checkpoint")
+        used.add(key)
+        return True
+
+    plan: dict[str, _Source] = {}
+    for rule in rules:
+        if rule.scope == "global" and need(rule.hf, _eval_shape(rule.hf_shape, dims)):
+            plan[rule.flax] = _Source(rule, (rule.hf,))
+
+    for g, group in enumerate(config.layer_groups()):
+        for rule in _group_rules(rules, group):
+            one = _eval_shape(rule.hf_shape, dims)
+            per_layer: list[str | tuple[str, ...]] = []
+            complete = True
+            for li in range(group.count):
+                i = group.start + li
+                if rule.scope == "layer":
+                    key = rule.hf.format(i=i)
+                    complete &= need(key, one)
+                    per_layer.append(key)
+                elif rule.fused is not None and rule.fused[0].format(i=i) in keys:
+                    fkey, _, n_parts = rule.fused
+                    key = fkey.format(i=i)
+                    complete &= need(key, (dims["E"], one[0] * n_parts, one[1]))
+                    per_layer.append(key)
+                else:
+                    experts = tuple(rule.hf.format(i=i, j=j) for j in range(dims["E"]))
+                    complete &= all([need(k, one) for k in experts])  # a list: every missing key is named
+                    per_layer.append(experts)
+            if complete:
+                plan[_flax_name(rule, g)] = _Source(rule, tuple(per_layer))
+
+    if config.tie_word_embeddings and "lm_head.weight" in keys:
+        # Some tied checkpoints still carry a copy of the head; accepted only if it IS the embedding
+        # (checked block by block as the embedding is read).
+        _check_shape("lm_head.weight", keys["lm_head.weight"], (dims["V"], dims["H"]), "the checkpoint")
+        used.add("lm_head.weight")
+        if "embed_tokens/embedding" in plan:
+            plan["embed_tokens/embedding"] = dataclasses.replace(plan["embed_tokens/embedding"],
+                                                                 tied_copy="lm_head.weight")
+    if missing:
+        raise CheckpointMismatchError(
+            f"{len(missing)} tensor(s) required by the config are missing from the checkpoint: {_fmt_keys(missing)}"
+        )
+    unexpected = sorted(set(keys) - used)
+    if unexpected:
+        raise CheckpointMismatchError(
+            f"{len(unexpected)} unexpected tensor(s) in the checkpoint (not in the Qwen3 table for this "
+            f"config): {_fmt_keys(unexpected)} (shape of the first: {tuple(keys[unexpected[0]])})"
+        )
+    return plan
+
+
+ReadMany = Callable[[Sequence[tuple[str, tuple[slice, ...]]]], list[np.ndarray]]
+# [(HF key, box: one slice per axis), ...] -> those blocks of the HF tensors, in order
+
+
+def _read_block(source: _Source, block: Sequence[Range], dims: Mapping[str, int], read_many: ReadMany) -> np.ndarray:
+    """One block of a Flax parameter (``block``: one ``(start, stop)`` per Flax axis), in its stored dtype.
+
+    Reads only what the block covers, in one ``read_many`` call: the layers and experts in its
+    leading ranges and, within each HF tensor, the rows / columns the transform maps the trailing
+    ranges to (whole heads when a ``head_dim`` range is partial).
+
+    Raises:
+      CheckpointMismatchError: a stored tied ``lm_head.weight`` differs from the embedding here.
+    """
+    rule = source.rule
+    tr = TRANSFORMS[rule.transform]
+    n_lead = _LEADING_AXES[rule.scope]
+    lead, trail = tuple(block[:n_lead]), tuple(block[n_lead:])
+    hf_ranges, covered = tr.hf_region(trail, dims)
+    box = tuple(slice(a, b) for a, b in hf_ranges)
+    layers = range(*lead[0]) if n_lead else range(1)
+    experts = slice(*lead[1]) if n_lead == 2 else None
+    requests: list[tuple[str, tuple[slice, ...]]] = []
+    per_layer: list[int | None] = []  # blocks read per layer; None: one tensor is the layer's block
+    for li in layers:
+        tensors = source.tensors[li]
+        if experts is None:
+            requests.append((tensors, box))
+            per_layer.append(None)
+        elif isinstance(tensors, str):  # fused [E, n_parts * out, in]; this rule is rows part*out:(part+1)*out
+            offset = rule.fused[1] * _eval_shape(rule.hf_shape, dims)[0]
+            requests.append((tensors, (experts, slice(offset + box[0].start, offset + box[0].stop), *box[1:])))
+            per_layer.append(None)
+        else:
+            requests.extend((key, box) for key in tensors[experts])
+            per_layer.append(len(tensors[experts]))
+    if source.tied_copy is not None:
+        requests.append((source.tied_copy, box))
+    parts = read_many(requests)
+    if source.tied_copy is not None:
+        copy = parts.pop()
+        if not np.array_equal(np.asarray(copy, dtype=np.float32), np.asarray(parts[0], dtype=np.float32)):
+            raise CheckpointMismatchError(
+                f"config.json says tie_word_embeddings=true but {source.tied_copy!r} differs from "
+                f"{source.tensors[0]!r}"
+            )
+    it = iter(parts)
+    blocks = [next(it) if n is None else np.stack([next(it) for _ in range(n)]) for n in per_layer]
+    x = blocks[0] if rule.scope == "global" else np.stack(blocks)
+    local = tuple(slice(want[0] - have[0], want[1] - have[0]) for want, have in zip(trail, covered))
+    return tr.to_flax(x, dims)[(Ellipsis, *local)]
+
+
 def hf_to_flax(
     get: Callable[[str], np.ndarray],
     keys: Mapping[str, tuple[int, ...]],
@@ -334,6 +499,8 @@ def hf_to_flax(
     dtype: Any = None,
 ) -> dict[str, np.ndarray]:
     """Build the flat Flax dict from HF tensors, validating names and shapes against the table.
+
+    Every name and shape is checked (from ``keys``) before any tensor is read.
 
     Args:
       get: returns the HF tensor for a key (numpy, HF layout).
@@ -348,80 +515,23 @@ def hf_to_flax(
     Raises:
       CheckpointMismatchError: naming the tensor(s): missing, unexpected, or of the wrong shape.
     """
-    dims, rules = _dims(config), _active_rules(config)
-    used: set[str] = set()
-    missing: list[str] = []
+    plan = _plan_sources(config, keys)
+    dims, shapes = _dims(config), flax_param_shapes(config)
 
-    def fetch(key: str, want: tuple[int, ...]) -> np.ndarray | None:
-        if key not in keys:
-            missing.append(key)
-            return None
-        _check_shape(key, keys[key], want, "the checkpoint")
-        used.add(key)
-        return get(key)
+    def read_many(requests: Sequence[tuple[str, tuple[slice, ...]]]) -> list[np.ndarray]:
+        return [get(key)[box] for key, box in requests]
 
-    flat: dict[str, np.ndarray] = {}
-    for rule in rules:
-        if rule.scope != "global":
-            continue
-        x = fetch(rule.hf, _eval_shape(rule.hf_shape, dims))
-        if x is not None:
-            flat[rule.flax] = _cast(TRANSFORMS[rule.transform].to_flax(x, dims), dtype)
-
-    for g, group in enumerate(config.layer_groups()):
-        for rule in _group_rules(rules, group):
-            tr = TRANSFORMS[rule.transform]
-            one = _eval_shape(rule.hf_shape, dims)
-            per_layer = []
-            for li in range(group.count):
-                i = group.start + li
-                if rule.scope == "layer":
-                    x = fetch(rule.hf.format(i=i), one)
-                elif rule.fused is not None and rule.fused[0].format(i=i) in keys:
-                    fkey, part, n_parts = rule.fused
-                    fkey = fkey.format(i=i)
-                    fshape = (dims["E"], one[0] * n_parts, one[1])
-                    x = fetch(fkey, fshape)
-                    if x is not None:
-                        x = x[:, part * one[0]:(part + 1) * one[0], :]
-                else:
-                    experts = [fetch(rule.hf.format(i=i, j=j), one) for j in range(dims["E"])]
-                    x = None if any(e is None for e in experts) else np.stack(experts)
-                if x is not None:
-                    per_layer.append(_cast(tr.to_flax(x, dims), dtype))
-            if len(per_layer) == group.count:
-                flat[_flax_name(rule, g)] = np.stack(per_layer)
-
-    if config.tie_word_embeddings and "lm_head.weight" in keys:
-        # Some tied checkpoints still carry a copy of the head; accept it only if it IS the embedding.
-        _check_shape("lm_head.weight", keys["lm_head.weight"], (dims["V"], dims["H"]), "the checkpoint")
-        used.add("lm_head.weight")
-        if "embed_tokens/embedding" in flat and not np.array_equal(
-            np.asarray(get("lm_head.weight"), dtype=np.float32),
-            np.asarray(get("model.embed_tokens.weight"), dtype=np.float32),
-        ):
-            raise CheckpointMismatchError(
-                "config.json says tie_word_embeddings=true but 'lm_head.weight' differs from "
-                "'model.embed_tokens.weight'"
-            )
-    if missing:
-        raise CheckpointMismatchError(
-            f"{len(missing)} tensor(s) required by the config are missing from the checkpoint: {_fmt_keys(missing)}"
-        )
-    unexpected = sorted(set(keys) - used)
-    if unexpected:
-        raise CheckpointMismatchError(
-            f"{len(unexpected)} unexpected tensor(s) in the checkpoint (not in the Qwen3 table for this "
-            f"config): {_fmt_keys(unexpected)} (shape of the first: {tuple(keys[unexpected[0]])})"
-        )
-    return flat
+    return {
+        name: _cast(_read_block(source, [(0, n) for n in shapes[name]], dims, read_many), dtype)
+        for name, source in plan.items()
+    }
 
 
 def flax_to_hf(
     flat: Mapping[str, Any],
     config: ModelConfig,
     *,
-    dtype: Any = "bfloat16",
+    dtype: Any = None,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (HF key, numpy tensor) in the per-expert Hub layout, lazily, in file order.
 
@@ -430,15 +540,19 @@ def flax_to_hf(
     Args:
       flat: flat Flax name -> array (numpy or fully addressable jax.Array).
       config: the model config.
-      dtype: output dtype ("bfloat16" default, "float32", ...) or None to keep each array's dtype.
-        Casting uses numpy/ml_dtypes round-to-nearest-even; a bf16 input is passed through
-        bit-exactly.
+      dtype: output dtype ("bfloat16", "float32", ...); None (default): the model's
+        ``config.param_dtype``. Casting uses numpy/ml_dtypes round-to-nearest-even; a bf16 input
+        is passed through bit-exactly.
 
     Raises:
       CheckpointMismatchError: a Flax parameter is missing, unexpected, or of the wrong shape.
     """
     _check_flat(flat, config)
-    return _flax_to_hf_unchecked(flat, config, dtype)
+    return _flax_to_hf_unchecked(flat, config, _export_dtype(dtype, config))
+
+
+def _export_dtype(dtype: Any, config: ModelConfig) -> np.dtype:
+    return _np_dtype(config.param_dtype if dtype is None else dtype)
 
 
 def _check_flat(flat: Mapping[str, Any], config: ModelConfig) -> None:
@@ -487,8 +601,307 @@ def _local_path(path: str | os.PathLike) -> pathlib.Path:
     return pathlib.Path(s[len("file://"):] if s.startswith("file://") else s)
 
 
-def read_safetensors_dir(path: str | os.PathLike) -> tuple[dict[str, tuple[int, ...]], Callable[[str], np.ndarray]]:
-    """Index the safetensors of a local HF directory without loading them.
+# safetensors dtype names -> numpy (bf16 / fp8 through ml_dtypes). Files are little-endian.
+_ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+              "F8_E5M2": "float8_e5m2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1",
+              "BOOL": "?"}
+_MAX_HEADER_BYTES = 100 * 1024**2  # the safetensors format's own bound on the JSON header
+DEFAULT_MAX_GAP_BYTES = 1024**2
+
+
+def _st_dtype(name: str, key: str, where: str) -> np.dtype:
+    import ml_dtypes
+
+    if name not in _ST_DTYPES:
+        raise CheckpointError(f"tensor {key!r} in {where} has the unsupported dtype {name!r}")
+    np_name = _ST_DTYPES[name]
+    return np.dtype(getattr(ml_dtypes, np_name) if hasattr(ml_dtypes, np_name) else np_name)
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """What a load read from the checkpoint's safetensors files (a `SafetensorsReader` adds to it).
+
+    Attributes:
+      tensor_bytes: bytes of tensor data read. Local files: the bytes of every slice read (the file
+        is memory-mapped and only the slice is copied out). Remote files: the bytes of every range
+        requested, which includes the gaps (at most ``max_gap_bytes`` each) merged between runs.
+      header_bytes: bytes of the safetensors headers read from remote files (``safe_open`` parses
+        local headers; they are not counted).
+      requests: slice reads (local) or byte-range requests (remote); headers not included.
+      by_key: HF key -> tensor bytes read for it.
+    """
+
+    tensor_bytes: int = 0
+    header_bytes: int = 0
+    requests: int = 0
+    by_key: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def add(self, key: str, nbytes: int, requests: int = 1) -> None:
+        self.tensor_bytes += nbytes
+        self.requests += requests
+        self.by_key[key] = self.by_key.get(key, 0) + nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorEntry:
+    file: str                 # path of the safetensors file on its filesystem
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int               # absolute byte offset of the tensor's first element (remote reads)
+
+
+def _fs_and_root(path: str | os.PathLike, storage_options: Mapping[str, Any] | None):
+    import fsspec
+
+    if _is_remote(path):
+        fs, root = fsspec.core.url_to_fs(os.fspath(path), **dict(storage_options or {}))
+        return fs, root.rstrip("/")
+    return fsspec.filesystem("file"), str(_local_path(path).absolute())
+
+
+def _checked_box(box: Sequence[slice] | None, shape: tuple[int, ...], key: str) -> tuple[Range, ...]:
+    if box is None:
+        return tuple((0, n) for n in shape)
+    if len(box) != len(shape):
+        raise ValueError(f"a block of tensor {key!r} {shape} needs {len(shape)} slices, got {len(box)}")
+    out = []
+    for s, n in zip(box, shape):
+        start, stop, step = s.indices(n)
+        if step != 1:
+            raise ValueError(f"tensor {key!r}: only contiguous slices can be read, got step {step}")
+        out.append((start, max(start, stop)))
+    return tuple(out)
+
+
+def _byte_runs(shape: tuple[int, ...], block: tuple[Range, ...], itemsize: int) -> tuple[np.ndarray, int]:
+    """(start of every contiguous run of ``block`` in bytes from the tensor's first byte, run length).
+
+    The runs are in C order: axis ``k`` is the last axis that ``block`` does not span fully (the
+    axes after it are whole), so a run is ``block[k]`` times the whole trailing axes.
+    """
+    if not shape:
+        return np.zeros(1, np.int64), itemsize
+    k = len(shape) - 1
+    while k > 0 and block[k] == (0, shape[k]):
+        k -= 1
+    strides = [math.prod(shape[a + 1:]) for a in range(len(shape))]
+    starts = np.array([block[k][0] * strides[k]], np.int64)
+    for a in range(k - 1, -1, -1):
+        starts = (np.arange(*block[a], dtype=np.int64)[:, None] * strides[a] + starts[None, :]).reshape(-1)
+    return starts * itemsize, (block[k][1] - block[k][0]) * strides[k] * itemsize
+
+
+def _merge_runs(starts: np.ndarray, length: int, max_gap: int) -> list[tuple[int, int, list[int]]]:
+    """Ascending runs ``[s, s + length)`` -> byte ranges ``(start, end, [run starts])``: a run
+    that begins at most ``max_gap`` bytes after the current range ends extends it."""
+    ranges: list[tuple[int, int, list[int]]] = []
+    for s in starts.tolist():
+        if ranges and s - ranges[-1][1] <= max_gap:
+            ranges[-1] = (ranges[-1][0], s + length, ranges[-1][2] + [s])
+        else:
+            ranges.append((s, s + length, [s]))
+    return ranges
+
+
+class SafetensorsReader:
+    """The safetensors files of one HF checkpoint directory, local or remote, read block by block.
+
+    Opening reads only the index JSON and every file's header (key, dtype, shape, byte offsets);
+    `read` returns one block of one tensor and reads nothing else. Local files are memory-mapped
+    through ``safetensors.safe_open(...).get_slice``. Remote files (``gs://``, any fsspec URL) are
+    read by byte ranges (``fs.cat_ranges``): the C-order runs that make up the block, where runs
+    at most ``max_gap_bytes`` apart are fetched as one range (a column block of a row-major
+    tensor is one short run per row: merging trades a few more bytes for far fewer requests).
+
+    Args:
+      path: a local directory or fsspec URL holding ``model.safetensors``, or
+        ``model.safetensors.index.json`` and the shards it names.
+      storage_options: fsspec options for a remote path (e.g. gcsfs ``endpoint_url``, ``token``).
+      max_gap_bytes: remote reads only; 0 requests exactly the bytes of the block.
+      stats: a `ReadStats` that reads are added to (default: a fresh one, ``.stats``).
+
+    Attributes:
+      shapes: HF key -> shape, for every tensor of every file.
+      stats: the `ReadStats` of this reader.
+
+    Raises:
+      CheckpointError: no weights file, a shard named in the index is absent, a tensor in two
+        files, the index and the shards disagree, or a malformed header.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
+                 max_gap_bytes: int = DEFAULT_MAX_GAP_BYTES, stats: ReadStats | None = None):
+        if max_gap_bytes < 0:
+            raise ValueError(f"max_gap_bytes must be >= 0, got {max_gap_bytes}")
+        self.stats = stats if stats is not None else ReadStats()
+        self._max_gap = int(max_gap_bytes)
+        self._remote = _is_remote(path)
+        self._fs, self._root = _fs_and_root(path, storage_options)
+        self._shown = os.fspath(path) if self._remote else self._root
+        self._handles: dict[str, Any] = {}
+        self._entries: dict[str, _TensorEntry] = {}
+        try:
+            self._index_files()
+        except BaseException:
+            self.close()
+            raise
+        self.shapes = {k: e.shape for k, e in self._entries.items()}
+
+    # ------------------------------------------------------------------------------- opening
+
+    def _path(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
+    def _index_files(self) -> None:
+        index_file = self._path("model.safetensors.index.json")
+        if self._fs.isfile(index_file):
+            try:
+                weight_map = json.loads(self._fs.cat_file(index_file))["weight_map"]
+                files = sorted(set(weight_map.values()))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+                raise CheckpointError(f"{index_file} is not a valid safetensors index: {exc}") from exc
+        elif self._fs.isfile(self._path("model.safetensors")):
+            weight_map, files = None, ["model.safetensors"]
+        else:
+            raise CheckpointError(
+                f"no weights in {self._shown!r}: expected model.safetensors or model.safetensors.index.json"
+            )
+        where: dict[str, str] = {}
+        for fname in files:
+            fpath = self._path(fname)
+            if not self._fs.isfile(fpath):
+                raise CheckpointError(f"shard {fname!r} named in the index is missing from {self._shown!r}")
+            entries = self._remote_header(fpath, fname) if self._remote else self._local_header(fpath)
+            for key, entry in entries.items():
+                if key in where:
+                    raise CheckpointError(f"tensor {key!r} appears in both {where[key]} and {fname}")
+                where[key] = fname
+                self._entries[key] = entry
+        if weight_map is not None:
+            for key, fname in weight_map.items():
+                if key not in where:
+                    raise CheckpointMismatchError(f"tensor {key!r} is in the index ({fname}) but in no shard")
+                if where[key] != fname:
+                    raise CheckpointError(f"tensor {key!r}: index says {fname}, found in {where[key]}")
+            extra = sorted(set(where) - set(weight_map))
+            if extra:
+                raise CheckpointError(f"shards hold tensors absent from the index: {_fmt_keys(extra)}")
+
+    def _local_header(self, fpath: str) -> dict[str, _TensorEntry]:
+        from safetensors import safe_open
+
+        try:
+            handle = safe_open(fpath, framework="numpy")
+        except Exception as exc:  # safetensors raises its own SafetensorError for a malformed file
+            raise CheckpointError(f"{fpath} is not a readable safetensors file: {exc}") from exc
+        self._handles[fpath] = handle
+        out = {}
+        for key in handle.keys():
+            sl = handle.get_slice(key)
+            out[key] = _TensorEntry(fpath, tuple(sl.get_shape()), _st_dtype(sl.get_dtype(), key, fpath), 0)
+        return out
+
+    def _remote_header(self, fpath: str, fname: str) -> dict[str, _TensorEntry]:
+        head = self._fs.cat_file(fpath, start=0, end=8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= _MAX_HEADER_BYTES:
+            raise CheckpointError(f"{fname} in {self._shown!r} is not a safetensors file (header length {n})")
+        raw = self._fs.cat_file(fpath, start=8, end=8 + n)
+        self.stats.header_bytes += 8 + len(raw)
+        try:
+            header = json.loads(raw)
+            out = {}
+            for key, info in header.items():
+                if key == "__metadata__":
+                    continue
+                dtype, shape = _st_dtype(info["dtype"], key, fname), tuple(int(d) for d in info["shape"])
+                begin, end = (int(o) for o in info["data_offsets"])
+                if end - begin != math.prod(shape) * dtype.itemsize:
+                    raise CheckpointError(f"tensor {key!r} in {fname}: {end - begin} bytes for {shape} {dtype}")
+                out[key] = _TensorEntry(fpath, shape, dtype, 8 + n + begin)
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"{fname} in {self._shown!r} has a malformed safetensors header: {exc}") from exc
+        return out
+
+    # ------------------------------------------------------------------------------- reading
+
+    def read(self, key: str, box: Sequence[slice] | None = None) -> np.ndarray:
+        """The block ``box`` (one slice per axis, step 1; None = the whole tensor) of tensor ``key``,
+        as numpy in the stored dtype (bf16 as ``ml_dtypes.bfloat16``).
+
+        Raises:
+          KeyError: ``key`` is not in the checkpoint.
+          ValueError: ``box`` has the wrong length or a step other than 1.
+        """
+        return self.read_many([(key, box)])[0]
+
+    def get(self, key: str) -> np.ndarray:
+        """The whole tensor ``key``."""
+        return self.read(key)
+
+    def read_many(self, requests: Sequence[tuple[str, Sequence[slice] | None]]) -> list[np.ndarray]:
+        """`read` of several (key, box) at once: remote byte ranges go out in one ``cat_ranges``
+        call (concurrent on gcsfs), so a block spread over many HF tensors costs one round trip."""
+        checked = []
+        for key, box in requests:
+            entry = self._entries[key]
+            checked.append((key, entry, _checked_box(box, entry.shape, key)))
+        if self._remote:
+            return self._read_remote(checked)
+        out = []
+        for key, entry, block in checked:
+            handle = self._handles[entry.file]
+            x = handle.get_slice(key)[tuple(slice(a, b) for a, b in block)] if entry.shape else handle.get_tensor(key)
+            self.stats.add(key, x.nbytes)
+            out.append(x)
+        return out
+
+    def _read_remote(self, checked: Sequence[tuple[str, _TensorEntry, tuple[Range, ...]]]) -> list[np.ndarray]:
+        plans = []  # per request: (byte ranges with their runs, run length)
+        for key, entry, block in checked:
+            if any(b == a for a, b in block):
+                plans.append(([], 0))
+                continue
+            starts, length = _byte_runs(entry.shape, block, entry.dtype.itemsize)
+            plans.append((_merge_runs(starts + entry.offset, length, self._max_gap), length))
+        paths = [entry.file for (_, entry, _), (ranges, _) in zip(checked, plans) for _ in ranges]
+        starts = [r[0] for ranges, _ in plans for r in ranges]
+        ends = [r[1] for ranges, _ in plans for r in ranges]
+        chunks = iter(self._fs.cat_ranges(paths, starts, ends) if paths else [])
+        out = []
+        for (key, entry, block), (ranges, length) in zip(checked, plans):
+            parts = []
+            for start, end, runs in ranges:
+                chunk = next(chunks)
+                if isinstance(chunk, BaseException):
+                    raise chunk
+                if len(chunk) != end - start:
+                    raise CheckpointError(f"tensor {key!r}: {entry.file} ended after {len(chunk)} of "
+                                          f"{end - start} bytes")
+                parts.extend(chunk[s - start:s - start + length] for s in runs)
+            if ranges:
+                self.stats.add(key, sum(r[1] - r[0] for r in ranges), requests=len(ranges))
+            shape = tuple(b - a for a, b in block)
+            out.append(np.frombuffer(b"".join(parts), dtype=entry.dtype).reshape(shape))
+        return out
+
+    def close(self) -> None:
+        self._handles.clear()
+
+    def __enter__(self) -> "SafetensorsReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_safetensors_dir(
+    path: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, tuple[int, ...]], Callable[[str], np.ndarray]]:
+    """Index the safetensors of an HF directory (local or fsspec URL) without loading them.
 
     Accepts ``model.safetensors.index.json`` + shards, or a single ``model.safetensors``.
 
@@ -499,77 +912,41 @@ def read_safetensors_dir(path: str | os.PathLike) -> tuple[dict[str, tuple[int, 
       CheckpointError: no weights file, a shard named in the index is absent, or the index and the
         shard contents disagree.
     """
-    from safetensors import safe_open
-
-    root = _local_path(path)
-    index_file = root / "model.safetensors.index.json"
-    single = root / "model.safetensors"
-    if index_file.is_file():
-        try:
-            weight_map = json.loads(index_file.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index_file} is not a valid safetensors index: {exc}") from exc
-        files = sorted(set(weight_map.values()))
-    elif single.is_file():
-        weight_map, files = None, ["model.safetensors"]
-    else:
-        raise CheckpointError(
-            f"no weights in {str(root)!r}: expected model.safetensors or model.safetensors.index.json"
-        )
-    shapes: dict[str, tuple[int, ...]] = {}
-    where: dict[str, pathlib.Path] = {}
-    for fname in files:
-        fpath = root / fname
-        if not fpath.is_file():
-            raise CheckpointError(f"shard {fname!r} named in the index is missing from {str(root)!r}")
-        with safe_open(str(fpath), framework="numpy") as f:
-            for key in f.keys():
-                if key in where:
-                    raise CheckpointError(f"tensor {key!r} appears in both {where[key].name} and {fname}")
-                shapes[key] = tuple(f.get_slice(key).get_shape())
-                where[key] = fpath
-    if weight_map is not None:
-        for key, fname in weight_map.items():
-            if key not in where:
-                raise CheckpointMismatchError(f"tensor {key!r} is in the index ({fname}) but in no shard")
-            if where[key].name != fname:
-                raise CheckpointError(f"tensor {key!r}: index says {fname}, found in {where[key].name}")
-        extra = sorted(set(where) - set(weight_map))
-        if extra:
-            raise CheckpointError(f"shards hold tensors absent from the index: {_fmt_keys(extra)}")
-
-    def get(key: str) -> np.ndarray:
-        with safe_open(str(where[key]), framework="numpy") as f:
-            return f.get_tensor(key)
-
-    return shapes, get
+    reader = SafetensorsReader(path, storage_options=storage_options)
+    return dict(reader.shapes), reader.get
 
 
-def _copy_remote_dir(url: str, dest: pathlib.Path) -> None:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    names = [p for p in fs.ls(root, detail=False)]
-    if not names:
-        raise CheckpointError(f"{url!r} is empty or does not exist")
-    for p in names:
-        base = p.rstrip("/").rsplit("/", 1)[-1]
-        if fs.isdir(p):
-            continue
-        fs.get(p, str(dest / base))
 
 
-def _read_config_json(root: pathlib.Path) -> dict[str, Any]:
-    cfg_file = root / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(f"no config.json in {str(root)!r}")
+def load_hf_config(
+    path: str | os.PathLike,
+    *,
+    config_overrides: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> ModelConfig:
+    """The `ModelConfig` of an HF checkpoint directory: its ``config.json`` (no weights are read)
+    with ``config_overrides`` on top (runtime fields such as ``dtype``, ``param_dtype``,
+    ``moe_dispatch``; architecture fields must still match the weights when they are loaded).
+
+    Raises:
+      CheckpointError: the directory or its config.json does not exist, or is not valid JSON.
+      UnsupportedConfigError: config features the port does not implement.
+    """
+    fs, root = _fs_and_root(path, storage_options)
+    shown = os.fspath(path) if _is_remote(path) else root
+    if not fs.isdir(root):
+        raise CheckpointError(f"checkpoint directory {shown!r} does not exist")
+    cfg_file = f"{root}/config.json"
+    if not fs.isfile(cfg_file):
+        raise CheckpointError(f"no config.json in {shown!r}")
     try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
+        hf_cfg = json.loads(fs.cat_file(cfg_file))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from exc
-
-
-_RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_dispatch", "remat_policy", "scan_layers")
+    overrides = dict(config_overrides or {})
+    runtime = {k: overrides.pop(k) for k in list(overrides) if k in RUNTIME_FIELDS}
+    config = ModelConfig.from_hf_dict(hf_cfg, **runtime)
+    return config.replace(**overrides) if overrides else config
 
 
 def load_hf_checkpoint(
@@ -577,16 +954,22 @@ def load_hf_checkpoint(
     *,
     dtype: Any = None,
     config_overrides: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Read an HF Qwen3 / Qwen3-MoE checkpoint directory into (ModelConfig, flat numpy params).
 
+    The whole model is read into host memory; `load_hf_params_sharded` reads only the slices a
+    host's devices hold.
+
     Args:
-      path: a local directory (or fsspec URL, copied to a temp dir first) holding ``config.json``
-        and ``model.safetensors`` or sharded safetensors with ``model.safetensors.index.json``.
-        Experts may be per-expert keys (the Hub) or fused (transformers v5 ``save_original_format=False``).
+      path: a local directory or fsspec URL (``gs://...``, read in place by byte ranges) holding
+        ``config.json`` and ``model.safetensors`` or sharded safetensors with
+        ``model.safetensors.index.json``. Experts may be per-expert keys (the Hub) or fused
+        (transformers v5 ``save_original_format=False``).
       dtype: cast all arrays to this dtype ("float32", "bfloat16", ...); None keeps the stored dtype.
       config_overrides: `ModelConfig` fields to set on top of config.json (runtime fields such as
         ``dtype``, ``param_dtype``, ``moe_dispatch``; architecture fields must still match the weights).
+      storage_options: fsspec options for a remote path (e.g. gcsfs ``endpoint_url``, ``token``).
 
     Returns:
       (config, flat) with flat names and layouts of the module docstring.
@@ -598,34 +981,121 @@ def load_hf_checkpoint(
       UnsupportedConfigError: config features the port does not implement (sliding window, unknown
         rope type, ...).
     """
-    if _is_remote(path):
-        with tempfile.TemporaryDirectory(prefix="ace_hf_load_") as tmp:
-            _copy_remote_dir(os.fspath(path), pathlib.Path(tmp))
-            return load_hf_checkpoint(tmp, dtype=dtype, config_overrides=config_overrides)
-    root = _local_path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {str(root)!r} does not exist")
-    hf_cfg = _read_config_json(root)
-    overrides = dict(config_overrides or {})
-    runtime = {k: overrides.pop(k) for k in list(overrides) if k in _RUNTIME_FIELDS}
-    config = ModelConfig.from_hf_dict(hf_cfg, **runtime)
-    if overrides:
-        config = config.replace(**overrides)
-    shapes, get = read_safetensors_dir(root)
-    return config, hf_to_flax(get, shapes, config, dtype=dtype)
+    config = load_hf_config(path, config_overrides=config_overrides, storage_options=storage_options)
+    with SafetensorsReader(path, storage_options=storage_options) as reader:
+        return config, hf_to_flax(reader.get, reader.shapes, config, dtype=dtype)
 
 
-def load_hf_model(path: str | os.PathLike, *, rngs=None, **runtime: Any):
+def _sharded_param(source: _Source, shape: tuple[int, ...], sharding: Any, dims: Mapping[str, int],
+                   read_many: ReadMany, dtype: np.dtype):
+    """One parameter as a ``jax.Array`` with ``sharding``, each addressable block read on its own
+    (devices that hold the same block, e.g. replicas, share one read)."""
+    import jax
+
+    blocks: dict[tuple[Range, ...], np.ndarray] = {}
+
+    def callback(index: tuple[slice, ...]) -> np.ndarray:
+        block = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+        if block not in blocks:
+            blocks[block] = np.ascontiguousarray(_cast(_read_block(source, block, dims, read_many), dtype))
+        return blocks[block]
+
+    return jax.make_array_from_callback(shape, sharding, callback)
+
+
+def load_hf_params_sharded(
+    path: str | os.PathLike,
+    config: ModelConfig,
+    shardings: Mapping[str, Any],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    max_gap_bytes: int = DEFAULT_MAX_GAP_BYTES,
+    stats: ReadStats | None = None,
+) -> dict[str, Any]:
+    """Read an HF checkpoint straight into sharded ``jax.Array`` s: this host reads only the blocks
+    its addressable devices hold, never the whole model.
+
+    Every parameter is built with ``jax.make_array_from_callback``; the callback maps the device's
+    block of the Flax parameter through the table to the HF tensors and slices it covers (the
+    layers and experts in the block; within each HF tensor the rows / columns of the block) and
+    reads those alone (`SafetensorsReader`). Names and shapes are checked against the table from
+    the safetensors headers before any tensor data is read.
+
+    Args:
+      path: a local directory or fsspec URL (``gs://...``) with the safetensors (per-expert or
+        fused experts, one file or an index + shards). Its config.json is not read: ``config``
+        (e.g. from `load_hf_config`) says what the tensors must be.
+      config: the model config; arrays are cast to ``config.param_dtype``.
+      shardings: flat Flax name (as in `flax_param_shapes` / ``models.qwen3.flat_params``) ->
+        ``jax.sharding.Sharding``, one per parameter.
+      storage_options: fsspec options for a remote path.
+      max_gap_bytes: see `SafetensorsReader` (remote reads only).
+      stats: a `ReadStats` to which every read is added (to see what this host read).
+
+    Returns:
+      flat Flax name -> ``jax.Array`` with the requested sharding and ``config.param_dtype``.
+
+    Raises:
+      ValueError / TypeError: ``shardings`` does not name exactly the parameters of ``config``, or
+        holds something that is not a Sharding.
+      CheckpointError, CheckpointMismatchError: as `load_hf_checkpoint`.
+    """
+    import jax
+
+    want = flax_param_shapes(config)
+    missing, unexpected = sorted(set(want) - set(shardings)), sorted(set(shardings) - set(want))
+    if missing or unexpected:
+        raise ValueError(f"shardings must name every parameter of the config: missing {_fmt_keys(missing)}; "
+                         f"unexpected {_fmt_keys(unexpected)}")
+    for name in want:
+        if not isinstance(shardings[name], jax.sharding.Sharding):
+            raise TypeError(f"shardings[{name!r}] is a {type(shardings[name]).__name__}, not a jax.sharding.Sharding")
+    dims, dtype = _dims(config), _np_dtype(config.param_dtype)
+    with SafetensorsReader(path, storage_options=storage_options, max_gap_bytes=max_gap_bytes,
+                           stats=stats) as reader:
+        plan = _plan_sources(config, reader.shapes)
+        return {name: _sharded_param(plan[name], shape, shardings[name], dims, reader.read_many, dtype)
+                for name, shape in want.items()}
+
+
+def _flat_shardings(spec: Any) -> dict[str, Any]:
+    """A flat {name: Sharding} from an ``nnx.State`` of shardings (as ``ace_jax.placement.
+    param_shardings`` returns) or a flat mapping."""
+    from flax import nnx
+
+    if isinstance(spec, nnx.State):
+        return {"/".join(str(p) for p in path): (v.get_value() if isinstance(v, nnx.Variable) else v)
+                for path, v in nnx.to_flat_state(spec)}
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    raise TypeError(f"shardings must be an nnx.State or a flat {{name: Sharding}} mapping, got {type(spec).__name__}")
+
+
+def load_hf_model(
+    path: str | os.PathLike,
+    *,
+    rngs=None,
+    shardings: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
+    stats: ReadStats | None = None,
+    **runtime: Any,
+):
     """Build a `models.qwen3.Qwen3ForCausalLM` from an HF checkpoint directory and fill its weights.
 
     The module is created abstractly (``nnx.eval_shape``: no random initialisation, no memory for
-    a throwaway copy), then every parameter is set from the checkpoint, cast to
-    ``config.param_dtype``.
+    a throwaway copy), then every parameter is read by `load_hf_params_sharded` straight into its
+    sharding, cast to ``config.param_dtype``: a host reads only the blocks its devices hold.
 
     Args:
-      path: as in `load_hf_checkpoint`.
+      path: as in `load_hf_checkpoint` (local directory or fsspec URL).
       rngs: ``nnx.Rngs`` passed to the module constructor (default ``nnx.Rngs(0)``); it does not
         affect the loaded weights.
+      shardings: where the parameters go. None: every parameter whole on this host's first local
+        device. Otherwise a callable ``shardings(abstract_module)`` returning an ``nnx.State`` of
+        shardings (e.g. ``lambda m: ace_jax.placement.param_shardings(m, mesh, rules)``) or a flat
+        {name: Sharding}; or such a State / mapping itself.
+      storage_options: fsspec options for a remote path (e.g. gcsfs ``endpoint_url``, ``token``).
+      stats: a `ReadStats` to which every read is added.
       **runtime: `ModelConfig` overrides on top of config.json, e.g. ``dtype="bfloat16"`` (compute),
         ``param_dtype="bfloat16"`` (storage), ``moe_dispatch="dense"``, ``remat_policy="full"``.
 
@@ -633,19 +1103,25 @@ def load_hf_model(path: str | os.PathLike, *, rngs=None, **runtime: Any):
       The filled module (``model.config`` is the loaded `ModelConfig`).
 
     Raises:
-      As `load_hf_checkpoint`.
+      As `load_hf_checkpoint` and `load_hf_params_sharded`.
     """
+    import jax
     from flax import nnx
 
     from models.qwen3 import Qwen3ForCausalLM, set_flat_params
 
-    config, flat = load_hf_checkpoint(path, dtype=None, config_overrides=runtime)
-    flat = {k: _cast(v, config.param_dtype) for k, v in flat.items()}
+    config = load_hf_config(path, config_overrides=runtime, storage_options=storage_options)
     if rngs is None:
         model = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)))
     else:
         model = nnx.eval_shape(lambda r: Qwen3ForCausalLM(config, rngs=r), rngs)
-    set_flat_params(model, flat)
+    if shardings is None:
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        flat_shardings = {name: one for name in flax_param_shapes(config)}
+    else:
+        flat_shardings = _flat_shardings(shardings(model) if callable(shardings) else shardings)
+    set_flat_params(model, load_hf_params_sharded(path, config, flat_shardings,
+                                                  storage_options=storage_options, stats=stats))
     return model
 
 
@@ -671,7 +1147,7 @@ def export_hf(
     config: ModelConfig,
     out_dir: str | os.PathLike,
     *,
-    dtype: Any = "bfloat16",
+    dtype: Any = None,
     max_shard_bytes: int = 5 * 1024**3,
     tokenizer_dir: str | os.PathLike | None = None,
     generation_config: Mapping[str, Any] | None = None,
@@ -687,7 +1163,8 @@ def export_hf(
         fully addressable on this host (gather them first on a multi-host mesh).
       config: the model's `ModelConfig`.
       out_dir: local directory or fsspec URL (written locally, then uploaded with ``fs.put``).
-      dtype: stored dtype ("bfloat16" default; None keeps each array's dtype).
+      dtype: stored dtype ("bfloat16", "float32"); None (default): the model's ``config.param_dtype``,
+        so an fp32 model exports fp32 unless bf16 is asked for.
       max_shard_bytes: shard size bound in bytes.
       tokenizer_dir: a tokenizer directory whose files are copied alongside.
       generation_config: extra generation_config.json fields (sampling defaults); token ids come
@@ -722,18 +1199,16 @@ def export_hf(
 
         flat = flat_params(model_or_flat)
     _check_flat(flat, config)  # before anything is written
+    stored = _export_dtype(dtype, config)
     out = _local_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     # Plan the shards from shapes alone, then materialise one shard at a time.
-    itemsize = {}
-    for name, arr in flat.items():
-        itemsize[name] = (_np_dtype(dtype) if dtype is not None else np.dtype(arr.dtype)).itemsize
     shards: list[list[str]] = [[]]
     size = 0
     total = 0
-    for key, shape, (_, name, _) in _hf_plan(config):
-        nbytes = math.prod(shape) * itemsize.get(name, 4)
+    for key, shape, _ in _hf_plan(config):
+        nbytes = math.prod(shape) * stored.itemsize
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append([])
             size = 0
@@ -749,7 +1224,7 @@ def export_hf(
     pending: dict[str, np.ndarray] = {}
     current = 0
     n_params = 0
-    for key, x in _flax_to_hf_unchecked(flat, config, dtype):
+    for key, x in _flax_to_hf_unchecked(flat, config, stored):
         s = key_to_shard[key]
         if s != current:
             save_file(pending, str(out / names[current]), metadata={"format": "pt"})
@@ -763,7 +1238,6 @@ def export_hf(
         "weight_map": {k: names[s] for k, s in key_to_shard.items()},
     }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    stored = dtype if dtype is not None else np.dtype(next(iter(flat.values())).dtype).name
     (out / "config.json").write_text(json.dumps(_hf_config_for_export(config, stored), indent=2) + "\n")
     gen: dict[str, Any] = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}
     if isinstance(gen["eos_token_id"], tuple):

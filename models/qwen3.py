@@ -41,7 +41,9 @@ Numerics (``config.dtype`` = compute dtype c, ``config.param_dtype`` = storage d
   * RoPE: inv_freq in fp32 exactly as HF computes it (default or YaRN), angle = position * inv_freq
     in fp32, cos/sin (times the YaRN attention factor) rounded to c; rotate-half convention;
   * attention scores ``q.k`` rounded to c, times head_dim**-0.5 in c, softmax in fp32, probabilities
-    rounded to c, then ``p.v``; a query row with no visible key gets uniform weights (finite, as HF);
+    rounded to c, then ``p.v``; a query row with no visible key gets uniform weights (finite, as HF)
+    (the "dot" kernel; the blockwise and splash kernels of `models.attention` differ in where
+    they round, see there);
   * router logits in c; softmax in fp32 over all experts; top-k; renormalise iff norm_topk_prob;
     routing weights rounded to c; the weighted sum of the k expert outputs is taken in fp32 and
     rounded to c (MaxText's order; HF accumulates in c expert by expert);
@@ -60,6 +62,15 @@ KV cache: `init_cache` / ``Qwen3ForCausalLM.init_cache`` -> `KVCache` (one k and
 layer group, each [Lg, B, S_max, nkv, d], plus ``kv_mask`` bool [B, S_max]; or, with
 ``layout="decode"``, one k [B, nkv, d, S_max] and one v [B, nkv, S_max, d] per layer). See
 ``Qwen3ForCausalLM.__call__`` for the masking rules.
+
+Attention kernels (``config.attention_impl``, one dispatch: `attend`): "dot" builds the [B, T, S]
+mask and runs `dot_product_attention` (HF eager order, the parity reference); "blockwise" (CPU /
+GPU, long rows) and "splash" (TPU) never form a [T, S] array: they take the mask as segment ids
+and a causal offset (`AttentionMask`; kernels in `models.attention`). "auto": splash on TPU, else
+dot up to 2048 keys and blockwise above. A decode step of a blockwise / splash model into a
+"standard" cache reads only the filled cache blocks (`models.attention.decode_attention`). The
+platform (``config.platform``, `models.configs.target_platform`) picks the kernels and the CPU
+fast paths, so a CPU host compiling for TPU takes the TPU paths.
 
 CPU fast paths (same results): "ragged" MoE runs blocked grouped matmuls (`moe_dispatch_blocked`)
 or, for a decode step, all experts (`moe_dispatch_all_experts`); causal self-attention skips the
@@ -83,9 +94,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.configs import REMAT_POLICIES, ModelConfig, yarn_mscale
+from models.attention import (
+    blockwise_attention,
+    decode_attention,
+    resolve_attention_impl,
+    segment_mask,
+    splash_attention,
+)
+from models.moe_sharding import per_device_dispatch
+from models.configs import REMAT_POLICIES, ModelConfig, target_platform, yarn_mscale
 
 __all__ = [
+    "AttentionMask",
     "KVCache",
     "ModelOutput",
     "Qwen3ForCausalLM",
@@ -105,6 +125,7 @@ __all__ = [
     "moe_dispatch_dropless",
     "moe_dispatch_all_experts",
     "moe_block_size",
+    "attend",
     "causal_attention",
     "dot_product_attention_kv_major",
     "expert_capacity",
@@ -288,17 +309,18 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scaling: float,
-                     dtype: Any) -> jax.Array:
+                     dtype: Any, *, platform: str) -> jax.Array:
     """`dot_product_attention` for causal self-attention (T == S, query t sees no key past t).
 
-    On CPU, long sequences are split into query blocks; block i (rows [i*bs, (i+1)*bs)) attends
-    only to keys [0, (i+1)*bs), so the masked upper triangle is mostly never computed (8 blocks
-    skip 7/16 of the scores) and each block's [.., bs, S] tensors stay cache-sized. The keys it
+    On CPU (``platform``, see `models.configs.target_platform`), long sequences are split into
+    query blocks; block i (rows [i*bs, (i+1)*bs)) attends only to keys [0, (i+1)*bs), so the
+    masked upper triangle is mostly never computed (8 blocks skip 7/16 of the scores) and each
+    block's [.., bs, S] tensors stay cache-sized. The keys it
     skips are invisible to the block, so every row with a visible key gets the same result; a
     row with none (padding) stays finite but averages over fewer keys ("undefined", as in HF).
     """
     t = q.shape[1]
-    if jax.default_backend() != "cpu" or t < 64 or k.shape[1] != t:
+    if platform != "cpu" or t < 64 or k.shape[1] != t:
         return dot_product_attention(q, k, v, mask, scaling, dtype)
     block = max(32, -(-t // 8))
     outs = []
@@ -328,6 +350,68 @@ def dot_product_attention_kv_major(q: jax.Array, kt: jax.Array, vt: jax.Array, m
     return out.reshape(b, 1, nq, d)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+    """Which keys each query sees, for the kernel ``impl`` (built once per forward by
+    `Qwen3ForCausalLM.__call__`; the convention of `models.attention`).
+
+    q_segment_ids: int32 [B, T], 1 for a real query, 0 for padding.
+    kv_segment_ids: int32 [B, S], 1 for a real key (S = T without a cache, the kv_len attended
+      slots with one).
+    offset: int scalar (Python int when known at trace time), the slot of query 0: query t sees
+      key s iff s <= t + offset and the key is real.
+    dense: bool [B, T, S] (that rule as an array, HF's mask) when ``impl`` is "dot"; else None.
+    impl: "dot" | "blockwise" | "splash" (static); platform: "cpu" | "gpu" | "tpu" (static).
+    """
+
+    q_segment_ids: jax.Array
+    kv_segment_ids: jax.Array
+    offset: jax.Array | int
+    dense: jax.Array | None
+    impl: str = dataclasses.field(metadata=dict(static=True))
+    platform: str = dataclasses.field(metadata=dict(static=True))
+
+    def as_dense(self) -> jax.Array:
+        """bool [B, T, S]: ``dense``, or the same rule built from the segment ids."""
+        if self.dense is not None:
+            return self.dense
+        return segment_mask(self.q_segment_ids, self.kv_segment_ids, self.offset)
+
+
+def _attention_mask_for(impl: str, platform: str, attention_mask: jax.Array, kv_keys: jax.Array,
+                       offset: jax.Array | int) -> AttentionMask:
+    """The `AttentionMask` of T queries (``attention_mask`` bool [B, T]) over S keys (``kv_keys``
+    bool [B, S], True = real) whose first query sits at slot ``offset``. The dense [B, T, S] mask is
+    built only for ``impl == "dot"``."""
+    dense = None
+    if impl == "dot":
+        t, s = attention_mask.shape[1], kv_keys.shape[1]
+        visible = jnp.arange(s)[None, :] <= offset + jnp.arange(t)[:, None]  # [T, S]
+        dense = visible[None] & kv_keys[:, None, :]
+    return AttentionMask(q_segment_ids=attention_mask.astype(jnp.int32), kv_segment_ids=kv_keys.astype(jnp.int32),
+                         offset=offset, dense=dense, impl=impl, platform=platform)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, scaling: float, dtype: Any) -> jax.Array:
+    """Attention of q [B,T,nq,d] over k / v [B,S,nkv,d] -> [B,T,nq,d], by the kernel ``mask.impl``.
+
+    "dot": `causal_attention` (self-attention, T == S) or `dot_product_attention` on ``mask.dense``;
+    "splash": `models.attention.splash_attention` (interpret mode off TPU) when the offset is known
+    at trace time, else (a traced cache index) blockwise; "blockwise":
+    `models.attention.blockwise_attention`.
+    """
+    if mask.impl == "dot":
+        if k.shape[1] == q.shape[1]:
+            return causal_attention(q, k, v, mask.dense, scaling, dtype, platform=mask.platform)
+        return dot_product_attention(q, k, v, mask.dense, scaling, dtype)
+    if mask.impl == "splash" and not _traced(mask.offset):
+        return splash_attention(q, k, v, mask.q_segment_ids, mask.kv_segment_ids, int(mask.offset), scaling=scaling,
+                                dtype=dtype, interpret=mask.platform != "tpu")
+    return blockwise_attention(q, k, v, mask.q_segment_ids, mask.kv_segment_ids, mask.offset, scaling=scaling,
+                               dtype=dtype)
+
+
 class Qwen3Attention(nnx.Module):
     """Self-attention with per-head q_norm / k_norm (before RoPE), GQA, optional KV cache."""
 
@@ -343,11 +427,16 @@ class Qwen3Attention(nnx.Module):
         self.scaling = d ** -0.5
         self.dtype = config.dtype
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: AttentionMask,
                  kv_cache: tuple[jax.Array, jax.Array] | None = None, cache_index: jax.Array | None = None,
                  layer_index: jax.Array | int | None = None, kv_len: int | None = None,
                  kv_layout: str = "standard"):
         """x [B,T,H] -> ([B,T,H], updated (k, v) cache or None).
+
+        mask: the `AttentionMask` of the T queries over the attended keys (the T new ones without a
+          cache or for a prefill into an empty cache, else the kv_len leading cache slots); its
+          ``impl`` picks the kernel (`attend`). A decode step (T == 1) of a blockwise / splash model
+          into a "standard" cache reads the filled slots block by block (`decode_attention`).
 
         kv_cache: None, or this layer's (k, v):
           kv_layout "standard": one layer [B,S,nkv,d] (``layer_index`` None), or a whole layer stack
@@ -355,8 +444,9 @@ class Qwen3Attention(nnx.Module):
             place at (layer_index, :, cache_index) and the stack is returned (a scan then carries
             the cache instead of slicing it out and stacking it back every step);
           kv_layout "decode": one layer, k [B,nkv,d,S] and v [B,nkv,S,d] (see `KVCache`).
-        kv_len: static number of leading cache slots the queries may see (``mask`` is [B,T,kv_len]);
-          None = all S. ``kv_len == T`` with ``cache_index == 0`` attends to the new keys directly.
+        kv_len: static number of leading cache slots the queries may see (``mask`` covers kv_len
+          keys); None = all S. ``kv_len == T`` with ``cache_index == 0`` attends to the new keys
+          directly.
         """
         q = self.q_norm(self.q_proj(x))  # [B, T, nq, d]
         k = self.k_norm(self.k_proj(x))  # [B, T, nkv, d]
@@ -364,7 +454,7 @@ class Qwen3Attention(nnx.Module):
         q = apply_rotary_pos_emb(q, cos, sin)
         k = apply_rotary_pos_emb(k, cos, sin)
         if kv_cache is None:  # causal self-attention over the T tokens
-            return self.o_proj(causal_attention(q, k, v, mask, self.scaling, self.dtype)), None
+            return self.o_proj(attend(q, k, v, mask, self.scaling, self.dtype)), None
         k_cache, v_cache = kv_cache
         k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
         # kv_len == T: a prefill into an empty cache (the index is 0, whether traced or not): the
@@ -374,12 +464,12 @@ class Qwen3Attention(nnx.Module):
             k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.transpose(k, (0, 2, 3, 1)), (0, 0, 0, cache_index))
             v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.transpose(v, (0, 2, 1, 3)), (0, 0, cache_index, 0))
             if fresh:
-                out = causal_attention(q, k, v, mask, self.scaling, self.dtype)
-            else:
+                out = attend(q, k, v, mask, self.scaling, self.dtype)
+            else:  # the CPU sampler's tuned path ([B, T, kv_len] mask: T is one token or a chunk)
                 kt, vt = k_cache, v_cache
                 if kv_len is not None and kv_len < kt.shape[-1]:
                     kt, vt = kt[..., :kv_len], vt[:, :, :kv_len]
-                out = dot_product_attention_kv_major(q, kt, vt, mask, self.scaling, self.dtype)
+                out = dot_product_attention_kv_major(q, kt, vt, mask.as_dense(), self.scaling, self.dtype)
             return self.o_proj(out), (k_cache, v_cache)
         if layer_index is None:
             k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, cache_index, 0, 0))
@@ -391,12 +481,16 @@ class Qwen3Attention(nnx.Module):
             v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], start)
             read = lambda c: jax.lax.dynamic_index_in_dim(c, layer_index, 0, keepdims=False)  # noqa: E731
         if fresh:
-            out = causal_attention(q, k, v, mask, self.scaling, self.dtype)
+            out = attend(q, k, v, mask, self.scaling, self.dtype)
+        elif x.shape[1] == 1 and mask.impl != "dot" and kv_len == k_cache.shape[-3]:
+            # a decode step at a traced index (all S slots attended): read the filled blocks only
+            out = decode_attention(q, k_cache, v_cache, mask.kv_segment_ids, cache_index + 1, scaling=self.scaling,
+                                   dtype=self.dtype, layer=layer_index)
         else:
             k, v = read(k_cache), read(v_cache)
             if kv_len is not None and kv_len < k.shape[1]:
                 k, v = k[:, :kv_len], v[:, :kv_len]
-            out = dot_product_attention(q, k, v, mask, self.scaling, self.dtype)
+            out = attend(q, k, v, mask, self.scaling, self.dtype)
         return self.o_proj(out), (k_cache, v_cache)
 
 
@@ -636,15 +730,18 @@ def moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down
     return jnp.einsum("eni,eih->nh", h, w_down.astype(dtype), preferred_element_type=_F32)
 
 
-def moe_dispatch_dropless(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype) -> jax.Array:
-    """The "ragged" (dropless) dispatch, implemented per backend (all exact; float32 [N, H]).
+def moe_dispatch_dropless(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *,
+                          platform: str) -> jax.Array:
+    """The "ragged" (dropless) dispatch, implemented per ``platform`` (all exact; float32 [N, H]).
 
-    Accelerators: `moe_dispatch_ragged` (``ragged_dot`` grouped matmuls). CPU: few tokens (N*E <=
-    1024, e.g. one decode step of 16 rows): `moe_dispatch_all_experts` (every expert's weights
-    are read once anyway); otherwise `moe_dispatch_blocked`.
+    ``platform``: "cpu" | "gpu" | "tpu" (see `models.configs.target_platform`). Accelerators:
+    `moe_dispatch_ragged` (``ragged_dot`` grouped matmuls). CPU: few tokens (N*E <= 1024, e.g.
+    one decode step of 16 rows): `moe_dispatch_all_experts` (every expert's weights are read once
+    anyway); otherwise `moe_dispatch_blocked`.
     """
-    if jax.default_backend() != "cpu":
-        return moe_dispatch_ragged(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
+    if platform != "cpu":  # under a mesh: each device's own tokens (`models.moe_sharding`)
+        return per_device_dispatch(moe_dispatch_ragged, x, top_k_index, top_k_weights, w_gate, w_up,
+                                   w_down, dtype)
     if x.shape[0] * w_gate.shape[0] <= 1024:
         return moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
     return moe_dispatch_blocked(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
@@ -677,6 +774,7 @@ class Qwen3MoeExperts(nnx.Module):
         self.dispatch = config.moe_dispatch
         self.capacity_factor = config.moe_capacity_factor
         self.dtype = config.dtype
+        self.platform = config.platform  # resolved at trace time (`target_platform`)
 
     def __call__(self, x: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Array) -> jax.Array:
         """x [N, H], top_k_index int [N, k], top_k_weights [N, k] -> [N, H] in the compute dtype."""
@@ -684,7 +782,8 @@ class Qwen3MoeExperts(nnx.Module):
         if self.dispatch == "dense":
             y = moe_dispatch_dense(x, top_k_index, top_k_weights, *weights, self.dtype)
         elif self.dispatch == "ragged":
-            y = moe_dispatch_dropless(x, top_k_index, top_k_weights, *weights, self.dtype)
+            y = moe_dispatch_dropless(x, top_k_index, top_k_weights, *weights, self.dtype,
+                                      platform=target_platform(self.platform))
         elif self.dispatch == "capacity":
             n, k = top_k_index.shape
             capacity = expert_capacity(n, k, self.num_experts, self.capacity_factor)
@@ -767,7 +866,8 @@ class Qwen3DecoderLayer(nnx.Module):
                  kv_layout="standard"):
         """h [B,T,H] -> (h [B,T,H], kv_cache or None, router_logits [B*T,E] or None).
 
-        kv_cache / layer_index / kv_len / kv_layout: see `Qwen3Attention.__call__`."""
+        mask (an `AttentionMask`) / kv_cache / layer_index / kv_len / kv_layout: see
+        `Qwen3Attention.__call__`."""
         residual = h
         x, kv_cache = self.self_attn(self.input_layernorm(h), cos, sin, mask, kv_cache, cache_index,
                                      layer_index, kv_len, kv_layout)
@@ -803,9 +903,9 @@ def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask,
     Python loop. A "standard" cache stack is CARRIED through the layers (each layer writes its
     slice in place with a ``dynamic_update_slice`` at (layer, :, cache_index) and reads its own
     layer back), never split into per-layer scan inputs / outputs, so that inside a decode loop XLA
-    updates it in place instead of copying the whole cache every step. ``kv_len``: see
-    `Qwen3Attention.__call__`. ``layer_params``: the Lg per-layer parameter states (see
-    `Qwen3ForCausalLM.layer_params`) to use instead of slicing the stack here.
+    updates it in place instead of copying the whole cache every step. ``mask`` (an
+    `AttentionMask`), ``kv_len``: see `Qwen3Attention.__call__`. ``layer_params``: the Lg per-layer
+    parameter states (see `Qwen3ForCausalLM.layer_params`) to use instead of slicing the stack here.
     """
     graphdef, params = nnx.split(stack)
     top_k = config.num_experts_per_tok
@@ -951,7 +1051,8 @@ class Qwen3ForCausalLM(nnx.Module):
         """Same as the module function `init_cache` for this model's config."""
         return init_cache(self.config, batch, max_len, dtype)
 
-    def __call__(self, input_ids: jax.Array, positions: jax.Array, *, attention_mask: jax.Array | None = None,
+    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None, *,
+                 attention_mask: jax.Array | None = None,
                  cache: KVCache | None = None, cache_index: jax.Array | int | None = None,
                  compute_logits: bool = True, return_router_logits: bool = False,
                  layer_params: tuple | None = None) -> ModelOutput:
@@ -959,8 +1060,9 @@ class Qwen3ForCausalLM(nnx.Module):
 
         Args:
           input_ids: int [B, T] token ids.
-          positions: int [B, T] RoPE positions, given by the caller (left-padded rows start at 0 at
-            their first real token).
+          positions: int [B, T] RoPE positions (left-padded rows start at 0 at their first real
+            token: the caller gives them). None: 0..T-1 in every row, or with a cache
+            cache_index..cache_index+T-1, which needs a concrete cache_index (a traced one raises).
           attention_mask: bool [B, T] (or 0/1 ints), True = real token; None = all real.
           cache: None, or a `KVCache` with S_max >= cache_index + T slots.
           cache_index: int32 scalar, the slot of the first new token (same for every row); required
@@ -976,7 +1078,9 @@ class Qwen3ForCausalLM(nnx.Module):
         Masking: without a cache, query t sees key t' iff t' <= t and attention_mask[b, t']. With a
         cache, the T new keys/values are written to slots [cache_index, cache_index + T), kv_mask of
         those slots is set from attention_mask, and query t sees slot s iff s <= cache_index + t and
-        kv_mask[b, s].
+        kv_mask[b, s]. The kernel is ``config.attention_impl`` resolved for the number of keys
+        attended (`models.attention.resolve_attention_impl`); only "dot" builds the [B, T, S] mask,
+        the others take the rule as segment ids and an offset (`AttentionMask`).
 
         Returns:
           `ModelOutput` (logits float32 [B, T, V], cache, aux_loss, router_logits).
@@ -987,19 +1091,21 @@ class Qwen3ForCausalLM(nnx.Module):
         b, t = input_ids.shape
         kv_len = None
         if cache is None:
-            idx = jnp.arange(t)
-            mask = (idx[None, :, None] >= idx[None, None, :]) & attention_mask[:, None, :]  # [B, T, T]
-            kv_mask = None
+            kv_mask, kv_keys, offset = None, attention_mask, 0
         else:
             # A concrete cache_index bounds the slots the queries can see: attention reads only the
             # kv_len = cache_index + T filled slots (a prefill into an empty cache: only the T new
-            # keys). The slots past it are invisible anyway (s > cache_index + t).
+            # keys, at offset 0). The slots past it are invisible anyway (s > cache_index + t).
             kv_len = cache.max_len if _traced(cache_index) else int(cache_index) + t
+            offset = cache_index if _traced(cache_index) else int(cache_index)
+            if kv_len == t:  # a prefill into an empty cache: the index is 0, traced or not
+                offset = 0
             cache_index = jnp.asarray(cache_index, jnp.int32)
             kv_mask = jax.lax.dynamic_update_slice(cache.kv_mask, attention_mask, (0, cache_index))
-            slots = jnp.arange(kv_len)
-            visible = slots[None, :] <= cache_index + jnp.arange(t)[:, None]  # [T, kv_len]
-            mask = visible[None] & kv_mask[:, None, :kv_len]  # [B, T, kv_len]
+            kv_keys = kv_mask[:, :kv_len]
+        platform = target_platform(cfg)
+        impl = resolve_attention_impl(cfg.attention_impl, platform, kv_keys.shape[1])
+        mask = _attention_mask_for(impl, platform, attention_mask, kv_keys, offset)
 
         h = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, cfg)
@@ -1066,15 +1172,10 @@ class Qwen3ForCausalLM(nnx.Module):
     def _check_inputs(self, input_ids, positions, attention_mask, cache, cache_index):
         cfg = self.config
         input_ids = jnp.asarray(input_ids)
-        positions = jnp.asarray(positions)
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {input_ids.shape}")
         if not jnp.issubdtype(input_ids.dtype, jnp.integer):
             raise TypeError(f"input_ids must be integer, got {input_ids.dtype}")
-        if positions.shape != input_ids.shape:
-            raise ValueError(f"positions shape {positions.shape} != input_ids shape {input_ids.shape}")
-        if not jnp.issubdtype(positions.dtype, jnp.integer):
-            raise TypeError(f"positions must be integer, got {positions.dtype}")
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, bool)
         else:
@@ -1108,7 +1209,22 @@ class Qwen3ForCausalLM(nnx.Module):
                 if start < 0 or start + input_ids.shape[1] > cache.max_len:
                     raise ValueError(f"tokens [{start}, {start + input_ids.shape[1]}) do not fit a cache of "
                                      f"{cache.max_len} slots")
+        positions = self._default_positions(input_ids.shape, cache_index) if positions is None else positions
+        positions = jnp.asarray(positions)
+        if positions.shape != input_ids.shape:
+            raise ValueError(f"positions shape {positions.shape} != input_ids shape {input_ids.shape}")
+        if not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise TypeError(f"positions must be integer, got {positions.dtype}")
         return input_ids, positions, attention_mask
+
+    @staticmethod
+    def _default_positions(shape: tuple[int, int], cache_index) -> jax.Array:
+        """int32 [B, T]: start..start+T-1 in every row, start = the concrete cache_index (0 without a cache)."""
+        if _traced(cache_index):
+            raise ValueError("positions are required with a traced cache_index (the first position is not known "
+                             "at trace time); pass positions [B, T]")
+        start = 0 if cache_index is None else int(cache_index)
+        return jnp.broadcast_to(jnp.arange(start, start + shape[1], dtype=jnp.int32), shape)
 
 
 # ============================================================================ flat views of the parameters

@@ -6,7 +6,7 @@ import pathlib
 import jax
 import pytest
 
-from ace_jax import dry_run
+from ace_jax import dry_run, tpu_compile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,6 +36,7 @@ def reduced_config(**mesh):
     cfg.sampling.max_new_tokens = 16
     cfg.optim.microbatches = 4                              # 8 rows per microbatch = 1 per device
     cfg.dry_run.num_chips = 8
+    cfg.dry_run.topology = ""                               # the abstract plan (tests below opt in)
     return cfg
 
 
@@ -99,6 +100,7 @@ def test_reduced_config_compiles_on_8_devices_and_xla_agrees():
 
 def test_full_30b_config_lowers_and_matches_spec():
     cfg = _ace30b()
+    cfg.dry_run.topology = ""           # lowering only: compiling 48 layers takes many minutes
     report = dry_run.run_dry_run(cfg)
     assert report["lowering"]["learner_step"]["ok"], report["lowering"]
     assert report["lowering"]["generate_rollout"]["ok"], report["lowering"]
@@ -150,11 +152,11 @@ def test_bad_configs_are_named():
     del cfg["dry_run"]
     with pytest.raises(dry_run.DryRunConfigError, match="dry_run"):
         dry_run.run_dry_run(cfg)
-    with pytest.raises(dry_run.DryRunConfigError, match="compile=True needs real devices"):
+    with pytest.raises(dry_run.DryRunConfigError, match="compile=True needs devices"):
         dry_run.run_dry_run(reduced_config(), compile=True)
     cfg = reduced_config()
     cfg.mesh.fsdp = 3
-    with pytest.raises(ValueError, match="needs 6 devices|do not split"):
+    with pytest.raises(dry_run.DryRunConfigError, match="mesh: .*(needs 6 devices|do not split)"):
         dry_run.run_dry_run(cfg)
 
 
@@ -173,3 +175,62 @@ def test_ace30b_has_the_local_sections():
     assert prod.checkpoint.directory.startswith("gs://") and prod.buffer.store.url.startswith("gs://")
     assert (prod.mesh.data, prod.mesh.tensor, prod.mesh.expert) == (1, 1, 4)   # fsdp x expert
     assert math.prod((16, 4)) == prod.dry_run.num_chips
+
+
+needs_libtpu = pytest.mark.skipif(not tpu_compile.libtpu_available(),
+                                  reason="libtpu (XLA's TPU compiler) is not installed")
+
+
+@needs_libtpu
+def test_reduced_config_compiled_by_the_tpu_compiler_fits():
+    """The trainer's own jitted learner step and rollout, compiled by XLA's TPU compiler for 8 v5p
+    chips (fsdp=4 x expert=2), splash attention included: both fit with a compiled peak under
+    64 MB per chip (the reduced model holds ~0.3 MB of state per chip; the rest is the
+    compiler's temporaries), and the summary says so."""
+    cfg = reduced_config()
+    cfg.dry_run.topology = "v5p:2x2x2"
+    report = dry_run.run_dry_run(cfg)
+    s = dry_run.summary(report)
+    assert s["compiled"] and s["topology"] == "v5p:2x2x2" and s["chips"] == 8, s
+    assert 90 < s["hbm_gb"] < 110, s                    # v5p: 95.74 GiB per chip
+    assert (s["prompt_tokens"], s["new_tokens"]) == (64, 16)
+    assert s["fits"] and s["learner_fits"] and s["rollout_fits"], s
+    assert 0 < s["learner_peak_gb"] < 0.064 and 0 < s["rollout_peak_gb"] < 0.064, s
+    learner, rollout = report["compiled"]["learner_step"], report["compiled"]["generate_rollout"]
+    assert report["mesh"]["platform"] == "tpu" and report["model"]["attention_impl"] == "splash"
+    assert learner["mosaic_kernels"] >= 2, learner     # splash forward and backward kernels
+    assert rollout["mosaic_kernels"] >= 1, rollout     # splash in the prefill
+    train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
+    # XLA's arguments: params + optimizer state + batch (+ step), as the shardings say
+    state = train["params (master, float32)"] + train["optimizer state (AdamW mu, nu)"]
+    assert state < learner["argument_bytes"] <= state + train["batch (TrainBatch)"] + 64
+    assert learner["alias_bytes"] >= state            # the donated state is updated in place
+    text = dry_run.format_report(report)
+    assert "compiled by XLA's TPU compiler for v5p:2x2x2" in text and "PEAK" in text
+
+    cfg.dry_run.max_hbm_fraction = 1e-6                 # a budget nothing fits in
+    s = dry_run.summary(dry_run.run_dry_run(cfg))
+    assert not s["fits"] and not s["learner_fits"], s
+
+
+@needs_libtpu
+def test_unknown_topology_is_named():
+    cfg = reduced_config()
+    cfg.dry_run.topology = "v9z:3x3"
+    with pytest.raises(dry_run.DryRunConfigError, match="v9z:3x3.*v5p:2x2x2"):
+        dry_run.run_dry_run(cfg)
+    cfg.dry_run.topology = "v5p:2x2x1"                  # 4 chips for a mesh of 8
+    with pytest.raises(dry_run.DryRunConfigError, match="mesh: .*8 devices.*4 available"):
+        dry_run.run_dry_run(cfg)
+
+
+def test_without_libtpu_nothing_is_compiled_and_the_report_says_so(monkeypatch):
+    monkeypatch.setattr(tpu_compile, "libtpu_available", lambda: False)
+    cfg = reduced_config()
+    cfg.dry_run.topology = "v5p:2x2x2"
+    cfg.dry_run.lower = False
+    report = dry_run.run_dry_run(cfg)
+    assert report["compiled"] == {} and "libtpu is not installed" in report["not_compiled"]
+    s = dry_run.summary(report)
+    assert s["compiled"] is False and s["topology"] is None
+    assert "pip install" in dry_run.format_report(report)

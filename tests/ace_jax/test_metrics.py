@@ -86,6 +86,21 @@ def test_resume_truncates_later_steps_and_torn_line(tmp_path):
     assert metrics.read_metrics(path) == []
 
 
+def test_resume_before_any_finished_step(tmp_path):
+    """Killed after the first iteration's checkpoint, before step 0 was learned on: resume(-1)
+    drops every line (step 0's included), and the run writes step 0 again."""
+    path = _write_run(str(tmp_path), range(0, 2), tensorboard=False)
+    w = metrics.MetricWriter(str(tmp_path), tensorboard=False, progress=False)
+    w.resume(-1)
+    w.write(0, {"reward/mean": 1.5})
+    w.close()
+    assert [(r["step"], r["reward/mean"]) for r in metrics.read_metrics(path)] == [(0, 1.5)]
+    w = metrics.MetricWriter(str(tmp_path), tensorboard=False, progress=False)
+    with pytest.raises(ValueError, match=">= -1"):
+        w.resume(-2)
+    w.close()
+
+
 def test_resume_must_precede_writes(tmp_path):
     w = metrics.MetricWriter(str(tmp_path), tensorboard=False, progress=False)
     w.write(1, {"a": 1.0})
@@ -127,11 +142,46 @@ def test_progress_bar_only_on_tty(tmp_path):
         w.write(2, {"reward/mean": 0.75, "perf/gen_tokens_per_s": 1234.0})
     out = tty.getvalue()
     assert "2/10" in out and "reward=0.75" in out and "tok/s=1234" in out and "other" not in out
-    plain = io.StringIO()                           # not a TTY: no bar at all
+    plain = io.StringIO()                           # not a TTY: no bar, only the step lines
     with metrics.MetricWriter(str(tmp_path / "b"), tensorboard=False, progress_total=10,
                               progress_file=plain) as w:
         w.write(1, {"reward/mean": 0.5})
-    assert plain.getvalue() == ""
+    assert plain.getvalue() == "step 1/10  reward 0.5\n"
+
+
+def test_one_line_per_step_with_the_watched_numbers(tmp_path):
+    out = io.StringIO()
+    with metrics.MetricWriter(str(tmp_path), tensorboard=False, progress_total=20,
+                              progress_file=out) as w:
+        for step in (1, 2):
+            w.write(step, {"reward/mean": 0.3125, "rollout/valid_rate": 0.5,
+                           "score/dev_norm_mean": 0.78125, "perf/learn_seconds": 2.06,
+                           "perf/gen_seconds": 5.25, "perf/sandbox_wait_seconds": 1.2,
+                           "grpo/loss": 0.01, "lp/mean": 3.0})
+    lines = out.getvalue().splitlines()
+    assert lines == ["step 1/20  reward 0.312  valid 0.5  score 0.781  learn 2.1s  gen 5.2s  "
+                     "sandbox 1.2s", lines[0].replace("step 1/", "step 2/")]
+
+
+def test_step_line_above_the_bar_and_off_on_request(tmp_path):
+    tty = _FakeTTY()
+    with metrics.MetricWriter(str(tmp_path / "a"), tensorboard=False, progress_total=5,
+                              progress_file=tty) as w:
+        w.write(1, {"reward/mean": 0.5, "perf/gen_seconds": 3.0})
+    assert "step 1/5  reward 0.5  gen 3.0s\n" in tty.getvalue() and "1/5 [" in tty.getvalue()
+    quiet = io.StringIO()
+    with metrics.MetricWriter(str(tmp_path / "b"), tensorboard=False, progress_file=quiet,
+                              step_lines=False) as w:
+        w.write(1, {"reward/mean": 0.5})
+    assert quiet.getvalue() == ""
+
+
+def test_format_step_line_leaves_out_absent_numbers_and_shows_nan():
+    assert metrics.format_step_line(7, {}) == "step 7"
+    line = metrics.format_step_line(7, {"rollout/valid_rate": float("nan"),
+                                        "perf/learn_seconds": 12.34}, total=9)
+    assert line == "step 7/9  valid nan  learn 12.3s"
+    assert metrics.format_step_line(1, {"x": 2.0}, fields={"ex": ("x", "")}) == "step 1  ex 2"
 
 
 def test_write_config(tmp_path):

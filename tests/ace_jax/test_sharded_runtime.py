@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 from ace_jax import grpo, learner, placement as pl, rollout_batch, sharding as sh
 from ace_jax.generate import Generator, SamplingConfig
 from models import configs, qwen3
+from tests.numerics import assert_close
 
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33, 34, 35, 36, 37], [41, 42, 43]]
 G = 4            # 4 prompts x 4 samples = 16 rows: divisible by every batch split below
@@ -117,23 +118,23 @@ def test_sharded_runtime_equals_single_device(name, reference):
 
     # forward: logits and router aux loss
     logits, aux = nnx.jit(_forward)(model, batch)
-    np.testing.assert_allclose(np.asarray(logits), reference["logits"], rtol=1e-5, atol=1e-6)
+    assert_close(np.asarray(logits), reference["logits"], reduction_len=model.config.hidden_size)
     np.testing.assert_allclose(float(aux), reference["aux"], rtol=1e-6)
 
     # one GRPO learner step with sharded state and batch
     g, o = _cfgs()
-    state_sh = place.learner_state(params, o)
-    lrn = learner.Learner.create(model, g, o, group_size=G, state_shardings=state_sh,
-                                 batch_sharding=place.batch(batch))
+    lrn = learner.Learner.create(model, g, o, group_size=G, placement=place)
     metrics = lrn.step(batch)
-    for k, ref in reference["metrics"].items():
-        np.testing.assert_allclose(np.asarray(metrics[k]), ref, rtol=2e-5, atol=1e-6, err_msg=k)
+    tokens = int(np.sum(reference["batch"].completion_mask))
+    for k, ref in reference["metrics"].items():   # O(1) terms summed (the loss cancels toward 0)
+        assert_close(np.asarray(metrics[k]), ref, reduction_len=tokens, scale=max(1.0, np.abs(ref).max()),
+                     err_msg=k)
     new = _flat(lrn.params)
     assert set(new) == set(reference["params"])
     for k, ref in reference["params"].items():
         got = new[k].get_value()
         assert got.sharding.spec == flat[k].get_value().sharding.spec, k
-        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-6, err_msg=k)
+        assert_close(np.asarray(got), ref, reduction_len=tokens, err_msg=k)
     mu = _flat(optax.tree_utils.tree_get(lrn.state.opt_state, "mu"))
     assert mu[EXPERTS].get_value().sharding.spec == want["experts"]
     assert mu[Q_PROJ].get_value().sharding.spec == want["q_proj"]
@@ -145,7 +146,7 @@ def test_sharded_runtime_equals_single_device(name, reference):
     ref_gen = reference["gen"]
     np.testing.assert_array_equal(np.asarray(gen.tokens), ref_gen.tokens)
     np.testing.assert_array_equal(np.asarray(gen.lengths), ref_gen.lengths)
-    np.testing.assert_allclose(np.asarray(gen.logprobs), ref_gen.logprobs, rtol=1e-5, atol=1e-5)
+    assert_close(np.asarray(gen.logprobs), ref_gen.logprobs, reduction_len=model.config.vocab_size)
 
     # the KV-cache layout the generator constrains its cache to
     cache = jax.eval_shape(lambda: qwen3.init_cache(model.config, len(PROMPTS) * G, 24))

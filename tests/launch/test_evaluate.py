@@ -97,7 +97,8 @@ def test_cli_against_our_own_server(tmp_path):
     try:
         out = tmp_path / "out"
         res = _run([f"--policy=openai:{url}/v1#tiny", "--tasks=iris-species", "--seeds=0",
-                    "--max_steps=2", f"--out={out}", "--workers=1", "--backend=process",
+                    "--max_steps=2", "--max_new_tokens=16", f"--out={out}", "--workers=1",
+                    "--backend=process",
                     f"--cache_dir={tmp_path / 'tasks'}", "--no_progress"])
         assert res.returncode == 0, res.stderr[-2000:]
         (episode,) = evaluation.load_episodes(out)

@@ -127,12 +127,30 @@ def test_kill9_and_resume_matches_uninterrupted_run(tmp_path):
     assert _buffer_states(resumed) == _buffer_states(straight)
 
 
+def _dry_run(*extra):
+    return subprocess.run([sys.executable, str(REPO / "launch/tpu_train.py"),
+                           "--config=configs/ace30b.py", "--dry_run",
+                           "--config.dry_run.topology=", *extra],   # the plan, not compiled
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+
+
 def test_dry_run_of_the_production_config_prints_the_plan():
-    out = subprocess.run([sys.executable, str(REPO / "launch/tpu_train.py"),
-                          "--config=configs/ace30b.py", "--dry_run"], cwd=REPO, env=_env(),
-                         capture_output=True, text=True, timeout=600)
+    out = _dry_run()
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
     assert "30,532,122,624" in text or "30532122624" in text, text[:2000]
     assert "HBM" in text
     assert "learner_step       ok" in text and "generate_rollout   ok" in text, text[-3000:]
+    result = json.loads(text.strip().splitlines()[-1])          # the last line is the JSON summary
+    assert result["compiled"] is False and result["chips"] == 64 and result["fits"] is True
+    assert (result["prompt_tokens"], result["new_tokens"]) == (8192, 4096)
+    assert {"topology", "hbm_gb", "learner_peak_gb", "rollout_peak_gb"} <= set(result)
+
+
+def test_dry_run_that_does_not_fit_exits_nonzero_and_says_why():
+    out = _dry_run("--config.dry_run.max_hbm_fraction=0.01", "--config.dry_run.lower=False")
+    assert out.returncode == 1, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["fits"] is False and result["learner_fits"] is False
+    out = _dry_run("--config.mesh.expert=3")                    # 64 chips do not split 3 ways
+    assert out.returncode == 2 and "mesh" in out.stderr and "Traceback" not in out.stderr, out.stderr

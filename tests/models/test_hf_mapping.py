@@ -129,7 +129,7 @@ def test_bf16_round_trip_bit_exact(hf_fixture, tmp_path):
     copy.deepcopy(fx.model).to(torch.bfloat16).save_pretrained(bf_dir)  # never touch the shared fixture
     config, flat = M.load_hf_checkpoint(bf_dir)
     assert all(v.dtype == ml_dtypes.bfloat16 for v in flat.values())
-    out = M.export_hf(flat, config, tmp_path / "out")  # dtype="bfloat16" default
+    out = M.export_hf(flat, config, tmp_path / "out", dtype="bfloat16")
     src, dst = _raw_tensors(bf_dir), _raw_tensors(out)
     assert sorted(src) == sorted(dst)
     for k in src:
@@ -137,7 +137,7 @@ def test_bf16_round_trip_bit_exact(hf_fixture, tmp_path):
         assert src[k].tobytes() == dst[k].tobytes(), k
     # fp32 -> bf16 export rounds like torch (round to nearest even), not through float16.
     _, flat32 = M.load_hf_checkpoint(fx.path)
-    out2 = M.export_hf(flat32, config, tmp_path / "out2")
+    out2 = M.export_hf(flat32, config, tmp_path / "out2", dtype="bfloat16")
     ref = {k: v.to(torch.bfloat16).view(torch.int16).numpy() for k, v in fx.model.state_dict().items()
            if k == "model.embed_tokens.weight"}
     got = _raw_tensors(out2)["model.embed_tokens.weight"]
@@ -165,14 +165,34 @@ def test_export_layout_and_metadata(hf_fixture, tmp_path):
     assert "model.layers.1.mlp.experts.7.up_proj.weight" in keys
     assert not any("gate_up_proj" in k for k in keys)
     assert len(keys) == len(M.hf_param_shapes(config))
-    assert index["metadata"]["total_size"] == sum(2 * int(np.prod(s)) for s in M.hf_param_shapes(config).values())
+    # the default dtype is the model's param_dtype (fp32 here)
+    assert index["metadata"]["total_size"] == sum(4 * int(np.prod(s)) for s in M.hf_param_shapes(config).values())
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model_type"] == "qwen3_moe" and cfg["torch_dtype"] == "bfloat16"
+    assert cfg["model_type"] == "qwen3_moe" and cfg["torch_dtype"] == "float32"
     assert cfg["rope_theta"] == 10000.0 and cfg["rope_scaling"] is None and "rope_parameters" not in cfg
     assert cfg["num_experts"] == 8 and cfg["norm_topk_prob"] is True
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "temperature": 0.6}
     assert (out / "tokenizer.json").read_text() == "{}" and (out / "tokenizer_config.json").is_file()
+
+
+def test_export_dtype_defaults_to_the_param_dtype(hf_fixture, tmp_path):
+    config, flat = M.load_hf_checkpoint(hf_fixture("dense_tied").path)
+    assert config.param_dtype == "float32"
+
+    def stored(out):
+        with safe_open(str(next(out.glob("model-*.safetensors"))), framework="numpy") as f:
+            dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys()}
+        return dtypes, json.loads((out / "config.json").read_text())["torch_dtype"]
+
+    out = M.export_hf(flat, config, tmp_path / "fp32")  # an fp32 model exports fp32, exactly
+    assert stored(out) == ({"F32"}, "float32")
+    assert all(np.array_equal(v, flat[k]) for k, v in M.load_hf_checkpoint(out)[1].items())
+    bf16_config = config.replace(param_dtype="bfloat16")
+    assert stored(M.export_hf(flat, bf16_config, tmp_path / "bf16")) == ({"BF16"}, "bfloat16")
+    assert stored(M.export_hf(flat, config, tmp_path / "asked", dtype="bfloat16")) == ({"BF16"}, "bfloat16")
+    assert stored(M.export_hf(flat, bf16_config, tmp_path / "asked32", dtype="float32")) == ({"F32"}, "float32")
+    assert {x.dtype for _, x in M.flax_to_hf(flat, bf16_config)} == {np.dtype(ml_dtypes.bfloat16)}
 
 
 def test_export_reloads_in_transformers_with_same_logits(hf_fixture, tmp_path):

@@ -1,0 +1,151 @@
+"""Ahead-of-time compilation for TPU on any host: topologies, HBM, compiled memory.
+
+XLA's TPU compiler ships in the ``libtpu`` wheel (``pip install "jax[tpu]"`` at the pinned jax)
+and runs without a TPU (``reference/tpu_aot.md``): `topology_devices` gives the abstract devices
+of a named slice (``"v5p:4x4x4"`` = 64 v5p chips), a `Mesh` over them carries the runtime's
+shardings, and `compile_program` compiles a jitted function's lowering for them and reads XLA's
+own per-chip memory figures. Units: bytes; the compiler's messages print GiB ("G").
+
+    devices = topology_devices("v5p:2x2x2")           # TopologyError for an unknown name
+    hbm = hbm_bytes(devices[0])                       # what the compiler will let a program use
+    result = compile_program(jitted.trace(*abstract_args).lower())
+    result.peak_bytes, result.fits(hbm)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["TopologyError", "LibtpuMissingError", "CompiledProgram", "libtpu_available",
+           "topology_devices", "hbm_bytes", "compile_program", "EXAMPLE_TOPOLOGIES"]
+
+EXAMPLE_TOPOLOGIES = ("v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4", "v4:2x2x2", "v5e:4x4", "v6e:4x4")
+_OOM = re.compile(r"total memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds "
+                  r"available HBM \(([\d.]+)([KMGT])\)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+class TopologyError(ValueError):
+    """A TPU topology name the compiler does not know."""
+
+
+class LibtpuMissingError(RuntimeError):
+    """XLA's TPU compiler (libtpu) is not installed, so nothing can be compiled for TPU."""
+
+
+def libtpu_available() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def _require_libtpu() -> None:
+    if not libtpu_available():
+        raise LibtpuMissingError(
+            f"libtpu is not installed, so XLA's TPU compiler is not available: run "
+            f"`pip install \"jax[tpu]=={jax.__version__}\"` (about 700 MB; it works on a host "
+            f"without a TPU) to compile for TPU")
+
+
+@functools.lru_cache(maxsize=None)
+def topology_devices(name: str) -> tuple:
+    """The abstract devices (one per chip) of the TPU slice ``name`` ("v5p:4x4x4")."""
+    _require_libtpu()
+    from jax.experimental import topologies
+
+    if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", str(name)):
+        raise TopologyError(f"unknown TPU topology {name!r}: expected <generation>:<chips per "
+                            f"axis>, e.g. {', '.join(EXAMPLE_TOPOLOGIES)}")
+    try:
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=str(name))
+    except Exception as e:  # noqa: BLE001 - the compiler raises a bare runtime error
+        raise TopologyError(f"the TPU compiler does not know topology {name!r} "
+                            f"({str(e).splitlines()[0][:200]}); try one of "
+                            f"{', '.join(EXAMPLE_TOPOLOGIES)}") from None
+    return tuple(topo.devices)
+
+
+@functools.lru_cache(maxsize=None)
+def hbm_bytes(device: Any) -> int:
+    """The HBM a program may use on one chip of ``device``'s kind, as the compiler states it:
+    compiles a program that cannot fit and reads the limit from its refusal (about 1 s)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array([device]), ("x",))
+    too_big = jax.ShapeDtypeStruct((2**40 // 4,), jnp.float32,
+                                   sharding=NamedSharding(mesh, PartitionSpec()))
+    try:
+        jax.jit(lambda x: x * 2).lower(too_big).compile()
+    except Exception as e:  # noqa: BLE001 - we want its message
+        m = _OOM.search(str(e))
+        if m:
+            return int(float(m[3]) * _UNIT[m[4]])
+        raise RuntimeError(f"could not read the HBM size of {device.device_kind}: {e}") from e
+    raise RuntimeError(f"a 4 TiB program compiled for {device.device_kind}: no HBM limit found")
+
+
+@dataclasses.dataclass
+class CompiledProgram:
+    """XLA's figures for one compiled program, per chip (bytes).
+
+    ``peak_bytes`` = arguments + outputs - aliased (donated buffers reused by outputs) +
+    temporaries: what the program holds at its peak. A program the compiler refused for memory
+    has ``ok=False``, ``oom=True`` and ``peak_bytes`` = the requirement it printed.
+    """
+
+    ok: bool
+    compile_s: float
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    temp_bytes: int = 0
+    peak_bytes: int = 0
+    flops: float = 0.0
+    mosaic_kernels: int = 0   # Pallas (Mosaic) kernel calls in the optimised HLO, e.g. splash
+    oom: bool = False
+    error: str = ""
+    hlo: Any = dataclasses.field(default=None, repr=False)  # the compiled executable's HLO text
+
+    def fits(self, hbm: int, fraction: float = 1.0) -> bool:
+        return self.ok and self.peak_bytes <= fraction * hbm
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("hlo")
+        return d
+
+
+def compile_program(lowered: Any, *, keep_hlo: bool = False) -> CompiledProgram:
+    """Compiles ``lowered`` (``jitted.trace(...).lower()`` over TPU devices) and reads its memory
+    analysis and FLOPs. A program that does not fit is reported (``oom``), not raised."""
+    t0 = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001 - reported with the compiler's words
+        msg = str(e)
+        m = _OOM.search(msg)
+        if m:
+            need = int(float(m[1]) * _UNIT[m[2]])
+            return CompiledProgram(ok=False, compile_s=time.perf_counter() - t0, oom=True,
+                                   temp_bytes=need, peak_bytes=need, error=m[0])
+        return CompiledProgram(ok=False, compile_s=time.perf_counter() - t0,
+                               error=f"{type(e).__name__}: {msg[:2000]}")
+    dt = time.perf_counter() - t0
+    ma = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    arg, out = int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes)
+    alias, temp = int(ma.alias_size_in_bytes), int(ma.temp_size_in_bytes)
+    hlo = compiled.as_text()
+    return CompiledProgram(ok=True, compile_s=dt, argument_bytes=arg, output_bytes=out,
+                           alias_bytes=alias, temp_bytes=temp, peak_bytes=arg + out - alias + temp,
+                           flops=float((cost or {}).get("flops", 0.0)),
+                           mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'),
+                           hlo=hlo if keep_hlo else None)

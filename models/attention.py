@@ -1,0 +1,472 @@
+"""Attention kernels for long rows that never form a [T, S] array, and their mask convention.
+
+Shapes: q [B, T, nq, d], k / v [B, S, nkv, d]; query head j uses kv head ``j // (nq // nkv)`` (GQA,
+HF ``repeat_kv``); outputs are [B, T, nq, d] in the compute dtype ``dtype``.
+
+Mask convention (one for every kernel here), with int32 segment ids instead of a [T, S] mask:
+``q_segment_ids`` [B, T] and ``kv_segment_ids`` [B, S] (0 = padding) and a causal ``offset``
+(the cache slot of query 0; 0 for self-attention). Query t of row b SEES key s iff::
+
+    s <= t + offset  and  q_segment_ids[b, t] == kv_segment_ids[b, s] != 0
+
+With ids 1 for real tokens and 0 for padding (`segment_mask` builds the equivalent dense mask),
+a real query sees exactly today's keys of `models.qwen3` (key t' iff t' <= t and
+attention_mask[b, t']); ids > 1 pack several sequences into one row. Rows are left-padded.
+A PADDING query row (segment id 0) is garbage in every kernel (every loss masks it out); it
+stays finite in the forward and the backward: `blockwise_attention` and `decode_attention`
+return 0 there (no visible key), `splash_attention` attends among padding keys.
+
+Kernels:
+  * `segment_mask`: the convention as a dense bool [B, T, S] mask, for the exact
+    ``models.qwen3.dot_product_attention`` (the HF-parity reference; [T, S] memory: short rows,
+    tests).
+  * `blockwise_attention`: pure JAX flash attention for CPU and GPU: loops over query blocks and
+    key blocks with an online softmax, and a ``jax.custom_vjp`` whose backward recomputes the
+    block probabilities from the saved output and log-sum-exp. Memory O(T x block) in the
+    forward and the backward (residuals: q, k, v, out and an fp32 [B, nq, T] log-sum-exp); key
+    blocks entirely above the causal diagonal are never visited.
+  * `splash_attention`: the Pallas TPU kernel (``jax.experimental.pallas.ops.tpu.
+    splash_attention``) with a causal mask and segment ids; under a mesh it runs in
+    ``jax.shard_map`` (batch over the data-parallel axes, heads over 'tensor'); on CPU it runs in
+    interpret mode (tests).
+  * `decode_attention`: one query per row against a KV cache whose filled prefix length is a
+    traced scalar (the decode loop's index): reads only the ceil(filled / block) filled key
+    blocks, with an online softmax.
+
+Which platform picks which kernel (`resolve_attention_impl`, ``ModelConfig.attention_impl``
+"auto"): "splash" on TPU; elsewhere "dot" (the exact [B, T, S] path) up to `DOT_MAX_KEYS` keys and
+"blockwise" above. A decode step (one query, traced cache index) of a blockwise / splash model
+uses `decode_attention`.
+
+Numerics. ``dot_product_attention`` (HF eager order): scores q.k accumulated in fp32 and rounded
+to ``dtype``, times head_dim**-0.5 in ``dtype``, softmax in fp32, probabilities rounded to
+``dtype``, p.v accumulated in fp32, output rounded to ``dtype``.
+  * blockwise / decode: the same scores (rounded to ``dtype``, then scaled in ``dtype``); the
+    softmax is taken online in fp32, and the UNNORMALISED block probabilities exp(s - running
+    max) are rounded to ``dtype`` before p.v (fp32 accumulation), then divided by the fp32 sum.
+    In fp32 this equals the reference to rounding; in bf16 each probability carries one bf16
+    rounding of a different value (relative error ~2^-8 per term, as in the reference).
+  * splash: q is scaled first (q * head_dim**-0.5 rounded to ``dtype``), the scores stay in fp32,
+    and the probabilities are not rounded (the kernel multiplies fp32 p by v cast to fp32).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.configs import ATTENTION_IMPLS
+
+__all__ = [
+    "ATTENTION_IMPLS",
+    "DOT_MAX_KEYS",
+    "resolve_attention_impl",
+    "segment_mask",
+    "blockwise_attention",
+    "splash_attention",
+    "decode_attention",
+]
+
+_F32 = jnp.float32
+_MASK_VALUE = float(np.finfo(np.float32).min)  # a finite "minus infinity" for the running max
+DOT_MAX_KEYS = 2048  # "auto" off TPU: the exact [B, T, S] path up to this many keys, blockwise above
+_SPLASH_LANES = 128  # splash block sizes must be multiples of the TPU lane width
+_BATCH_MESH_AXES = ("data", "fsdp", "expert")  # mesh axes a batch may be split over, in order
+_HEAD_MESH_AXIS = "tensor"
+
+
+# ============================================================================ choice of kernel
+def resolve_attention_impl(impl: str, platform: str, num_keys: int) -> str:
+    """The kernel "dot" | "blockwise" | "splash" that ``impl`` selects for ``num_keys`` keys.
+
+    "auto": "splash" when ``platform`` is "tpu"; otherwise "dot" for num_keys <= `DOT_MAX_KEYS`
+    (today's exact path, fastest for short rows) and "blockwise" above. Other values are returned
+    as they are.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl={impl!r}; valid: {list(ATTENTION_IMPLS)}")
+    if impl != "auto":
+        return impl
+    if platform == "tpu":
+        return "splash"
+    return "dot" if num_keys <= DOT_MAX_KEYS else "blockwise"
+
+
+# ============================================================================ the mask convention
+def _visible(q_seg: jax.Array, kv_seg: jax.Array, q_pos: jax.Array, kv_pos: jax.Array, offset: jax.Array,
+             causal: bool) -> jax.Array:
+    """bool [B, Tq, Sk]: the mask convention for query positions q_pos [Tq] and key slots kv_pos [Sk]."""
+    same = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] != 0)
+    if not causal:
+        return same
+    return same & (kv_pos[None, None, :] <= q_pos[None, :, None] + offset)
+
+
+def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, offset: jax.Array | int = 0, *,
+                 causal: bool = True) -> jax.Array:
+    """bool [B, T, S]: query t sees key s (the module's mask convention, as a dense mask).
+
+    q_segment_ids int [B, T], kv_segment_ids int [B, S] (0 = padding); offset: int scalar, the slot
+    of query 0 (query t sees slots s <= t + offset when ``causal``).
+    """
+    q_seg, kv_seg = jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)
+    t, s = q_seg.shape[1], kv_seg.shape[1]
+    return _visible(q_seg, kv_seg, jnp.arange(t), jnp.arange(s), jnp.asarray(offset, jnp.int32), causal)
+
+
+def _check_qkv(q, k, v, q_segment_ids, kv_segment_ids) -> tuple[jax.Array, jax.Array]:
+    """Validates the shapes of the common arguments; returns the segment ids as int32."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be [B, T, n, d]; got shapes {q.shape}, {k.shape}, {v.shape}")
+    b, t, nq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k {k.shape} / v {v.shape} do not match q {q.shape} (want [B, S, nkv, d])")
+    if nq % k.shape[2]:
+        raise ValueError(f"query heads {nq} are not a multiple of kv heads {k.shape[2]}")
+    segs = []
+    for name, seg, want, dims in (("q_segment_ids", q_segment_ids, (b, t), "[B, T]"),
+                                  ("kv_segment_ids", kv_segment_ids, (b, k.shape[1]), "[B, S]")):
+        seg = jnp.asarray(seg)
+        if seg.shape != want:
+            raise ValueError(f"{name} must be {dims} = {want}, got {seg.shape}")
+        if not (jnp.issubdtype(seg.dtype, jnp.integer) or seg.dtype == jnp.bool_):
+            raise TypeError(f"{name} must be integer (or bool), got {seg.dtype}")
+        segs.append(seg.astype(jnp.int32))
+    return segs[0], segs[1]
+
+
+def _int_scalar(value, name: str) -> jax.Array:
+    """``value`` (an int or an int array of shape ()) as int32; TypeError otherwise."""
+    value = jnp.asarray(value)
+    if value.ndim != 0 or not jnp.issubdtype(value.dtype, jnp.integer):
+        raise TypeError(f"{name} must be an integer scalar, got {value.dtype} of shape {value.shape}")
+    return value.astype(jnp.int32)
+
+
+def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
+    """x zero-padded at the end of ``axis`` to ``size``."""
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+# ============================================================================ blockwise (flash) attention
+def _scores(q_blk: jax.Array, k_blk: jax.Array, scaling: float, dtype: Any) -> jax.Array:
+    """fp32 [B, nkv, G, bq, bk] scores of q_blk [B, bq, nkv, G, d] and k_blk [B, bk, nkv, d], rounded
+    to ``dtype`` and scaled in ``dtype`` (the reference's order)."""
+    s = jnp.einsum("bqkgd,bskd->bkgqs", q_blk.astype(dtype), k_blk.astype(dtype), preferred_element_type=_F32)
+    return (s.astype(dtype) * scaling).astype(_F32)
+
+
+def _online_softmax_step(carry, s: jax.Array, visible: jax.Array, v_blk: jax.Array, dtype: Any):
+    """One key block of the online softmax.
+
+    carry (m [B,nkv,G,bq] running max, l [B,nkv,G,bq] running sum, acc fp32 [B,nkv,G,bq,d]);
+    s fp32 [B,nkv,G,bq,bk] scores; visible bool [B,1,1,bq,bk]; v_blk [B,bk,nkv,d].
+    Invisible keys contribute exactly 0; a row with no visible key so far keeps l = acc = 0.
+    """
+    m, l, acc = carry
+    s = jnp.where(visible, s, _MASK_VALUE)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.where(visible, jnp.exp(s - m_new[..., None]), 0.0)
+    alpha = jnp.exp(m - m_new)  # both finite: 1 while the row has seen nothing
+    l = alpha * l + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(dtype), v_blk.astype(dtype), preferred_element_type=_F32)
+    return m_new, l, alpha[..., None] * acc + pv
+
+
+def _finish(m: jax.Array, l: jax.Array, acc: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(acc / l, log-sum-exp); 0 and 0 for rows with no visible key (finite garbage)."""
+    seen = l > 0
+    out = acc / jnp.where(seen, l, 1.0)[..., None]
+    lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    return out, lse
+
+
+def _num_kv_blocks(i, bq: int, bk: int, nkb: int, offset, causal: bool):
+    """Key blocks query block i can see: all of them, or those not entirely above the diagonal."""
+    if not causal:
+        return nkb
+    last_visible = (i + 1) * bq - 1 + offset  # the largest slot any query of the block may see
+    return jnp.clip(last_visible // bk + 1, 0, nkb)
+
+
+def _first_q_block(j, bq: int, bk: int, nqb: int, offset, causal: bool):
+    """The first query block that sees any key of key block j."""
+    if not causal:
+        return 0
+    return jnp.clip((j * bk - offset) // bq, 0, nqb)
+
+
+def _slice(x: jax.Array, start, size: int, axis: int = 1) -> jax.Array:
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
+
+
+def _blockwise_forward(q5, k, v, q_seg, kv_seg, offset, static):
+    """(out [B,Tp,nkv,G,d] in dtype, lse fp32 [B,nkv,G,Tp]) over padded inputs (Tp % bq == Sp % bk == 0)."""
+    scaling, dtype, causal, bq, bk = static
+    b, tp, nkv, g, d = q5.shape
+    nqb, nkb = tp // bq, k.shape[1] // bk
+
+    def query_block(i):
+        q_blk, q_seg_blk = _slice(q5, i * bq, bq), _slice(q_seg, i * bq, bq)
+        q_pos = i * bq + jnp.arange(bq)
+
+        def key_block(j, carry):
+            s = _scores(q_blk, _slice(k, j * bk, bk), scaling, dtype)
+            vis = _visible(q_seg_blk, _slice(kv_seg, j * bk, bk), q_pos, j * bk + jnp.arange(bk), offset, causal)
+            return _online_softmax_step(carry, s, vis[:, None, None], _slice(v, j * bk, bk), dtype)
+
+        init = (jnp.full((b, nkv, g, bq), _MASK_VALUE, _F32), jnp.zeros((b, nkv, g, bq), _F32),
+                jnp.zeros((b, nkv, g, bq, d), _F32))
+        m, l, acc = jax.lax.fori_loop(0, _num_kv_blocks(i, bq, bk, nkb, offset, causal), key_block, init)
+        out, lse = _finish(m, l, acc)
+        return jnp.moveaxis(out, 3, 1).astype(dtype), lse  # [B,bq,nkv,G,d], [B,nkv,G,bq]
+
+    outs, lses = jax.lax.map(query_block, jnp.arange(nqb))  # [nqb, B, bq, nkv, G, d], [nqb, B, nkv, G, bq]
+    out = jnp.moveaxis(outs, 0, 1).reshape(b, tp, nkv, g, d)
+    lse = jnp.moveaxis(lses, 0, 3).reshape(b, nkv, g, tp)
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _blockwise(q5, k, v, q_seg, kv_seg, offset, static):
+    return _blockwise_forward(q5, k, v, q_seg, kv_seg, offset, static)[0]
+
+
+def _blockwise_fwd(q5, k, v, q_seg, kv_seg, offset, static):
+    out, lse = _blockwise_forward(q5, k, v, q_seg, kv_seg, offset, static)
+    return out, (q5, k, v, q_seg, kv_seg, offset, out, lse)
+
+
+def _blockwise_bwd(static, res, d_out):
+    """Flash-attention backward: per key block j (a scan), a loop over the query blocks that see it
+    recomputes p = exp(s - lse) and accumulates dk_j, dv_j; dq is accumulated in place."""
+    scaling, dtype, causal, bq, bk = static
+    q5, k, v, q_seg, kv_seg, offset, out, lse = res
+    b, tp, nkv, g, d = q5.shape
+    nqb, nkb = tp // bq, k.shape[1] // bk
+    d_out = d_out.astype(dtype)
+    delta = jnp.einsum("bqkgd,bqkgd->bkgq", d_out.astype(_F32), out.astype(_F32))  # rowsum(dO * O)
+
+    def key_block(dq, j):
+        k_blk, v_blk = _slice(k, j * bk, bk).astype(dtype), _slice(v, j * bk, bk).astype(dtype)
+        kv_seg_blk, kv_pos = _slice(kv_seg, j * bk, bk), j * bk + jnp.arange(bk)
+
+        def query_block(i, carry):
+            dq, dk, dv = carry
+            q_blk, do_blk = _slice(q5, i * bq, bq).astype(dtype), _slice(d_out, i * bq, bq)
+            vis = _visible(_slice(q_seg, i * bq, bq), kv_seg_blk, i * bq + jnp.arange(bq), kv_pos, offset, causal)
+            s = _scores(q_blk, k_blk, scaling, dtype)
+            p = jnp.where(vis[:, None, None], jnp.exp(s - _slice(lse, i * bq, bq, axis=3)[..., None]), 0.0)
+            dv = dv + jnp.einsum("bkgqs,bqkgd->bskd", p.astype(dtype), do_blk, preferred_element_type=_F32)
+            dp = jnp.einsum("bqkgd,bskd->bkgqs", do_blk, v_blk, preferred_element_type=_F32)
+            ds = (p * (dp - _slice(delta, i * bq, bq, axis=3)[..., None]) * scaling).astype(dtype)
+            dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds, q_blk, preferred_element_type=_F32)
+            dq_blk = jnp.einsum("bkgqs,bskd->bqkgd", ds, k_blk, preferred_element_type=_F32)
+            dq = jax.lax.dynamic_update_slice_in_dim(dq, _slice(dq, i * bq, bq) + dq_blk, i * bq, 1)
+            return dq, dk, dv
+
+        zeros = jnp.zeros((b, bk, nkv, d), _F32)
+        dq, dk, dv = jax.lax.fori_loop(_first_q_block(j, bq, bk, nqb, offset, causal), nqb, query_block,
+                                       (dq, zeros, zeros))
+        return dq, (dk, dv)
+
+    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q5.shape, _F32), jnp.arange(nkb))
+    dk = jnp.moveaxis(dk, 0, 1).reshape(k.shape)
+    dv = jnp.moveaxis(dv, 0, 1).reshape(v.shape)
+    return dq.astype(q5.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+
+
+def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
+                        kv_segment_ids: jax.Array, offset: jax.Array | int = 0, *, scaling: float,
+                        dtype: Any = None, causal: bool = True, block_q: int = 512,
+                        block_kv: int = 512) -> jax.Array:
+    """Flash attention in pure JAX (online softmax over key blocks; custom VJP that recomputes).
+
+    Args:
+      q: [B, T, nq, d]; k, v: [B, S, nkv, d] (nq a multiple of nkv).
+      q_segment_ids: int [B, T]; kv_segment_ids: int [B, S] (0 = padding); see the module docstring.
+      offset: int scalar (may be traced), the slot of query 0: query t sees slots s <= t + offset.
+      scaling: the score scale (head_dim**-0.5).
+      dtype: compute dtype (default q.dtype); causal: apply the s <= t + offset rule.
+      block_q / block_kv: rows per query / key block (clipped to T / S); T and S are padded to a
+        multiple of the block inside.
+
+    Returns:
+      [B, T, nq, d] in ``dtype``; rows with no visible key (padding queries) are 0.
+
+    Memory: the forward keeps one [B, nq, block_q, block_kv] score block live; the backward
+    recomputes the probabilities block by block from the saved output and fp32 log-sum-exp
+    [B, nq, T]. Key blocks entirely above the diagonal are skipped (a loop bounded per block).
+    """
+    q_seg, kv_seg = _check_qkv(q, k, v, q_segment_ids, kv_segment_ids)
+    offset = _int_scalar(offset, "offset")
+    if block_q < 1 or block_kv < 1:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_kv={block_kv}")
+    dtype = jnp.dtype(dtype or q.dtype)
+    b, t, nq, d = q.shape
+    s, nkv = k.shape[1], k.shape[2]
+    bq, bk = min(block_q, t), min(block_kv, s)
+    tp, sp = _round_up(t, bq), _round_up(s, bk)
+    q5 = _pad_axis(q, 1, tp).reshape(b, tp, nkv, nq // nkv, d)
+    out = _blockwise(q5, _pad_axis(k, 1, sp), _pad_axis(v, 1, sp), _pad_axis(q_seg, 1, tp),
+                     _pad_axis(kv_seg, 1, sp), offset, (float(scaling), dtype, bool(causal), bq, bk))
+    return out.reshape(b, tp, nq, d)[:, :t]
+
+
+# ============================================================================ decode
+def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
+                     filled: jax.Array | int, *, scaling: float, dtype: Any = None,
+                     layer: jax.Array | int | None = None, block_kv: int = 512) -> jax.Array:
+    """One query per row against the filled prefix of a KV cache, block by block.
+
+    Args:
+      q: [B, 1, nq, d], the query of the token at slot ``filled - 1``.
+      k_cache, v_cache: [B, S, nkv, d], or a layer stack [L, B, S, nkv, d] read at ``layer``.
+      kv_mask: bool or int [B, S], nonzero where the slot holds a real token (the cache's kv_mask).
+      filled: int scalar (may be traced): the query sees slots s < filled with kv_mask[b, s].
+      scaling, dtype: as `blockwise_attention`.
+      layer: index into a layer stack (None: k_cache is one layer).
+      block_kv: slots per block (clipped to S).
+
+    Returns:
+      [B, 1, nq, d] in ``dtype`` (0 for a row with no visible slot).
+
+    Only the ceil(filled / block_kv) blocks that hold filled slots are read (a while loop; the
+    last block of a cache whose S is not a multiple of the block is read shifted back so that it
+    stays in bounds, its already-read slots masked). Forward only (the loop bound is traced).
+    """
+    if (layer is None) != (k_cache.ndim == 4):
+        raise ValueError(f"k_cache of shape {k_cache.shape} needs layer={'None' if k_cache.ndim == 4 else 'an index'}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
+    b, s, nkv, d = k_cache.shape[-4:]
+    if q.ndim != 4 or q.shape[0] != b or q.shape[1] != 1 or q.shape[3] != d or q.shape[2] % nkv:
+        raise ValueError(f"q must be [B, 1, nq, d] with B={b}, d={d}, nq a multiple of {nkv}; got {q.shape}")
+    if kv_mask.shape != (b, s):
+        raise ValueError(f"kv_mask must be [B, S] = {(b, s)}, got {kv_mask.shape}")
+    filled = _int_scalar(filled, "filled")
+    dtype = jnp.dtype(dtype or q.dtype)
+    nq = q.shape[2]
+    g = nq // nkv
+    bk = min(block_kv, s)
+    q5 = q.reshape(b, 1, nkv, g, d)
+    lead = () if layer is None else (layer,)
+
+    def read(cache, start):
+        block = jax.lax.dynamic_slice(cache, (*lead, 0, start, 0, 0), (*(1,) * len(lead), b, bk, nkv, d))
+        return block.reshape(b, bk, nkv, d)
+
+    def key_block(j, carry):
+        start = jnp.minimum(j * bk, s - bk)  # the last block is shifted back into bounds
+        pos = start + jnp.arange(bk)
+        vis = (_slice(kv_mask, start, bk) != 0) & (pos >= j * bk)[None] & (pos < filled)[None]  # [B, bk]
+        sc = _scores(q5, read(k_cache, start), scaling, dtype)
+        return _online_softmax_step(carry, sc, vis[:, None, None, None, :], read(v_cache, start), dtype)
+
+    init = (jnp.full((b, nkv, g, 1), _MASK_VALUE, _F32), jnp.zeros((b, nkv, g, 1), _F32),
+            jnp.zeros((b, nkv, g, 1, d), _F32))
+    num_blocks = jnp.clip((filled + bk - 1) // bk, 0, -(-s // bk))
+    out, _ = _finish(*jax.lax.fori_loop(0, num_blocks, key_block, init))
+    return out.reshape(b, 1, nq, d).astype(dtype)
+
+
+# ============================================================================ splash (Pallas TPU)
+def _mesh_specs(mesh, batch: int, kv_heads: int):
+    """(batch mesh axes, head mesh axis or None) for a shard_map of the kernel over ``mesh``.
+
+    Batch: the axes of ('data', 'fsdp', 'expert') present in the mesh, taken greedily in that
+    order while the product of their sizes divides ``batch``. Heads: 'tensor' when it divides the
+    kv heads (so every device keeps whole GQA groups).
+    """
+    batch_axes, size = [], 1
+    for axis in _BATCH_MESH_AXES:
+        n = mesh.shape.get(axis, 1)
+        if n > 1 and batch % (size * n) == 0:
+            batch_axes.append(axis)
+            size *= n
+    n = mesh.shape.get(_HEAD_MESH_AXIS, 1)
+    head_axis = _HEAD_MESH_AXIS if n > 1 and kv_heads % n == 0 else None
+    return tuple(batch_axes) or None, head_axis
+
+
+def _splash_local(q, k, v, q_seg, kv_seg, *, offset: int, block_q: int, block_kv: int, interpret: bool):
+    """The kernel on one device's shard: q [B, nq, Tp, d] (pre-scaled), k / v [B, nkv, Sp, d],
+    segment ids [B, Tp] / [B, Sp] -> [B, nq, Tp, d]."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+    nq, tp, sp = q.shape[1], q.shape[2], k.shape[2]
+    causal = mask_lib.CausalMask((tp, sp), offset=offset)
+    mask = mask_lib.MultiHeadMask([causal] * nq)
+    blocks = kernel_lib.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
+                                   block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
+                                   block_q_dq=block_q, block_kv_dq=block_kv)
+    kernel = kernel_lib.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                                        interpret=interpret)
+    return jax.vmap(kernel)(q, k, v, kernel_lib.SegmentIds(q=q_seg, kv=kv_seg))
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
+                     kv_segment_ids: jax.Array, offset: int = 0, *, scaling: float, dtype: Any = None,
+                     block_q: int = 512, block_kv: int = 512, interpret: bool = False) -> jax.Array:
+    """Causal GQA attention with the Pallas TPU splash kernel (``make_splash_mha``).
+
+    Args:
+      q, k, v, q_segment_ids, kv_segment_ids: as `blockwise_attention`.
+      offset: a CONCRETE int >= 0 (the kernel's causal mask is static): query t sees s <= t + offset.
+      scaling: applied to q before the kernel (which does not scale).
+      dtype: compute dtype (default q.dtype).
+      block_q / block_kv: kernel tiles (multiples of 128, clipped to the padded lengths); T and S
+        are padded to a multiple of the tile inside (padding slots get segment id 0).
+      interpret: run the kernel in Pallas interpret mode (required off TPU; tests on CPU).
+
+    Returns:
+      [B, T, nq, d] in ``dtype``. Padding query rows attend among the padding keys (the kernel
+      needs a visible key in every row; left padding provides it), finite garbage.
+
+    Under a mesh (``jax.sharding.get_abstract_mesh()`` non-empty, e.g. traced inside
+    ``jax.set_mesh(mesh)``) the kernel runs in ``jax.shard_map``: batch over the axes of
+    ('data', 'fsdp', 'expert') that divide B (greedy), heads over 'tensor' if it divides nkv;
+    without a mesh it is called directly.
+    """
+    q_seg, kv_seg = _check_qkv(q, k, v, q_segment_ids, kv_segment_ids)
+    if isinstance(offset, jax.core.Tracer) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        raise TypeError(f"splash_attention needs a concrete int offset >= 0 (a static mask), got {offset!r}")
+    if block_q % _SPLASH_LANES or block_kv % _SPLASH_LANES or block_q < 1 or block_kv < 1:
+        raise ValueError(f"splash block sizes must be positive multiples of {_SPLASH_LANES}, "
+                         f"got block_q={block_q}, block_kv={block_kv}")
+    dtype = jnp.dtype(dtype or q.dtype)
+    b, t, nq, d = q.shape
+    s, nkv = k.shape[1], k.shape[2]
+    bq = min(block_q, _round_up(t, _SPLASH_LANES))
+    bk = min(block_kv, _round_up(s, _SPLASH_LANES))
+    tp, sp = _round_up(t, bq), _round_up(s, bk)
+    q_t = jnp.swapaxes(_pad_axis((q.astype(dtype) * scaling).astype(dtype), 1, tp), 1, 2)  # [B, nq, Tp, d]
+    k_t = jnp.swapaxes(_pad_axis(k.astype(dtype), 1, sp), 1, 2)
+    v_t = jnp.swapaxes(_pad_axis(v.astype(dtype), 1, sp), 1, 2)
+    q_seg, kv_seg = _pad_axis(q_seg, 1, tp), _pad_axis(kv_seg, 1, sp)
+    local = functools.partial(_splash_local, offset=int(offset), block_q=bq, block_kv=bk, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        batch_axes, head_axis = _mesh_specs(mesh, b, nkv)
+        P = jax.sharding.PartitionSpec
+        heads, segs = P(batch_axes, head_axis, None, None), P(batch_axes, None)
+        local = jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, segs, segs), out_specs=heads,
+                              check_vma=False)
+    out = local(q_t, k_t, v_t, q_seg, kv_seg)
+    return jnp.swapaxes(out, 1, 2)[:, :t].astype(dtype)
