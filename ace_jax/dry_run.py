@@ -305,7 +305,7 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
         if tpu_compile.libtpu_available():
             try:
                 devices = list(tpu_compile.topology_devices(topology))
-            except tpu_compile.TopologyError as e:
+            except (tpu_compile.TopologyError, tpu_compile.LibtpuMissingError) as e:
                 raise DryRunConfigError(f"dry_run.topology: {e}") from None
         else:
             not_compiled = (f"libtpu is not installed: nothing was compiled for {topology} "
@@ -703,7 +703,8 @@ def format_report(report: dict) -> str:
                     f"({'fits' if r['peak_bytes'] <= report['max_hbm_fraction'] * hbm else 'DOES NOT FIT'}); "
                     f"analytic estimate {_gb(analytic[name]).strip()} "
                     f"({(analytic[name] - r['peak_bytes']) / GB:+.2f} GB); "
-                    f"{r['flops'] / 1e12:.1f} TFLOP; compiled in {r['compile_s']:.0f} s")
+                    f"{r['flops'] / 1e12:.1f} TFLOP (XLA cost analysis: loop bodies counted once); "
+                    f"compiled in {r['compile_s']:.0f} s")
             elif r["oom"]:
                 lines.append(f"  {name:<18} DOES NOT FIT: the compiler needs "
                              f"{_gb(r['peak_bytes']).strip()} of temporaries, "

@@ -59,7 +59,8 @@ class SamplingConfig:
       temperature: softmax temperature; 0 means greedy (argmax).
       top_k: keep the k most likely tokens (0 = off).
       top_p: nucleus sampling mass (1.0 = off).
-      eos_ids: token ids that end a sample (included in its length).
+      eos_ids: token ids that end a sample (included in its length); None (default): the model's
+        ``config.eos_token_id`` (resolved by `Generator`); ``()``: none.
       stop_sequences: token-id sequences that end a sample once generated (included).
       pad_id: filler written after a sample has finished.
       prompt_bucket: prompts are left-padded to a multiple of this (limits recompilation).
@@ -70,7 +71,7 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    eos_ids: tuple[int, ...] = ()
+    eos_ids: tuple[int, ...] | None = None
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     pad_id: int = 0
     prompt_bucket: int = 64
@@ -144,7 +145,7 @@ class SamplingKnobs(NamedTuple):
     @classmethod
     def from_config(cls, cfg: SamplingConfig) -> "SamplingKnobs":
         return cls(jnp.float32(cfg.temperature), jnp.int32(cfg.top_k), jnp.float32(cfg.top_p),
-                   jnp.asarray(cfg.eos_ids or (-1,), jnp.int32),
+                   jnp.asarray(tuple(cfg.eos_ids or ()) or (-1,), jnp.int32),
                    jnp.asarray(_stop_table(cfg.stop_sequences)), jnp.int32(cfg.pad_id))
 
 
@@ -286,6 +287,8 @@ class Generator:
             raise ValueError("the policy holds non-parameter state; Generator expects params only")
         self.sampling = sampling
         self.placement = placement
+        eos = model.config.eos_token_id
+        self.model_eos_ids = () if eos is None else tuple(eos) if isinstance(eos, tuple) else (int(eos),)
 
     def update_weights(self, params: nnx.State) -> None:
         """Installs new parameters (same structure and shapes; e.g. after a learner step)."""
@@ -299,6 +302,8 @@ class Generator:
         """Samples ``group_size`` completions for each prompt (token-id lists of any lengths)."""
         cfg = sampling or self.sampling
         ids, pos, mask = left_pad(prompts, cfg.prompt_bucket, cfg.pad_id)
+        if cfg.eos_ids is None:   # the model's own EOS
+            cfg = dataclasses.replace(cfg, eos_ids=self.model_eos_ids)
         knobs = SamplingKnobs.from_config(cfg)
         if self.placement is None:
             return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, None, self.params,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import os
 import re
 import time
 from typing import Any
@@ -59,12 +60,18 @@ def topology_devices(name: str) -> tuple:
     _require_libtpu()
     from jax.experimental import topologies
 
+    # Compiling uses no TPU, so several processes may hold libtpu at once (e.g. a dry run beside
+    # a test); libtpu refuses a second process unless told so, before it loads.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", str(name)):
         raise TopologyError(f"unknown TPU topology {name!r}: expected <generation>:<chips per "
                             f"axis>, e.g. {', '.join(EXAMPLE_TOPOLOGIES)}")
     try:
         topo = topologies.get_topology_desc(platform="tpu", topology_name=str(name))
     except Exception as e:  # noqa: BLE001 - the compiler raises a bare runtime error
+        if "lockfile" in str(e):
+            raise LibtpuMissingError(f"libtpu is held by another process ({str(e)[:200]}); set "
+                                     "ALLOW_MULTIPLE_LIBTPU_LOAD=1 before starting") from None
         raise TopologyError(f"the TPU compiler does not know topology {name!r} "
                             f"({str(e).splitlines()[0][:200]}); try one of "
                             f"{', '.join(EXAMPLE_TOPOLOGIES)}") from None

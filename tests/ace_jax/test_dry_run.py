@@ -93,9 +93,9 @@ def test_reduced_config_compiles_on_8_devices_and_xla_agrees():
     ref_logprobs = 4 * 16 * 4                        # 4 rows x 16 tokens fp32 per device
     ours = (train["params (master, float32)"] + train["optimizer state (AdamW mu, nu)"]
             + train["batch (TrainBatch)"] - ref_logprobs + 4)
-    assert comp["argument_size_in_bytes"] == ours
+    assert comp["argument_bytes"] == ours
     # The updated state is donated: XLA aliases it to the output.
-    assert comp["alias_size_in_bytes"] >= train["params (master, float32)"] * 3
+    assert comp["alias_bytes"] >= train["params (master, float32)"] * 3
 
 
 def test_full_30b_config_lowers_and_matches_spec():
@@ -201,16 +201,17 @@ def test_reduced_config_compiled_by_the_tpu_compiler_fits():
     assert learner["mosaic_kernels"] >= 2, learner     # splash forward and backward kernels
     assert rollout["mosaic_kernels"] >= 1, rollout     # splash in the prefill
     train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
-    # XLA's arguments: params + optimizer state + batch (+ step), as the shardings say
+    # XLA's arguments: params + optimizer state + batch (+ step), as the shardings say; the TPU
+    # layout pads these tiny arrays to (8, 128) tiles, hence the factor
     state = train["params (master, float32)"] + train["optimizer state (AdamW mu, nu)"]
-    assert state < learner["argument_bytes"] <= state + train["batch (TrainBatch)"] + 64
+    assert state < learner["argument_bytes"] < 8 * (state + train["batch (TrainBatch)"])
     assert learner["alias_bytes"] >= state            # the donated state is updated in place
     text = dry_run.format_report(report)
     assert "compiled by XLA's TPU compiler for v5p:2x2x2" in text and "PEAK" in text
 
-    cfg.dry_run.max_hbm_fraction = 1e-6                 # a budget nothing fits in
-    s = dry_run.summary(dry_run.run_dry_run(cfg))
-    assert not s["fits"] and not s["learner_fits"], s
+    report["max_hbm_fraction"] = 1e-6                  # a budget nothing fits in
+    s = dry_run.summary(report)
+    assert not s["fits"] and not s["learner_fits"] and not s["rollout_fits"], s
 
 
 @needs_libtpu

@@ -105,3 +105,17 @@ def test_bad_input_is_clear():
         SamplingConfig(top_p=0.0)
     with pytest.raises(ValueError, match="at least one token"):
         generate.left_pad([[1], []], 8, 0)
+
+
+def test_eos_defaults_to_the_models_own():
+    """SamplingConfig.eos_ids=None (the default) stops at the model's config.eos_token_id; ()
+    turns EOS off."""
+    base = qwen3.Qwen3ForCausalLM(configs.tiny_moe(), rngs=nnx.Rngs(3))
+    free = _gen(base, temperature=0.0, eos_ids=())
+    first = int(np.asarray(free.tokens)[0, 0])            # greedy: the first token of prompt 0
+    assert int(free.lengths[0]) == 12
+    model = qwen3.Qwen3ForCausalLM(configs.tiny_moe(eos_token_id=first), rngs=nnx.Rngs(3))
+    out = _gen(model, temperature=0.0)                    # eos_ids not given: the model's EOS
+    assert int(out.lengths[0]) == 1 and int(out.finish_reason[0]) == FinishReason.EOS
+    np.testing.assert_array_equal(np.asarray(out.tokens)[0, 0], first)
+    assert int(_gen(model, temperature=0.0, eos_ids=()).lengths[0]) == 12
