@@ -32,7 +32,6 @@ report also gives the worst case where XLA all-gathers the weights every step.
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 from typing import Any
@@ -473,7 +472,7 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
 
         sampling = generate.SamplingConfig(
             max_new_tokens=m, group_size=g, temperature=float(config.sampling.temperature),
-            eos_ids=_eos_ids(mc), prompt_bucket=int(config.sampling.prompt_bucket))
+            eos_ids=generate.model_eos_ids(mc), prompt_bucket=int(config.sampling.prompt_bucket))
         knobs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
                              generate.SamplingKnobs.from_config(sampling))
         prompt_sh = place.sharding(sharding.batch_axes(2), (b, p))
@@ -524,13 +523,6 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     }
     report["checks"] = _spec_checks(config.model.preset, report)
     return report
-
-
-def _eos_ids(mc) -> tuple[int, ...]:
-    eos = mc.eos_token_id
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, tuple) else (int(eos),)
 
 
 def _compile(lowered, lowering: dict) -> tpu_compile.CompiledProgram:

@@ -201,6 +201,12 @@ def share_cache(cache: qwen3.KVCache, g: int) -> qwen3.KVCache:
                          kv_mask=jnp.repeat(cache.kv_mask, g, axis=0), layout=cache.layout)
 
 
+def model_eos_ids(config) -> tuple[int, ...]:
+    """The EOS token ids of a model config (``eos_token_id``: None, an id or a tuple of ids)."""
+    eos = config.eos_token_id
+    return () if eos is None else tuple(eos) if isinstance(eos, tuple) else (int(eos),)
+
+
 def cache_layout(config) -> str:
     """The KV-cache layout the sampler uses for a model of ``config``: "decode" on CPU (per-layer
     buffers in the matmuls' operand layouts, unrolled layers: XLA:CPU otherwise copies and
@@ -287,8 +293,7 @@ class Generator:
             raise ValueError("the policy holds non-parameter state; Generator expects params only")
         self.sampling = sampling
         self.placement = placement
-        eos = model.config.eos_token_id
-        self.model_eos_ids = () if eos is None else tuple(eos) if isinstance(eos, tuple) else (int(eos),)
+        self.model_eos_ids = model_eos_ids(model.config)
 
     def update_weights(self, params: nnx.State) -> None:
         """Installs new parameters (same structure and shapes; e.g. after a learner step)."""

@@ -157,13 +157,6 @@ class Placement:
         return jax.set_mesh(self.mesh)
 
     @property
-    def is_multi_process(self) -> bool:
-        """Whether the mesh spans devices of more than one process (a multi-host run)."""
-        if isinstance(self.mesh, AbstractMesh):
-            return False
-        return len({d.process_index for d in self.mesh.devices.flat}) > 1
-
-    @property
     def rules_dict(self) -> dict[str, tuple[str, ...] | None]:
         return dict(self.rules)
 
