@@ -219,7 +219,8 @@ def _start_two(workdir, tmp_path, port):
         cmd = _cmd(workdir, MESHES["fsdp4_expert2"][0]) + [
             "--config.mesh.distributed=always", f"--config.mesh.coordinator_address=127.0.0.1:{port}",
             "--config.mesh.num_processes=2", f"--config.mesh.process_id={i}",
-            "--config.mesh.heartbeat_timeout_s=10", f"--config.tasks.cache_dir={tmp_path}/tasks{i}"]
+            "--config.mesh.heartbeat_timeout_s=10", f"--config.tasks.cache_dir={tmp_path}/tasks{i}",
+            "--verbosity=0"]   # INFO: each process logs the executions it ran
         log = open(tmp_path / f"proc{i}.log", "w")
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=_env(4), stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True), log))
