@@ -271,8 +271,7 @@ def resolve_run(workdir: str) -> RunFiles:
 def _hf_model_config(hf_path: str, overrides: Mapping[str, Any]):
     """The ModelConfig ``hf_mapping.load_hf_model(hf_path, **overrides)`` builds, from config.json
     alone (no weights are read)."""
-    from models import hf_mapping
-    from models.configs import ModelConfig
+    from models.configs import RUNTIME_FIELDS, ModelConfig
 
     url = str(hf_path).rstrip("/") + "/config.json"
     try:
@@ -287,7 +286,7 @@ def _hf_model_config(hf_path: str, overrides: Mapping[str, Any]):
     except (OSError, ValueError) as e:
         raise PolicyError(f"cannot read the model config {url!r}: {e}") from e
     overrides = dict(overrides)
-    runtime = {k: overrides.pop(k) for k in list(overrides) if k in hf_mapping._RUNTIME_FIELDS}
+    runtime = {k: overrides.pop(k) for k in list(overrides) if k in RUNTIME_FIELDS}
     config = ModelConfig.from_hf_dict(hf_cfg, **runtime)
     return config.replace(**overrides) if overrides else config
 
