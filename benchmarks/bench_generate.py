@@ -29,13 +29,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import (BENCH_TINY, active_matmul_params, attention_flops_per_token,  # noqa: E402
+from _common import (BENCH_TINY, active_matmul_params, attention_flops_per_token,
                                 add_round_args, bench_tiny_model_config, best_of_rounds,
                                 dropless_capacity_factor, matmul_peak_flops, run_peer)
 
@@ -54,7 +51,7 @@ def measure_ours(shape: dict, dispatch: str, repeats: int, group_size: int = 1) 
     import numpy as np
     from flax import nnx
 
-    from ace_jax.generate import Generator, SamplingConfig
+    from ace_jax.runtime.generate import Generator, SamplingConfig
     from models import qwen3
 
     cfg = bench_tiny_model_config(shape)

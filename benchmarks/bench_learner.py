@@ -26,13 +26,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import (BENCH_TINY, active_matmul_params, attention_flops_per_token,  # noqa: E402
+from _common import (BENCH_TINY, active_matmul_params, attention_flops_per_token,
                                 add_round_args, bench_tiny_model_config, best_of_rounds,
                                 dropless_capacity_factor, matmul_peak_flops, run_peer)
 
@@ -44,7 +41,7 @@ def build_batch(model, shape: dict, group_size: int, seed: int = 0):
     import numpy as np
     from flax import nnx
 
-    from ace_jax import rollout_batch
+    from ace_jax.rl import rollout_batch
 
     b, p, m, v = shape["batch"], shape["prompt"], shape["new"], shape["vocab"]
     rng = np.random.default_rng(seed)
@@ -65,7 +62,7 @@ def measure_ours(shape: dict, dispatch: str, repeats: int, group_size: int = 4,
     import jax
     from flax import nnx
 
-    from ace_jax import grpo, learner
+    from ace_jax.rl import grpo, learner
     from models import qwen3
 
     cfg = bench_tiny_model_config(shape)

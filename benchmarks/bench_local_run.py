@@ -22,7 +22,6 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def main() -> None:
@@ -39,7 +38,7 @@ def main() -> None:
     subprocess.run(cmd, cwd=REPO, check=True)
     minutes = (time.perf_counter() - t0) / 60
 
-    from ace_jax import metrics
+    from ace_jax.train import metrics
 
     rows = metrics.read_metrics(str(workdir / "metrics.jsonl"))
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731

@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from typing import Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from ace_jax import buffer as B  # noqa: E402
-from ace_jax import learnability as L  # noqa: E402
-from sandbox.result import ExecutionResult, Status  # noqa: E402
+from ace_jax.curriculum import buffer as B
+from ace_jax.curriculum import learnability as L
+from sandbox.result import ExecutionResult, Status
 
 
 def simulate(sampler: str, steps: int = 150, batch: int = 32, group: int = 8, n_tasks: int = 8,

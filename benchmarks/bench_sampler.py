@@ -15,12 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def np_schedule(step, spec):
@@ -106,7 +104,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import jax
     import jax.numpy as jnp
-    from ace_jax import learnability as L
+    from ace_jax.curriculum import learnability as L
 
     spec = L.get_spec(L.default_config(), "lp")
     rows = {}

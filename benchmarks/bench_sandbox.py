@@ -29,10 +29,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sandbox.pool import SandboxPool  # noqa: E402
-from sandbox.result import Status  # noqa: E402
+from sandbox.pool import SandboxPool
+from sandbox.result import Status
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Warm-start measurement: can a few CPU minutes of SFT give RL a policy that is imperfect but not
 hopeless?
 
-Trains the BPE tokenizer and the SFT stage (``ace_jax.sft``) with the local model size, then samples
+Trains the BPE tokenizer and the SFT stage (``ace_jax.train.sft``) with the local model size, then samples
 ``--samples`` completions at temperature 1.0 for draft states of several tasks, runs every
 well-formed one in the sandbox pool (dev split) and counts the outcomes: invalid format,
 syntax error, runtime error, ..., ok. The last line printed is one JSON object::
@@ -28,11 +28,9 @@ import dataclasses
 import json
 import os
 import pathlib
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 # Same model size as configs/local.py (c.model.overrides); kept here so the benchmark runs alone.
 LOCAL_OVERRIDES = dict(
@@ -69,8 +67,9 @@ def main() -> None:
     import jax
     from flax import nnx
 
-    from ace_jax import agent, sft
-    from ace_jax.generate import Generator, SamplingConfig
+    from ace_jax.env import agent
+    from ace_jax.runtime.generate import Generator, SamplingConfig
+    from ace_jax.train import sft
     from models import configs as model_configs
     from models import qwen3
     from models.tokenizer import ENDOFTEXT, IM_END
@@ -120,7 +119,7 @@ def main() -> None:
     # Sample drafts: G = samples / len(tasks) completions per task, for each temperature.
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)
     group = max(1, args.samples // len(sample_tasks))
-    from ace_jax.buffer import State
+    from ace_jax.curriculum.buffer import State
     prompts = []
     for t in sample_tasks:
         st = State(state_id=0, task_id=t.task_id, parent_id=None, depth=0, code="", history=[],

@@ -8,7 +8,7 @@
 
 Same sections as configs/local.py (each one is the ``default_config()`` of the module that reads
 it); this file states what differs for the pod, plus the ``dry_run`` section (hardware and
-projection assumptions, ace_jax/dry_run.py). Every ``YOUR_BUCKET`` / ``/mnt/...`` value is a
+projection assumptions, ace_jax/train/dry_run.py). Every ``YOUR_BUCKET`` / ``/mnt/...`` value is a
 placeholder to override on the command line.
 
 Sizes (reference/qwen3_moe_spec.md §5): 64 states x G=8 = 512 rollouts per step, 8k-token prompts
@@ -20,8 +20,11 @@ TPU compiler for v5p:4x4x4 (`--dry_run`): learner step 26.3 GB and rollout 16.2 
 """
 import ml_collections
 
-from ace_jax import agent, buffer, checkpoint, dry_run, grpo, learnability, learner, rewards, sft
-from ace_jax import sharding
+from ace_jax.curriculum import buffer, learnability
+from ace_jax.env import agent, rewards
+from ace_jax.rl import grpo, learner
+from ace_jax.runtime import checkpoint, sharding
+from ace_jax.train import dry_run, sft
 from sandbox import pool
 
 

@@ -4,7 +4,7 @@
   python launch/tpu_train.py --config=configs/ideator.py --config.ideator.implementer=run:runs/local
 
 The same trainer as AceGRPO (``configs/local.py``, which this file starts from); ``mode = "ideator"``
-makes ``launch/tpu_train.py`` build ``ace_jax.ideator_trainer.IdeatorTrainer``: the trained policy
+makes ``launch/tpu_train.py`` build ``ace_jax.ideator.ideator_trainer.IdeatorTrainer``: the trained policy
 writes ideas (``Analysis / Action / Rationale``) for buffer states, a FROZEN implementer turns each
 valid idea into one script, the sandbox grades it, and ``ideator_ternary`` rewards the idea (+1 the
 script beats the state's score, 0 not / failed, -1 malformed idea).
@@ -17,11 +17,12 @@ idea (``ideator.build_ideator_sft_examples``). Other implementers: ``"run:<dir>"
 AceGRPO run), ``"hf:<dir>"``, ``"openai:<base_url>#<model>"``.
 
 Only what differs from ``configs/local.py`` is set here; every key is documented in the
-``default_config()`` of the module that reads it (``ace_jax.ideator_trainer`` for ``ideator``).
+``default_config()`` of the module that reads it (``ace_jax.ideator.ideator_trainer`` for ``ideator``).
 """
 import os
 
-from ace_jax import config_utils, ideator_trainer
+from ace_jax import config_utils
+from ace_jax.ideator import ideator_trainer
 
 
 def get_config():

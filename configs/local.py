@@ -8,7 +8,11 @@ documented next to its use; this file only states what differs for the local run
 """
 import ml_collections
 
-from ace_jax import agent, buffer, checkpoint, grpo, learnability, learner, rewards, sft, sharding
+from ace_jax.curriculum import buffer, learnability
+from ace_jax.env import agent, rewards
+from ace_jax.rl import grpo, learner
+from ace_jax.runtime import checkpoint, sharding
+from ace_jax.train import sft
 from sandbox import pool
 
 
@@ -42,7 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.group_size = 4               # G completions per state
     c.rl.async_rollouts = True        # sandbox of step t overlaps generation / learning of t+1
     c.rl.max_staleness = 1            # policy versions a rollout may lag behind the learner
-    c.rl.reward = "acegrpo_step"      # a name in ace_jax.rewards
+    c.rl.reward = "acegrpo_step"      # a name in ace_jax.env.rewards
     c.rl.max_prompt_tokens = 768      # longer prompts keep their last tokens (counted in metrics)
     # The buffer starts from one empty draft per task; the reference solutions are the warm
     # start's SFT targets. True also seeds them as improvable states (as on MLE-bench).

@@ -9,14 +9,11 @@
 
 Writes to --out: results.json, report.md, per_task.png, best_dev.png, seed_solutions.jsonl and
 episodes/<task>__seed<k>.jsonl (one line per step), and prints the table. Semantics and metric
-definitions: ``ace_jax/evaluation.py``.
+definitions: ``ace_jax/eval/evaluation.py``.
 """
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
 _POLICY = flags.DEFINE_string("policy", None, "run:<workdir>[@step] | hf:<dir> | "
                               "openai:<base_url>#<model>")
@@ -35,7 +32,7 @@ _TEMP = flags.DEFINE_float("temperature", None, "Sampling temperature (default: 
                            "the policy's default).")
 _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", None, "Prompt tokens kept (JAX policies).")
 _IDEATOR = flags.DEFINE_string("ideator", "", "Advisor policy spec (same syntax as --policy); "
-                               "needs ace_jax/ideator.py.")
+                               "needs ace_jax/ideator/ideator.py.")
 _STAGNATION = flags.DEFINE_integer("stagnation_steps", 2, "Non-improving steps that trigger an "
                                    "advice request (with --ideator); <= 0: only on seek_help.")
 _CACHE = flags.DEFINE_string("cache_dir", "", "Prepared offline tasks (prepared there if "
@@ -66,12 +63,14 @@ def _make_pool(backend: str, workers: int):
 
 
 def main(argv):
-    from ace_jax import logs
+    from ace_jax.train import logs
 
     logs.configure_logging()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from ace_jax import agent, buffer, evaluation
+    from ace_jax.curriculum import buffer
+    from ace_jax.env import agent
+    from ace_jax.eval import evaluation
 
     try:
         kind, args = evaluation.parse_policy_spec(_POLICY.value)

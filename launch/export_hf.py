@@ -1,4 +1,4 @@
-"""Export a training run's checkpoint as a Hugging Face model directory (see ``ace_jax/export.py``).
+"""Export a training run's checkpoint as a Hugging Face model directory (see ``ace_jax/policy/export.py``).
 
   python launch/export_hf.py --run=runs/local --out=exports/local   # newest step, the model's param dtype
   python launch/export_hf.py --run=runs/local --step=200 --out=exports/s200 --dtype=bfloat16
@@ -7,12 +7,10 @@
 The directory loads with ``transformers.AutoModelForCausalLM.from_pretrained``, vLLM, and
 ``launch/serve.py --hf=<out>``. An existing non-empty ``--out`` is refused unless ``--overwrite``.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
 _RUN = flags.DEFINE_string("run", None, "The training run directory (its workdir).")
 _OUT = flags.DEFINE_string("out", None, "Directory (or fsspec URL) to write the HF model into.")
@@ -28,7 +26,8 @@ def main(argv):
     del argv
     if not _RUN.value or not _OUT.value:
         raise app.UsageError("--run and --out are required")
-    from ace_jax import checkpoint, export
+    from ace_jax.policy import export
+    from ace_jax.runtime import checkpoint
     from models import hf_mapping
 
     try:

@@ -1,22 +1,20 @@
-"""Serve a policy over an OpenAI-compatible HTTP API (see ``ace_jax/serving.py``).
+"""Serve a policy over an OpenAI-compatible HTTP API (see ``ace_jax/policy/serving.py``).
 
   python launch/serve.py --run=runs/local                    # newest checkpoint of a run
   python launch/serve.py --run=runs/local --step=200 --port=8000
   python launch/serve.py --hf=exports/local                  # an HF directory (export_hf.py)
 
-Then any OpenAI client can talk to it, e.g. ``ace_jax.policy.OpenAIPolicy("http://127.0.0.1:8000/v1")``
+Then any OpenAI client can talk to it, e.g. ``ace_jax.policy.policy.OpenAIPolicy("http://127.0.0.1:8000/v1")``
 or ``curl -d '{"messages": [{"role": "user", "content": "hi"}]}' URL/v1/chat/completions``.
 ``--port=0`` picks a free port; the first line printed is ``serving <model> at <url>``.
 Ctrl-C or SIGTERM stops it cleanly. Only warnings and errors are logged; ``--verbosity=0`` shows
 INFO logs too (Orbax, requests at ``--verbosity=1``).
 """
-import os
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
 _RUN = flags.DEFINE_string("run", None, "A training run directory (launch/tpu_train.py workdir).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --run (default: the newest).")
@@ -50,7 +48,8 @@ def main(argv):
         raise app.UsageError("give exactly one of --run or --hf")
     if _STEP.value is not None and not _RUN.value:
         raise app.UsageError("--step needs --run")
-    from ace_jax import logs, policy as policy_lib, serving
+    from ace_jax.policy import policy as policy_lib, serving
+    from ace_jax.train import logs
 
     logs.configure_logging()
     kwargs = dict(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,

@@ -8,15 +8,13 @@
 Any setting is overridable with --config.<section>.<key>=<value>; a misspelt key is refused with
 the list of valid keys. Re-running the same command after an interruption resumes the run.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
-from ace_jax import config_utils  # noqa: E402
+from ace_jax import config_utils
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/local.py", "Path to a config file.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Build the model, learner and generation steps "
@@ -26,18 +24,19 @@ _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the terminal pro
 
 def main(argv):
     del argv
-    from ace_jax import logs
+    from ace_jax.train import logs
 
     logs.configure_logging()   # warnings and errors; --verbosity=0 shows INFO (Orbax's too)
     cfg = _CONFIG.value
     if _DRY_RUN.value:
         return _dry_run(cfg)
-    from ace_jax import sharding, trainer
+    from ace_jax.runtime import sharding
+    from ace_jax.train import trainer
 
     sharding.maybe_initialize_distributed(cfg.mesh)
     mode = cfg.get("mode", "acegrpo")
     if mode == "ideator":  # MLE-Ideator: the trained policy is the ideator (configs/ideator.py)
-        from ace_jax import ideator_trainer
+        from ace_jax.ideator import ideator_trainer
 
         t = ideator_trainer.IdeatorTrainer(cfg, progress=not _NO_PROGRESS.value)
     elif mode == "acegrpo":
@@ -55,7 +54,7 @@ def _dry_run(cfg) -> None:
     """Prints the plan, then its one-line JSON summary; exits 1 when a program does not fit."""
     import json
 
-    from ace_jax import dry_run
+    from ace_jax.train import dry_run
 
     try:
         report = dry_run.run_dry_run(cfg)

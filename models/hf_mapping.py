@@ -1059,7 +1059,7 @@ def load_hf_params_sharded(
 
 
 def _flat_shardings(spec: Any) -> dict[str, Any]:
-    """A flat {name: Sharding} from an ``nnx.State`` of shardings (as ``ace_jax.placement.
+    """A flat {name: Sharding} from an ``nnx.State`` of shardings (as ``ace_jax.runtime.placement.
     param_shardings`` returns) or a flat mapping."""
     from flax import nnx
 
@@ -1092,7 +1092,7 @@ def load_hf_model(
         affect the loaded weights.
       shardings: where the parameters go. None: every parameter whole on this host's first local
         device. Otherwise a callable ``shardings(abstract_module)`` returning an ``nnx.State`` of
-        shardings (e.g. ``lambda m: ace_jax.placement.param_shardings(m, mesh, rules)``) or a flat
+        shardings (e.g. ``lambda m: ace_jax.runtime.placement.param_shardings(m, mesh, rules)``) or a flat
         {name: Sharding}; or such a State / mapping itself.
       storage_options: fsspec options for a remote path (e.g. gcsfs ``endpoint_url``, ``token``).
       stats: a `ReadStats` to which every read is added.

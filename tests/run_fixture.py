@@ -14,7 +14,8 @@ import jax
 import optax
 from flax import nnx
 
-from ace_jax import checkpoint as ckpt_lib, config_utils
+from ace_jax import config_utils
+from ace_jax.runtime import checkpoint as ckpt_lib
 from models import configs as model_configs, qwen3, tokenizer as tok_lib
 
 CORPUS = [

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ace_jax import agent, evaluation
+from ace_jax.env import agent
+from ace_jax.eval import evaluation
 from sandbox import seed_corpus
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -85,10 +86,10 @@ def test_cli_refuses_a_bad_policy_spec_and_unknown_tasks(tmp_path):
 
 
 def test_cli_against_our_own_server(tmp_path):
-    """launch/evaluate.py drives the JAX policy served by ace_jax.serving over real HTTP: the
+    """launch/evaluate.py drives the JAX policy served by ace_jax.policy.serving over real HTTP: the
     episode runs to its end, every step is recorded, and the server counted the requests."""
-    from ace_jax import serving
-    from ace_jax.policy import JaxPolicy
+    from ace_jax.policy import serving
+    from ace_jax.policy.policy import JaxPolicy
     from tests.run_fixture import make_tiny_run
 
     make_tiny_run(str(tmp_path / "run"))

@@ -1,4 +1,4 @@
-"""Run checkpoint -> HF directory (ace_jax/export.py, launch/export_hf.py): the export loads in
+"""Run checkpoint -> HF directory (ace_jax/policy/export.py, launch/export_hf.py): the export loads in
 transformers with the same logits and tokenizer, and round-trips through JaxPolicy.from_hf."""
 import json
 import os
@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from ace_jax import export
-from ace_jax.policy import JaxPolicy, PolicyError
+from ace_jax.policy import export
+from ace_jax.policy.policy import JaxPolicy, PolicyError
 from models import tokenizer as tok_lib
 from models.qwen3 import flat_params
 from tests.numerics import assert_close

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (ace_jax/serving.py, launch/serve.py) over real HTTP on localhost,
+"""The OpenAI-compatible server (ace_jax/policy/serving.py, launch/serve.py) over real HTTP on localhost,
 in front of a JaxPolicy restored from a tiny run directory: the replies, n samples, stop strings
 that end decoding, streaming as decoded, refused requests, and the official openai SDK."""
 import dataclasses
@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from ace_jax import serving
-from ace_jax.policy import Completion, JaxPolicy, OpenAIPolicy
+from ace_jax.policy import serving
+from ace_jax.policy.policy import Completion, JaxPolicy, OpenAIPolicy
 from tests.run_fixture import make_tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -210,7 +210,7 @@ def test_the_engine_matches_the_generator_on_the_accelerator_cache_layout(served
     Generator.generate, token for token."""
     from flax import nnx
 
-    from ace_jax import generate
+    from ace_jax.runtime import generate
     from models import configs as model_configs, qwen3
     from tests.run_fixture import MODEL_OVERRIDES
 

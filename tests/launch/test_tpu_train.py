@@ -59,7 +59,9 @@ def _rollouts(workdir):
 
 
 def _buffer_states(workdir):
-    from ace_jax import buffer, buffer_store, config_utils, trainer
+    from ace_jax import config_utils
+    from ace_jax.curriculum import buffer, buffer_store
+    from ace_jax.train import trainer
 
     cfg = config_utils.load_config_file(str(REPO / "configs/local.py"))
     cfg.tasks.ids = ("iris-species", "wine-cultivar")

@@ -18,8 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
-from ace_jax import placement as pl
-from ace_jax import sharding as sh
+from ace_jax.runtime import placement as pl, sharding as sh
 from models import hf_mapping as M
 from models.configs import tiny_moe
 from models.qwen3 import Qwen3ForCausalLM, flat_params

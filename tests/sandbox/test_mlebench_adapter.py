@@ -453,8 +453,8 @@ class FixedPolicy:
         self.code = code
 
     def complete(self, conversations, *, seed=0):
-        from ace_jax import agent
-        from ace_jax.policy import Completion
+        from ace_jax.env import agent
+        from ace_jax.policy.policy import Completion
 
         return [Completion(text=agent.completion_target(self.code)) for _ in conversations]
 
@@ -462,8 +462,9 @@ class FixedPolicy:
 def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
     """Targets fall back to headroom 1 and baseline-relative rewards; evaluation reports medals
     and HumanRank as n/a; grading is unaffected."""
-    from ace_jax import buffer as buffer_lib
-    from ace_jax import evaluation, rewards
+    from ace_jax.curriculum import buffer as buffer_lib
+    from ace_jax.env import rewards
+    from ace_jax.eval import evaluation
     from sandbox.pool import SandboxPool
 
     _write_competition(tmp_path, "nolb", "multi-class-log-loss", leaderboard=None)

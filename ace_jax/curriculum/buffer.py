@@ -1,0 +1,641 @@
+"""The Evolving Data Buffer: training states, their struct-of-arrays statistics, and pruning.
+
+Every execution the policy triggers (failed ones included) becomes a new *state* (a code snapshot
+plus a short execution history) from which later RL steps start. Beside the states the buffer keeps
+fixed-capacity NumPy arrays of per-state statistics (``StateStats``); the jitted LP scorer in
+``ace_jax.curriculum.learnability`` reads them as JAX arrays. A state lives in one *slot* (an index into the
+arrays); ``valid[slot]`` says whether the slot is in use. Pruned states free their slot.
+
+Persistence (segments, snapshots, commit marker) is in ``ace_jax.curriculum.buffer_store``; this module only
+exposes the delta / full export hooks it needs (``export_delta``, ``export_full``, ``apply``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import ml_collections
+import numpy as np
+
+from sandbox.result import ExecutionResult, Status
+
+ORIGINS = ("seed", "rollout", "evaluation")
+# Status codes stored in ``StateStats.status``: -1 = no execution yet (a seed), else the index of
+# the sandbox status in this tuple (stable: persisted).
+STATUS_CODES: tuple[str, ...] = tuple(s.value for s in Status)
+NO_STATUS = -1
+NEVER = -1  # ``last_sampled`` of a state that was never sampled
+
+
+class BufferError(Exception):
+    """Base class of the buffer's typed errors."""
+
+
+class UnknownStateError(BufferError, KeyError):
+    """A state id that is not (or no longer) in the buffer."""
+
+
+class UnknownTaskError(BufferError, KeyError):
+    """A task id the buffer has no ``TaskTargets`` for."""
+
+
+class BufferFullError(BufferError):
+    """Pruning cannot free enough slots (every remaining state is protected or a keeper)."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The ``buffer`` config section (every constant of the buffer lives here)."""
+    c = ml_collections.ConfigDict()
+    c.capacity = 4096              # fixed number of slots (size of every StateStats array)
+    c.history_len = 8              # step summaries kept per state (oldest dropped first)
+    c.stderr_tail_chars = 400      # characters of stderr kept per step summary
+    # Pruning runs when an insertion does not fit: it frees slots down to prune_to * capacity.
+    c.prune_to = 0.9
+    c.stale_after_steps = 20       # a state untouched (created/sampled/grouped) this long is stale
+    c.protect_recent_steps = 1     # states sampled in [step - this, step] are never pruned
+    c.keep_per_task_status = True  # keep >= 1 state per (task, status kind), seeds' "none" included
+    # Persistence (ace_jax.curriculum.buffer_store): where, how often to compact, how to retry.
+    c.store = ml_collections.ConfigDict()
+    c.store.url = ""                 # "" = no persistence; a local dir, gs://bucket/prefix or memory://x
+    c.store.snapshot_every = 20      # commits between compacted snapshots (segments in between)
+    c.store.keep_manifests = 2       # committed manifests kept after a snapshot (older ones collected)
+    c.store.retry_attempts = 5       # tries per storage operation on transient errors
+    c.store.retry_initial_s = 0.2    # first backoff, seconds
+    c.store.retry_max_s = 10.0       # backoff cap, seconds
+    c.store.retry_multiplier = 2.0   # backoff growth per retry
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskTargets:
+    """Per-task score anchors used for headroom (and by rewards).
+
+    Attributes:
+      task_id: the task.
+      gold: the gold-medal threshold of the reference leaderboard (metric units); None when the
+        task has no leaderboard.
+      median: the leaderboard median (metric units); None exactly when ``gold`` is None.
+      baseline: the task's prior baseline score (what a first valid submission improves on).
+      lower_is_better: metric direction.
+
+    A task without a leaderboard (``gold`` = ``median`` = None) still trains, with this fallback:
+
+    * headroom is 1 for every score: no ceiling is known, so the learnability potential ranks the
+      task's states by their reward spread alone;
+    * spread = |baseline| (1 metric unit when the baseline is 0): an improvement as large as the
+      baseline itself is one spread, so the reward's improvement term and the normalised score
+      are relative to the baseline (log loss 1.10 -> 0.55 is +0.5, accuracy 0.40 -> 0.60 is
+      +0.5).
+    """
+
+    task_id: str
+    gold: Optional[float]
+    median: Optional[float]
+    baseline: float
+    lower_is_better: bool = False
+
+    def __post_init__(self):
+        if (self.gold is None) != (self.median is None):
+            raise ValueError(f"TaskTargets({self.task_id!r}): gold and median are both set (a "
+                             f"leaderboard) or both None (none); got gold={self.gold!r}, "
+                             f"median={self.median!r}")
+        for name in ("gold", "median", "baseline"):
+            value = getattr(self, name)
+            if (value is not None or name == "baseline") and not math.isfinite(float(value)):
+                raise ValueError(f"TaskTargets({self.task_id!r}).{name} must be finite, "
+                                 f"got {value!r}")
+        if self.has_leaderboard and self.spread <= 0:
+            d = "below" if self.lower_is_better else "above"
+            raise ValueError(f"TaskTargets({self.task_id!r}): gold ({self.gold}) must be strictly {d} "
+                             f"the median ({self.median}) for a "
+                             f"{'lower' if self.lower_is_better else 'higher'}-is-better metric")
+
+    @property
+    def has_leaderboard(self) -> bool:
+        """True when gold and median come from a reference leaderboard."""
+        return self.gold is not None
+
+    @property
+    def sign(self) -> float:
+        """+1 if higher is better, -1 if lower is better."""
+        return -1.0 if self.lower_is_better else 1.0
+
+    @property
+    def spread(self) -> float:
+        """gold - median in the "better" direction (> 0), metric units; without a leaderboard
+        |baseline|, or 1 when the baseline is 0."""
+        if not self.has_leaderboard:
+            return abs(float(self.baseline)) or 1.0
+        return self.sign * (self.gold - self.median)
+
+    def headroom(self, score: Optional[float]) -> float:
+        """clip((gold - best) / spread, 0, 1), direction-aware; a missing score counts as baseline.
+        1 for every score when the task has no leaderboard."""
+        if not self.has_leaderboard:
+            return 1.0
+        s = self.baseline if score is None else float(score)
+        return float(min(1.0, max(0.0, self.sign * (self.gold - s) / self.spread)))
+
+    def better(self, a: Optional[float], b: Optional[float]) -> Optional[float]:
+        """The better of two scores (None = no score)."""
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return max(a, b) if not self.lower_is_better else min(a, b)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedSolution:
+    """A reference solution to seed the buffer with: code and its dev score (metric units)."""
+
+    task_id: str
+    code: str
+    score: Optional[float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Child:
+    """One execution under a parent state: the new code, its result and its reward."""
+
+    code: str
+    result: ExecutionResult
+    reward: float
+    action: str = "improve"  # draft | debug | improve (the agent's action kind)
+
+
+@dataclasses.dataclass
+class StepSummary:
+    """One line of a state's execution history."""
+
+    action: str
+    status: str
+    score: Optional[float]
+    stderr_tail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class State:
+    """One buffer entry (JSON-serialisable through ``to_dict`` / ``from_dict``).
+
+    Attributes:
+      state_id: unique, monotonically assigned integer id.
+      task_id: the task this state belongs to.
+      parent_id: id of the state it was derived from (None for roots).
+      depth: 0 for roots, parent depth + 1 otherwise.
+      code: the solution file (may be empty: a fresh draft).
+      history: bounded list of ``StepSummary`` (oldest first).
+      score: best valid dev score along this lineage so far (metric units), or None.
+      origin: "seed" | "rollout" | "evaluation".
+      created_step: RL step at which the state was created.
+    """
+
+    state_id: int
+    task_id: str
+    parent_id: Optional[int]
+    depth: int
+    code: str
+    history: list[StepSummary]
+    score: Optional[float]
+    origin: str
+    created_step: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["history"] = [h.to_dict() for h in self.history]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "State":
+        d = dict(d)
+        d["history"] = [StepSummary(**h) for h in d["history"]]
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, s: str) -> "State":
+        return cls.from_dict(json.loads(s))
+
+    @property
+    def status(self) -> Optional[str]:
+        """Status of the execution that produced this state (None for a seed)."""
+        return self.history[-1].status if self.history else None
+
+
+# name -> (dtype, fill value of an empty slot)
+STAT_FIELDS: dict[str, tuple[Any, Any]] = {
+    "valid": (np.bool_, False),          # slot holds a live state
+    "state_id": (np.int64, -1),          # id of the state in the slot
+    "task": (np.int32, -1),              # task index (order of registration)
+    "status": (np.int8, NO_STATUS),      # STATUS_CODES index of the producing execution
+    "visits": (np.int32, 0),             # number of groups of children recorded
+    "last_sampled": (np.int32, NEVER),   # step of the latest selection
+    "last_active": (np.int32, 0),        # latest of created / sampled / grouped step
+    "reward_mean": (np.float32, 0.0),    # mean reward of the latest group
+    "reward_var": (np.float32, 0.0),     # population variance of the latest group's rewards
+    "best_child_score": (np.float32, np.nan),  # best valid dev score among children (metric units)
+    "headroom": (np.float32, 1.0),       # clip((gold - score) / spread, 0, 1)
+    "prior_std": (np.float32, np.nan),   # reward std of the group that created the state (NaN: root)
+}
+
+
+class StateStats:
+    """Struct-of-arrays statistics, one row per slot, shape ``[capacity]`` each (NumPy, host).
+
+    Fields and dtypes are ``STAT_FIELDS``: valid, state_id, task (index), status (code), visits,
+    last_sampled (step, -1 = never), last_active (step), reward_mean / reward_var (reward units,
+    latest group), best_child_score (metric units, NaN = none), headroom ([0, 1]), prior_std
+    (reward units). The LP scorer reads them as jax arrays (``learnability.lp_inputs``).
+    """
+
+    def __init__(self, capacity: int):
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self.capacity = int(capacity)
+        for name, (dtype, fill) in STAT_FIELDS.items():
+            setattr(self, name, np.full(self.capacity, fill, dtype=dtype))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in STAT_FIELDS}
+
+    def clear(self, slots) -> None:
+        for name, (dtype, fill) in STAT_FIELDS.items():
+            getattr(self, name)[slots] = fill
+
+    def rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name)[slots].copy() for name in STAT_FIELDS}
+
+    def set_rows(self, slots: np.ndarray, rows: dict[str, np.ndarray]) -> None:
+        for name, (dtype, _) in STAT_FIELDS.items():
+            getattr(self, name)[slots] = np.asarray(rows[name], dtype=dtype)
+
+
+def code_hash(code: str) -> str:
+    """Identity of a code snapshot for de-duplication (trailing whitespace per line ignored)."""
+    norm = "\n".join(line.rstrip() for line in code.strip().splitlines())
+    return hashlib.sha256(norm.encode()).hexdigest()
+
+
+def default_potential(stats: StateStats) -> np.ndarray:
+    """Pruning's "potential" proxy, shape [capacity]: sqrt(reward_var) * headroom, 1 if unvisited.
+
+    The trainer may pass the LP scorer itself as ``potential_fn`` instead.
+    """
+    u = np.where(stats.visits > 0, np.sqrt(np.maximum(stats.reward_var, 0.0)), 1.0)
+    return (u * stats.headroom).astype(np.float32)
+
+
+class EvolvingBuffer:
+    """States + ``StateStats`` + de-duplication + pruning.
+
+    Args:
+      config: the ``buffer`` section (``default_config()``).
+      targets: the tasks' ``TaskTargets``; their order fixes the task index in the stats.
+      potential_fn: ``StateStats -> float[capacity]``, higher = more worth keeping (pruning order).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, targets: Sequence[TaskTargets],
+                 potential_fn: Optional[Callable[[StateStats], np.ndarray]] = None):
+        self.config = config
+        if not 0.0 < config.prune_to <= 1.0:
+            raise ValueError(f"buffer.prune_to must be in (0, 1], got {config.prune_to}")
+        if config.history_len < 1:
+            raise ValueError(f"buffer.history_len must be >= 1, got {config.history_len}")
+        self.targets: dict[str, TaskTargets] = {}
+        self.task_ids: list[str] = []
+        for t in targets:
+            if t.task_id in self.targets:
+                raise ValueError(f"duplicate TaskTargets for task {t.task_id!r}")
+            self.targets[t.task_id] = t
+            self.task_ids.append(t.task_id)
+        self.stats = StateStats(config.capacity)
+        self.potential_fn = potential_fn or default_potential
+        self.states: dict[int, State] = {}
+        self.slot_of: dict[int, int] = {}
+        self._children_by_code: dict[tuple[Optional[int], str, str], int] = {}
+        self.next_id = 0
+        # Changes since the last ``export_delta`` (for the store's append-only segments).
+        self._dirty: set[int] = set()
+        self._removed: set[int] = set()
+        self._dirty_slots: set[int] = set()
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __contains__(self, state_id: int) -> bool:
+        return state_id in self.states
+
+    def get(self, state_id: int) -> State:
+        try:
+            return self.states[state_id]
+        except KeyError:
+            raise UnknownStateError(f"state {state_id} is not in the buffer (never added or pruned)") from None
+
+    def ids_for_slots(self, slots: Iterable[int]) -> list[int]:
+        """State ids of the given slots (e.g. the sampler's selection); errors on an empty slot."""
+        out = []
+        for s in np.asarray(list(slots) if not isinstance(slots, np.ndarray) else slots).tolist():
+            if not (0 <= s < self.stats.capacity) or not self.stats.valid[s]:
+                raise UnknownStateError(f"slot {s} holds no state")
+            out.append(int(self.stats.state_id[s]))
+        return out
+
+    def slots_for_ids(self, ids: Iterable[int]) -> np.ndarray:
+        return np.asarray([self.slot_of[self.get(i).state_id] for i in ids], dtype=np.int64)
+
+    def task_index(self, task_id: str) -> int:
+        if task_id not in self.targets:
+            raise UnknownTaskError(f"no TaskTargets for task {task_id!r}; known: {self.task_ids}")
+        return self.task_ids.index(task_id)
+
+    def metrics(self) -> dict[str, float]:
+        """Scalar summaries for the metric writers: size, fill, visited share, mean latest-group
+        reward std of visited states (reward units), mean headroom, counts per status kind."""
+        s = self.stats
+        v = s.valid
+        n = int(v.sum())
+        visited = v & (s.visits > 0)
+        out = {"buffer/size": float(n), "buffer/fill": n / s.capacity,
+               "buffer/visited_frac": float(visited.sum()) / max(n, 1),
+               "buffer/reward_std_visited": float(np.sqrt(np.maximum(s.reward_var[visited], 0)).mean())
+               if visited.any() else 0.0,
+               "buffer/headroom_mean": float(s.headroom[v].mean()) if n else 0.0}
+        codes, counts = np.unique(s.status[v], return_counts=True)
+        for c, k in zip(codes.tolist(), counts.tolist()):
+            out[f"buffer/status/{'none' if c == NO_STATUS else STATUS_CODES[c]}"] = float(k)
+        return out
+
+    # ------------------------------------------------------------------ insertion
+    def _free_slots(self, n: int, step: int, protect: Iterable[int] = ()) -> np.ndarray:
+        free = np.flatnonzero(~self.stats.valid)
+        if free.size < n:
+            target = min(int(self.config.prune_to * self.stats.capacity), self.stats.capacity - n)
+            self.prune(step, target_size=max(target, 0), protect=protect)
+            free = np.flatnonzero(~self.stats.valid)
+            if free.size < n:
+                raise BufferFullError(f"need {n} free slots, have {free.size} after pruning")
+        return free[:n]
+
+    def _insert(self, state: State, slot: int, status_code: int) -> None:
+        tgt = self.targets[state.task_id]
+        self.states[state.state_id] = state
+        self.slot_of[state.state_id] = slot
+        self._children_by_code[(state.parent_id, state.task_id, code_hash(state.code))] = state.state_id
+        row = {name: fill for name, (_, fill) in STAT_FIELDS.items()}
+        row.update(valid=True, state_id=state.state_id, task=self.task_index(state.task_id),
+                   status=status_code, last_active=state.created_step,
+                   headroom=tgt.headroom(state.score))
+        self.stats.set_rows(np.asarray([slot]), {k: [v] for k, v in row.items()})
+        self._dirty.add(state.state_id)
+        self._dirty_slots.add(slot)
+
+    def add_root(self, task_id: str, code: str, score: Optional[float], origin: str = "seed",
+                 step: int = 0) -> int:
+        """Adds a parentless state (a draft when ``code`` is empty); returns its id.
+
+        A root with the same task and code as an existing root is merged: its score becomes the
+        better of the two and the existing id is returned.
+        """
+        if origin not in ORIGINS:
+            raise ValueError(f"origin must be one of {ORIGINS}, got {origin!r}")
+        if score is not None and not math.isfinite(score):
+            raise ValueError(f"a root's score must be finite or None, got {score!r}")
+        self.task_index(task_id)
+        key = (None, task_id, code_hash(code))
+        if key in self._children_by_code and self._children_by_code[key] in self.states:
+            sid = self._children_by_code[key]
+            self._update_score(sid, score)
+            return sid
+        slot = int(self._free_slots(1, step)[0])
+        state = State(state_id=self.next_id, task_id=task_id, parent_id=None, depth=0, code=code,
+                      history=[], score=score, origin=origin, created_step=step)
+        self.next_id += 1
+        self._insert(state, slot, NO_STATUS)
+        return state.state_id
+
+    def seed(self, references: Sequence[SeedSolution] = (), step: int = 0) -> list[int]:
+        """An empty-draft state for every task plus one state per reference solution; returns ids."""
+        ids = [self.add_root(t, "", None, "seed", step) for t in self.task_ids]
+        ids += [self.add_root(r.task_id, r.code, r.score, "seed", step) for r in references]
+        return ids
+
+    def _update_score(self, state_id: int, score: Optional[float]) -> None:
+        st = self.states[state_id]
+        new = self.targets[st.task_id].better(st.score, score)
+        if new != st.score:
+            st.score = new
+            slot = self.slot_of[state_id]
+            self.stats.headroom[slot] = self.targets[st.task_id].headroom(new)
+            self._dirty.add(state_id)
+            self._dirty_slots.add(slot)
+
+    def add_children(self, parent_id: int, children: Sequence[Child], step: int,
+                     origin: str = "rollout", extra_rewards: Sequence[float] = ()) -> list[int]:
+        """Records one group of executions under ``parent_id``; returns one state id per child.
+
+        Every execution (failed ones included) becomes a child state whose history is the parent's
+        plus this step, and whose score is the better of the parent's score and this execution's
+        valid dev score (a dev score counts only with status ok and a finite value). Each new
+        child's ``prior_std`` is the std of this group's rewards. The parent's statistics are
+        replaced by this group's: reward mean and population variance over ALL ``len(children)``
+        rewards plus ``extra_rewards`` (group members that produced no execution, e.g. an
+        invalid-format completion: they count in the statistics but make no state), visits += 1,
+        best child score, ``last_active = step``. One call = one group.
+
+        Merging: a child whose code equals (``code_hash``) that of an existing child of the same
+        parent is not stored again. Its reward still counts in the parent's group statistics; the
+        existing child keeps its id, history and stats, its score becomes the better of the two,
+        and that existing id is returned in the child's position.
+        """
+        if not children and not extra_rewards:
+            raise ValueError("add_children needs at least one child or reward (one group)")
+        if origin not in ORIGINS:
+            raise ValueError(f"origin must be one of {ORIGINS}, got {origin!r}")
+        parent = self.get(parent_id)
+        tgt = self.targets[parent.task_id]
+        pslot = self.slot_of[parent_id]
+        rewards = np.asarray([float(c.reward) for c in children] + [float(r) for r in extra_rewards],
+                             dtype=np.float64)
+        if not np.all(np.isfinite(rewards)):
+            raise ValueError(f"child rewards must be finite, got {rewards.tolist()}")
+        # How many genuinely new states this group brings (dedupe within the group too).
+        keys, new_keys, merged = [], [], [parent_id]
+        for c in children:
+            k = (parent_id, parent.task_id, code_hash(c.code))
+            keys.append(k)
+            if k in self._children_by_code and self._children_by_code[k] in self.states:
+                merged.append(self._children_by_code[k])
+            elif k not in new_keys:
+                new_keys.append(k)
+        free = list(self._free_slots(len(new_keys), step, protect=merged))
+        if parent_id not in self.states:  # pruning may not remove it (protected) but stay safe
+            raise UnknownStateError(f"parent {parent_id} was pruned while adding its children")
+        ids: list[int] = []
+        best_child: Optional[float] = None
+        keep = self.config.history_len
+        tail_chars = self.config.stderr_tail_chars
+        for c, k in zip(children, keys):
+            res = c.result
+            dev = res.dev_score if (res.status is Status.OK and res.dev_score is not None
+                                    and math.isfinite(res.dev_score)) else None
+            best_child = tgt.better(best_child, dev)
+            existing = self._children_by_code.get(k)
+            if existing is not None and existing in self.states:
+                self._update_score(existing, dev)
+                ids.append(existing)
+                continue
+            summary = StepSummary(action=c.action, status=res.status.value, score=dev,
+                                  stderr_tail=res.stderr[-tail_chars:] if tail_chars > 0 else "")
+            state = State(state_id=self.next_id, task_id=parent.task_id, parent_id=parent_id,
+                          depth=parent.depth + 1, code=c.code,
+                          history=(parent.history + [summary])[-keep:],
+                          score=tgt.better(parent.score, dev), origin=origin, created_step=step)
+            self.next_id += 1
+            slot = int(free.pop(0))
+            self._insert(state, slot, STATUS_CODES.index(res.status.value))
+            self.stats.prior_std[slot] = rewards.std()
+            ids.append(state.state_id)
+        s = self.stats
+        s.reward_mean[pslot] = rewards.mean()
+        s.reward_var[pslot] = rewards.var()
+        s.visits[pslot] += 1
+        if best_child is not None:
+            old = None if np.isnan(s.best_child_score[pslot]) else float(s.best_child_score[pslot])
+            s.best_child_score[pslot] = tgt.better(old, best_child)
+        s.last_active[pslot] = max(int(s.last_active[pslot]), step)
+        self._dirty_slots.add(pslot)
+        return ids
+
+    def mark_sampled(self, ids: Iterable[int], step: int) -> None:
+        """Records that these states were selected at ``step`` (cooling, pruning protection)."""
+        for i in ids:
+            slot = self.slot_of[self.get(i).state_id]
+            self.stats.last_sampled[slot] = step
+            self.stats.last_active[slot] = max(int(self.stats.last_active[slot]), step)
+            self._dirty_slots.add(slot)
+
+    # ------------------------------------------------------------------ pruning
+    def prune(self, step: int, target_size: Optional[int] = None, protect: Iterable[int] = ()) -> list[int]:
+        """Removes states until at most ``target_size`` remain; returns the removed ids.
+
+        Order of removal: stale states (untouched for more than ``stale_after_steps``) before
+        fresh ones, then lowest potential first, then oldest first. Never removed: states sampled
+        within ``protect_recent_steps`` of ``step``, the ids in ``protect``, and (if
+        ``keep_per_task_status``) the best-potential state of every (task, status) pair, which
+        keeps at least one state per task and per failure kind per task. Removes fewer if only
+        protected states are left.
+        """
+        s = self.stats
+        cfg = self.config
+        if target_size is None:
+            target_size = int(cfg.prune_to * s.capacity)
+        live = np.flatnonzero(s.valid)
+        excess = live.size - int(target_size)
+        if excess <= 0:
+            return []
+        pot = np.asarray(self.potential_fn(s), dtype=np.float64)
+        pot = np.where(np.isfinite(pot), pot, -np.inf)
+        protected = np.zeros(s.capacity, dtype=bool)
+        protected[live] = (s.last_sampled[live] >= step - cfg.protect_recent_steps) & \
+            (s.last_sampled[live] != NEVER)
+        for i in protect:
+            if i in self.slot_of:
+                protected[self.slot_of[i]] = True
+        if cfg.keep_per_task_status:
+            # Per (task, status): an already protected state if any, else the best potential
+            # (ties -> newest state).
+            order = np.lexsort((-s.state_id[live], -pot[live], ~protected[live], s.status[live],
+                                s.task[live]))
+            srt = live[order]
+            grp = s.task[srt].astype(np.int64) * 256 + (s.status[srt].astype(np.int64) + 1)
+            first = np.ones(srt.size, dtype=bool)
+            first[1:] = grp[1:] != grp[:-1]
+            protected[srt[first]] = True
+        cand = live[~protected[live]]
+        stale = (step - s.last_active[cand]) > cfg.stale_after_steps
+        # lexsort: last key is primary -> stale first (~stale False sorts first), low potential, old.
+        order = np.lexsort((s.state_id[cand], pot[cand], ~stale))
+        victims = cand[order[:excess]]
+        removed = [int(s.state_id[v]) for v in victims]
+        self._remove(removed)
+        return removed
+
+    def _remove(self, ids: Sequence[int]) -> None:
+        for i in ids:
+            st = self.states.pop(i)
+            slot = self.slot_of.pop(i)
+            k = (st.parent_id, st.task_id, code_hash(st.code))
+            if self._children_by_code.get(k) == i:
+                del self._children_by_code[k]
+            self.stats.clear(slot)
+            self._dirty.discard(i)
+            self._removed.add(i)
+            self._dirty_slots.add(slot)
+
+    # ------------------------------------------------------------------ persistence hooks
+    def _meta(self) -> dict[str, Any]:
+        return {"next_id": self.next_id, "capacity": self.stats.capacity, "task_ids": self.task_ids}
+
+    def export_delta(self) -> dict[str, Any]:
+        """Changes since the previous export (and clears them): new/updated states, removed ids,
+        full stats rows of every touched slot, and counters. Apply with ``apply``."""
+        slots = np.asarray(sorted(self._dirty_slots), dtype=np.int64)
+        d = {"kind": "delta", "meta": self._meta(),
+             "states": [self.states[i].to_dict() for i in sorted(self._dirty)],
+             "removed": sorted(self._removed),
+             "slots": slots, "rows": self.stats.rows(slots)}
+        self._dirty.clear(); self._removed.clear(); self._dirty_slots.clear()
+        return d
+
+    def export_full(self) -> dict[str, Any]:
+        """Everything (a compacted snapshot); also clears the pending delta."""
+        slots = np.arange(self.stats.capacity, dtype=np.int64)
+        d = {"kind": "full", "meta": self._meta(),
+             "states": [self.states[i].to_dict() for i in sorted(self.states)],
+             "removed": [], "slots": slots, "rows": self.stats.rows(slots)}
+        self._dirty.clear(); self._removed.clear(); self._dirty_slots.clear()
+        return d
+
+    @property
+    def has_pending_changes(self) -> bool:
+        return bool(self._dirty or self._removed or self._dirty_slots)
+
+    def apply(self, d: dict[str, Any]) -> None:
+        """Applies an ``export_delta`` / ``export_full`` record (restore path)."""
+        meta = d["meta"]
+        if meta["capacity"] != self.stats.capacity:
+            raise ValueError(f"stored capacity {meta['capacity']} != configured {self.stats.capacity}")
+        if list(meta["task_ids"]) != self.task_ids:
+            raise ValueError(f"stored task ids {meta['task_ids']} != configured {self.task_ids}")
+        if d["kind"] == "full":
+            self.states.clear(); self.slot_of.clear(); self._children_by_code.clear()
+            self.stats = StateStats(self.stats.capacity)
+        for i in d["removed"]:
+            if i in self.states:
+                st = self.states.pop(i)
+                self.slot_of.pop(i)
+                k = (st.parent_id, st.task_id, code_hash(st.code))
+                if self._children_by_code.get(k) == i:
+                    del self._children_by_code[k]
+        slots = np.asarray(d["slots"], dtype=np.int64)
+        self.stats.set_rows(slots, d["rows"])
+        for sd in d["states"]:
+            st = State.from_dict(sd)
+            self.states[st.state_id] = st
+            self._children_by_code[(st.parent_id, st.task_id, code_hash(st.code))] = st.state_id
+        # Slot map from the authoritative stats rows.
+        self.slot_of = {int(self.stats.state_id[s]): int(s) for s in np.flatnonzero(self.stats.valid)}
+        if set(self.slot_of) != set(self.states):
+            raise ValueError("stored states and stats rows disagree (ids "
+                             f"{sorted(set(self.slot_of) ^ set(self.states))[:10]})")
+        self.next_id = int(meta["next_id"])
+        self._dirty.clear(); self._removed.clear(); self._dirty_slots.clear()

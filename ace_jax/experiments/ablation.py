@@ -1,0 +1,224 @@
+"""Sampler ablations at laptop scale: one shared warm start, then one AceGRPO run per
+(sampler, seed), each the same command-line job as the main run (``launch/tpu_train.py``).
+
+    root/
+      warm/                 the warm-start-only run (rl.num_steps=0): tokenizer + checkpoint 0
+      <sampler>/seed<k>/    one RL run, started from warm/ (model.init_from_run), same budget
+
+Every run is a subprocess of ``launch/tpu_train.py`` with ``--config.*`` overrides, so what the
+notebook runs is exactly what a user would type, runs are resumable (re-running a finished
+run returns at once) and a crash of one run is reported without losing the others.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ace_jax.train import metrics as metrics_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SAMPLERS = ("lp", "uniform", "lp_no_cooling", "variance_only", "headroom_only")
+CURVES = ("rollout/valid_rate", "score/dev_norm_all", "grpo/zero_var_frac")
+DONE_MARKER = "ablation_job.json"  # written into a run directory when its job exits cleanly
+
+
+class AblationError(RuntimeError):
+    """A run of the ablation failed (names the run and the tail of its log)."""
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One finished (or failed) run: its directory, wall time (s) and error (None if ok)."""
+    workdir: str
+    seconds: float
+    error: Optional[str] = None
+    reused: bool = False           # finished by an earlier call with the same settings
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.workdir, "metrics.jsonl")
+
+
+def _override_args(overrides: Mapping[str, Any]) -> list[str]:
+    args = []
+    for key, value in overrides.items():
+        if isinstance(value, (tuple, list)):
+            value = "(" + ",".join(repr(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+        args.append(f"--config.{key}={value}")
+    return args
+
+
+def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "configs/local.py",
+            timeout_s: Optional[float] = None, env: Optional[Mapping[str, str]] = None
+            ) -> RunResult:
+    """Runs ``launch/tpu_train.py --config=<config> --config.workdir=<workdir> <overrides>``.
+
+    Returns a RunResult; a non-zero exit or a timeout sets ``error`` to the log tail (the full
+    log is ``<workdir>.log``) instead of raising, so one failed run does not stop an ablation.
+    A run that already finished with the same config and overrides is not started again
+    (``reused``); an unfinished one resumes from its last checkpoint.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(workdir)), exist_ok=True)
+    marker = os.path.join(workdir, DONE_MARKER)
+    job = {"config": config, "overrides": {k: repr(v) for k, v in overrides.items()}}
+    if os.path.exists(marker):
+        with open(marker) as f:
+            if json.load(f) == job:  # finished earlier with the same settings: reuse it
+                return RunResult(workdir, 0.0, reused=True)
+    cmd = [sys.executable, os.path.join(REPO, "launch", "tpu_train.py"), f"--config={config}",
+           f"--config.workdir={workdir}", "--no_progress", *_override_args(overrides)]
+    log_path = workdir.rstrip("/") + ".log"
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s, env={**os.environ, **(env or {})})
+            rc: Optional[int] = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    seconds = time.perf_counter() - t0
+    if rc == 0:
+        os.makedirs(workdir, exist_ok=True)
+        with open(marker, "w") as f:
+            json.dump(job, f)
+        return RunResult(workdir, seconds)
+    with open(log_path) as f:
+        tail = f.read()[-1500:]
+    why = "timed out" if rc is None else f"exit code {rc}"
+    return RunResult(workdir, seconds, f"{why}; log {log_path}:\n{tail}")
+
+
+def warm_start(root: str, overrides: Mapping[str, Any], **kwargs) -> RunResult:
+    """The shared warm start: the config's SFT stage and no RL step (``rl.num_steps=0``)."""
+    res = run_job(os.path.join(root, "warm"), {**overrides, "rl.num_steps": 0}, **kwargs)
+    if res.error:
+        raise AblationError(f"the warm start failed: {res.error}")
+    return res
+
+
+def run_ablation(root: str, overrides: Mapping[str, Any], *,
+                 samplers: Sequence[str] = SAMPLERS, seeds: Sequence[int] = (0, 1, 2),
+                 progress: bool = True, **kwargs) -> dict[str, list[RunResult]]:
+    """Warm start once, then one RL run per (sampler, seed) from it, all with ``overrides``.
+
+    The seed sets ``seed`` (generation RNG) and ``lp.seed`` (sampler RNG); everything else,
+    including the initial weights and the step budget, is shared. Returns sampler -> results.
+    """
+    warm = warm_start(root, overrides, **kwargs)
+    jobs = [(s, k) for k in seeds for s in samplers]  # seed-major: every sampler gets seed 0 first
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc="ablation runs", unit="run")
+    out: dict[str, list[RunResult]] = {s: [] for s in samplers}
+    for sampler, seed in jobs:
+        run_overrides = {**overrides, "model.init_from_run": warm.workdir, "lp.sampler": sampler,
+                         "seed": seed, "lp.seed": seed}
+        res = run_job(os.path.join(root, sampler, f"seed{seed}"), run_overrides, **kwargs)
+        out[sampler].append(res)
+        if bar is not None:
+            bar.set_postfix_str(f"{sampler}/seed{seed} {'ok' if res.error is None else 'FAILED'}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def metrics_paths(results: Mapping[str, Sequence[RunResult]]) -> dict[str, list[str]]:
+    """sampler -> the metrics files of its successful runs (failed runs are left out)."""
+    return {s: [r.metrics_path for r in rs if r.error is None and os.path.exists(r.metrics_path)]
+            for s, rs in results.items()}
+
+
+def summary_table(paths: Mapping[str, Sequence[str]], keys: Sequence[str] = CURVES, *,
+                  window: int = 5) -> list[dict[str, Any]]:
+    """Per sampler and key: mean over seeds of the first-``window`` and last-``window`` step
+    averages, the standard error of the last-window average across seeds, and the seed count.
+
+    Returns rows {"sampler", "key", "first", "last", "last_se", "n"}."""
+    rows = []
+    for sampler, files in paths.items():
+        for key in keys:
+            firsts, lasts = [], []
+            for p in files:
+                recs = [r for r in metrics_lib.read_metrics(p) if key in r]
+                vals = np.array([float(r[key]) for r in sorted(recs, key=lambda r: r["step"])])
+                if vals.size:
+                    firsts.append(vals[:window].mean())
+                    lasts.append(vals[-window:].mean())
+            n = len(lasts)
+            rows.append(dict(sampler=sampler, key=key,
+                             first=float(np.mean(firsts)) if n else float("nan"),
+                             last=float(np.mean(lasts)) if n else float("nan"),
+                             last_se=float(np.std(lasts, ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
+                             n=n))
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``summary_table`` rows as a markdown table."""
+    lines = ["| sampler | metric | first 5 steps | last 5 steps (± s.e.) | seeds |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['sampler']} | {r['key']} | {r['first']:.3f} | "
+                     f"{r['last']:.3f} ± {r['last_se']:.3f} | {r['n']} |")
+    return "\n".join(lines)
+
+
+def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], out_root: str, *,
+                  seeds: Sequence[int] = (0,), max_steps: int = 4, backend: str = "bwrap",
+                  workers: int = 2, progress: bool = True) -> list[dict[str, Any]]:
+    """Evaluates the newest checkpoint of each run directory in the agent scaffold
+    (``ace_jax.eval.evaluation``) and returns one row per label: the mean over its runs of the
+    overall valid rate, HumanRank, steps to the first valid submission and never-valid fraction.
+
+    Args:
+      runs: label -> run directories (e.g. {"before": [warm], "lp": [seed runs...]}).
+      task_ids: tasks of every episode; seeds / max_steps: episodes per task and their length.
+      out_root: each run's reports go to ``<out_root>/<label>/<k>``.
+    """
+    from ace_jax.eval import evaluation
+    from sandbox.pool import SandboxPool
+
+    rows = []
+    with SandboxPool(backend, num_workers=workers) as pool:
+        for label, workdirs in runs.items():
+            per_run = []
+            for k, workdir in enumerate(workdirs):
+                run_cfg = evaluation.read_run_config(workdir)
+                tasks = evaluation.load_tasks(task_ids, run_cfg)
+                result = evaluation.evaluate(
+                    evaluation.policy_from_spec(f"run:{workdir}"), tasks, pool, seeds=seeds,
+                    max_steps=max_steps, agent_cfg=evaluation.run_agent_config(workdir),
+                    buffer_cfg=evaluation.run_buffer_config(workdir), progress=progress,
+                    out_dir=os.path.join(out_root, label, str(k)))
+                evaluation.write_reports(result, os.path.join(out_root, label, str(k)))
+                per_run.append({m: s.mean for m, s in result.overall.stats.items()})
+
+            def avg(metric):
+                vals = [r[metric] for r in per_run if r.get(metric) is not None]
+                return float(np.mean(vals)) if vals else float("nan")
+
+            rows.append(dict(label=label, runs=len(per_run), valid=avg("valid"),
+                             human_rank=avg("human_rank"),
+                             steps_to_first_valid=avg("steps_to_first_valid"),
+                             never_valid=avg("never_valid")))
+    return rows
+
+
+def format_eval_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``evaluate_runs`` rows as a markdown table."""
+    lines = ["| policy | runs | valid final submission | HumanRank | steps to first valid "
+             "(episodes that reached one) | never valid |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['runs']} | {r['valid']:.2f} | {r['human_rank']:.3f} | "
+                     f"{r['steps_to_first_valid']:.2f} | {r['never_valid']:.2f} |")
+    return "\n".join(lines)

@@ -1,0 +1,259 @@
+"""The GRPO learner step: one jitted (and, given shardings, sharded) function.
+
+``Learner.step(batch)`` does, inside one ``jax.jit``:
+
+1. group-relative advantages and the zero-variance-group filter from the batch's rewards
+   (over the whole batch, so microbatching never changes them);
+2. microbatched gradient accumulation (``lax.scan`` over ``optim.microbatches`` row slices),
+   every microbatch's numerator divided by the whole batch's aggregation denominator, so the
+   accumulated gradient equals the full-batch gradient for every aggregation mode;
+3. global-norm clipping and AdamW with linear warmup and cosine decay (optax);
+4. a non-finite guard: if the loss or the gradient norm is not finite the update is skipped,
+   parameters and optimizer state stay bitwise intact, and ``skipped = 1`` is reported.
+
+Master weights and optimizer state are kept in the model's ``param_dtype`` (fp32 by default); the
+forward runs in ``model.config.dtype`` (bf16 optional), with remat per ``config.remat_policy``.
+The router aux loss is added with ``optim.aux_loss_coef`` (0 by default for GRPO, as slime).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+
+from ace_jax.rl import grpo
+from ace_jax.rl.rollout_batch import completion_logprobs, DEFAULT_CHUNK_TOKENS, TrainBatch
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The ``optim`` section: optimizer, schedule, microbatching, sampling temperature."""
+    cfg = ml_collections.ConfigDict()
+    cfg.learning_rate = 1e-5        # peak learning rate
+    cfg.warmup_steps = 0            # linear warmup from 0 to the peak
+    cfg.decay_steps = 1000          # cosine decay length after warmup (total schedule steps)
+    cfg.end_lr_ratio = 0.1          # final lr = peak * end_lr_ratio
+    cfg.weight_decay = 0.0
+    cfg.b1 = 0.9
+    cfg.b2 = 0.999
+    cfg.eps = 1e-8
+    cfg.max_grad_norm = 1.0         # global-norm clipping (<= 0 disables)
+    cfg.microbatches = 1            # gradient accumulation steps per learner step
+    cfg.aux_loss_coef = 0.0         # router load-balancing loss coefficient
+    cfg.temperature = 1.0           # must equal the sampler's temperature (log-prob convention)
+    cfg.logprob_chunk_tokens = DEFAULT_CHUNK_TOKENS  # completion positions per lm_head chunk:
+    #                                 the fp32 [rows, M, vocab] logits are never formed whole
+    return cfg
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
+                                                             optax.Schedule]:
+    """AdamW with warmup + cosine decay and global-norm clipping; returns (optimizer, schedule)."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if cfg.warmup_steps else cfg.learning_rate, peak_value=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps, decay_steps=max(cfg.decay_steps, cfg.warmup_steps + 1),
+        end_value=cfg.learning_rate * cfg.end_lr_ratio)
+    parts = []
+    if cfg.max_grad_norm and cfg.max_grad_norm > 0:
+        parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
+    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay))
+    return optax.chain(*parts), schedule
+
+
+class LearnerState(NamedTuple):
+    params: Any        # nnx.State of nnx.Param leaves (master weights)
+    opt_state: Any     # optax state
+    step: jax.Array    # int32 scalar: completed (not skipped) optimizer steps
+
+
+def jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size: int, placement=None,
+                     params: Any = None):
+    """THE jitted GRPO update ``(LearnerState, TrainBatch) -> (LearnerState, metrics)`` that the
+    trainer runs and the dry run compiles (donates its state).
+
+    With a `placement.Placement` (and the Param state ``params``, arrays or abstract, to read the
+    shardings from) the state's in / out shardings are pinned to the placement's; the batch keeps
+    the sharding it arrives with (`Learner.step` places it by the 'batch' rule)."""
+    tx, schedule = make_optimizer(optim_cfg)
+    step_fn = functools.partial(_learner_step, graphdef, tx, schedule, grpo_cfg, optim_cfg,
+                                group_size)
+    if placement is None:
+        return jax.jit(step_fn, donate_argnums=(0,))
+    state_sh = state_shardings(placement, params, optim_cfg)
+    return jax.jit(step_fn, donate_argnums=(0,), in_shardings=(state_sh, None),
+                   out_shardings=(state_sh, None))
+
+
+def state_shardings(placement: Any, params: Any, optim_cfg: ml_collections.ConfigDict
+                    ) -> LearnerState:
+    """Shardings of a ``LearnerState`` laid out by ``placement`` (a `placement.Placement`) for
+    the optimizer of ``optim_cfg``; ``params``: the Param state (arrays or abstract)."""
+    params = params if isinstance(params, nnx.State) else nnx.state(params, nnx.Param)
+    tx, _ = make_optimizer(optim_cfg)
+    return LearnerState(placement.params(params), placement.optimizer_state(tx, params),
+                        jax.sharding.NamedSharding(placement.mesh, jax.sharding.PartitionSpec()))
+
+
+@dataclasses.dataclass
+class Learner:
+    """Owns the policy's parameters and optimizer state and runs GRPO updates.
+
+    Attributes:
+      graphdef: the policy's static structure (``nnx.split``).
+      state: ``LearnerState``.
+      grpo_cfg / optim_cfg: the ``grpo`` and ``optim`` config sections.
+      placement: None (one device, or wherever the params live) or the `placement.Placement`
+        whose shardings the state keeps and whose 'batch' rule splits the batch rows.
+    """
+
+    graphdef: Any
+    state: LearnerState
+    grpo_cfg: ml_collections.ConfigDict
+    optim_cfg: ml_collections.ConfigDict
+    group_size: int
+    placement: Any = None
+
+    @classmethod
+    def create(cls, model: nnx.Module, grpo_cfg, optim_cfg, *, group_size: int,
+               placement: Any = None) -> "Learner":
+        """Builds the learner from a policy module (its current parameters are the start). With
+        a ``placement`` the parameters and the optimizer state are laid out by its rules (the
+        optimizer state is created in place, never replicated first)."""
+        grpo.validate_config(grpo_cfg)
+        graphdef, params = nnx.split(model, nnx.Param)
+        tx, _ = make_optimizer(optim_cfg)
+        if placement is None:
+            # The step donates its state: own a copy, so the caller's module stays usable.
+            params = jax.tree.map(jnp.copy, params)
+            state = LearnerState(params, tx.init(params), jnp.zeros((), jnp.int32))
+        else:
+            state_sh = state_shardings(placement, params, optim_cfg)
+            state = jax.jit(lambda p: LearnerState(jax.tree.map(jnp.copy, p), tx.init(p),
+                                                   jnp.zeros((), jnp.int32)),
+                            out_shardings=state_sh)(params)
+        learner = cls(graphdef, state, grpo_cfg, optim_cfg, group_size, placement)
+        learner._step = jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size, placement,
+                                         params)
+        return learner
+
+    @property
+    def params(self):
+        return self.state.params
+
+    def model(self) -> nnx.Module:
+        """A module view of the current parameters (e.g. for evaluation)."""
+        return nnx.merge(self.graphdef, self.state.params)
+
+    def step(self, batch: TrainBatch) -> dict[str, jax.Array]:
+        """One GRPO update on ``batch``; returns the step's metrics (device scalars)."""
+        n = batch.input_ids.shape[0]
+        mb = self.optim_cfg.microbatches
+        if n % mb:
+            raise ValueError(f"batch of {n} rows is not divisible by optim.microbatches={mb}")
+        if n % self.group_size:
+            raise ValueError(f"batch of {n} rows is not divisible by group_size={self.group_size}")
+        if self.placement is None:
+            self.state, metrics = self._step(self.state, batch)
+            return metrics
+        batch = self.placement.place_batch(batch)
+        with self.placement.context():
+            self.state, metrics = self._step(self.state, batch)
+        return metrics
+
+
+def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, advantages,
+                     sequence_mask, loss_denominator):
+    """This microbatch's share of the full-batch loss (its numerator over the batch's
+    denominator), plus its share of the router aux loss."""
+    model = nnx.merge(graphdef, params)
+    logprobs, entropy, aux = completion_logprobs(
+        model, mb, optim_cfg.temperature,
+        chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS))
+    loss, metrics = grpo.clipped_policy_loss(
+        grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
+        advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
+        ref_logprobs=mb.ref_logprobs if grpo_cfg.beta else None, entropy=entropy,
+        loss_denominator=loss_denominator)
+    total = loss + optim_cfg.aux_loss_coef * aux / optim_cfg.microbatches
+    metrics["aux_loss"] = aux
+    return total, metrics
+
+
+def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, state: LearnerState,
+                  batch: TrainBatch):
+    n = batch.input_ids.shape[0]
+    k = optim_cfg.microbatches
+    grouped = grpo.group_rewards(batch.rewards, group_size)
+    advantages = grpo.compute_advantages(grouped, grpo_cfg).reshape(n)
+    zero_var = grpo.zero_variance_groups(grouped, grpo_cfg.zero_variance_atol)
+    if grpo_cfg.filter_zero_variance_groups:
+        sequence_mask = jnp.repeat(~zero_var, group_size)
+    else:
+        sequence_mask = jnp.ones((n,), bool)
+    keep = batch.completion_mask * sequence_mask[:, None].astype(jnp.float32)
+    # Microbatch i takes rows i, k + i, 2k + i, ...: with the rows split over devices in
+    # contiguous blocks (the 'batch' rule), every device keeps its own rows in every microbatch,
+    # so the split moves no data. Advantages are computed above, so row order does not matter.
+    split = lambda x: jnp.swapaxes(x.reshape((n // k, k) + x.shape[1:]), 0, 1)
+    micro = jax.tree.map(split, (batch, advantages, sequence_mask))
+    # One denominator for the whole batch: the microbatch losses then sum to the batch loss.
+    den_total = grpo.aggregation_denominator(
+        keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
+
+    grad_fn = jax.value_and_grad(
+        lambda p, mb, adv, sm: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, p, mb, adv, sm,
+                                                den_total), has_aux=True)
+
+    def accumulate(carry, xs):
+        grads, loss = carry
+        mb, adv, sm = xs
+        (l, metrics), g = grad_fn(state.params, mb, adv, sm)
+        grads = jax.tree.map(jnp.add, grads, g)
+        return (grads, loss + l), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (grads, loss), micro_metrics = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)),
+                                                micro)
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep_old = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = LearnerState(keep_old(new_params, state.params), keep_old(new_opt, state.opt_state),
+                             state.step + finite.astype(jnp.int32))
+
+    metrics = _reduce_micro_metrics(micro_metrics)
+    metrics.update(
+        loss=loss, grad_norm=grad_norm, skipped=1 - finite.astype(jnp.int32),
+        learning_rate=schedule(state.step),
+        frac_zero_variance_groups=zero_var.mean(dtype=jnp.float32),
+        reward_mean=batch.rewards.mean(), reward_std=batch.rewards.std(),
+        advantage_abs_mean=jnp.abs(advantages).mean(),
+        tokens=jnp.sum(batch.attention_mask).astype(jnp.float32))
+    return new_state, metrics
+
+
+def _reduce_micro_metrics(micro: dict[str, jax.Array]) -> dict:
+    """Combines per-microbatch metrics [k] into batch values (token-weighted means, max, sums)."""
+    w_keep = micro["num_tokens"]
+    w_comp = micro["num_completion_tokens"]
+    wmean = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+    out = {}
+    for name, x in micro.items():
+        if name in ("num_tokens", "num_completion_tokens"):
+            out[name] = jnp.sum(x)
+        elif name == "logprob_diff_max_abs":
+            out[name] = jnp.max(x)
+        elif name in ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl"):
+            out[name] = wmean(x, w_keep)
+        elif name == "aux_loss":
+            out[name] = jnp.mean(x)
+        else:  # approx_kl, logprob_diff_mean, entropy, tis_weight_mean: over completion tokens
+            out[name] = wmean(x, w_comp)
+    return out

@@ -1,0 +1,289 @@
+"""The training batch built from grouped rollouts, in the exact layout the sampler used.
+
+A row is ``[left-padded prompt (P) | completion (M)]``: the prompt sits right-aligned in its P
+slots as in ``generate.left_pad`` and the completion follows at slots P..P+M-1, so positions,
+masks and hence log-probabilities are the ones the sampler saw.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ace_jax.runtime import generate
+
+
+class TrainBatch(NamedTuple):
+    """One learner batch of N rows (N = number of prompts x group size).
+
+    Attributes:
+      input_ids: int32 [N, P + M] prompt (left-padded) then completion (right-padded).
+      positions: int32 [N, P + M] position ids, 0 at each row's first real prompt token.
+      attention_mask: bool [N, P + M] real tokens (prompt and completion up to its length).
+      completion_mask: float32 [N, M] 1 on the completion tokens that are trained.
+      behaviour_logprobs: float32 [N, M] the sampler's log-probs of the completion tokens.
+      rewards: float32 [N] one scalar per completion; rows are group-major (G per prompt).
+      ref_logprobs: float32 [N, M] frozen reference log-probs (zeros when the KL term is off).
+    """
+
+    input_ids: jax.Array
+    positions: jax.Array
+    attention_mask: jax.Array
+    completion_mask: jax.Array
+    behaviour_logprobs: jax.Array
+    rewards: jax.Array
+    ref_logprobs: jax.Array
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1] - self.completion_mask.shape[1]
+
+
+def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult,
+                     rewards, *, prompt_bucket: int, pad_id: int,
+                     ref_logprobs=None) -> TrainBatch:
+    """Builds a TrainBatch from the prompts and the grouped generation that answered them.
+
+    ``rewards`` float [N]; rows are ordered as in ``gen`` (prompt-major, G samples each).
+    """
+    ids, pos, mask = generate.left_pad(prompts, prompt_bucket, pad_id)
+    idx = np.asarray(gen.prompt_index)
+    tokens = np.asarray(gen.tokens)
+    lengths = np.asarray(gen.lengths)
+    n, m = tokens.shape
+    comp_mask = (np.arange(m)[None, :] < lengths[:, None])
+    next_pos = pos[idx, -1][:, None] + 1 + np.arange(m)[None, :]
+    rew = np.asarray(rewards, np.float32)
+    if rew.shape != (n,):
+        raise ValueError(f"rewards must have shape ({n},), got {rew.shape}")
+    ref = np.zeros((n, m), np.float32) if ref_logprobs is None else np.asarray(ref_logprobs)
+    return TrainBatch(
+        input_ids=jnp.asarray(np.concatenate([ids[idx], tokens], axis=1)),
+        positions=jnp.asarray(np.concatenate([pos[idx], next_pos], axis=1).astype(np.int32)),
+        attention_mask=jnp.asarray(np.concatenate([mask[idx], comp_mask], axis=1)),
+        completion_mask=jnp.asarray(comp_mask.astype(np.float32)),
+        behaviour_logprobs=jnp.asarray(np.asarray(gen.logprobs, np.float32)),
+        rewards=jnp.asarray(rew),
+        ref_logprobs=jnp.asarray(ref, dtype=jnp.float32),
+    )
+
+
+def _completion_hidden(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
+    """(final-normed hidden states [N, M, H] at the M positions that predict the completion
+    tokens, router aux loss scalar): one policy forward with no logits formed."""
+    out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
+                compute_logits=False)
+    p = batch.prompt_len
+    m = batch.completion_mask.shape[1]
+    return out.hidden_states[:, p - 1:p - 1 + m, :], out.aux_loss
+
+
+def completion_logits(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
+    """Runs the policy on full rows; returns (logits float32 [N, M, V] that predict the completion
+    tokens, router aux loss scalar).
+
+    Only the M positions that predict completion tokens go through the lm_head (the prompt
+    positions' [N, P, V] logits are never formed), which saves that share of the lm_head matmul
+    in the forward and the backward pass.
+    """
+    h, aux = _completion_hidden(model, batch)
+    return model.lm_logits(h), aux
+
+
+def _log_probs(logits: jax.Array, temperature: float) -> jax.Array:
+    """float32 log_softmax(logits / T) over the last axis; greedy (T <= 0) counts as T = 1, the
+    convention of ``generate.sample_token``."""
+    t = temperature if temperature > 0 else 1.0
+    return jax.nn.log_softmax(logits.astype(jnp.float32) / t, axis=-1)
+
+
+def _at_tokens(logp: jax.Array, tokens: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def _entropy(logp: jax.Array) -> jax.Array:
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float):
+    """log_softmax(logits / T) at ``tokens``: logits [N, M, V], tokens [N, M] -> float32 [N, M].
+
+    Uses the same temperature convention as ``generate.sample_token`` (greedy counts as T = 1).
+    """
+    return _at_tokens(_log_probs(logits, temperature), tokens)
+
+
+def token_entropy(logits: jax.Array, temperature: float) -> jax.Array:
+    """Entropy of each next-token distribution: logits [N, M, V] -> float32 [N, M] (nats)."""
+    return _entropy(_log_probs(logits, temperature))
+
+
+DEFAULT_CHUNK_TOKENS = 1024
+"""Default ``chunk_tokens`` of `completion_logprobs`: completion positions per row in one chunk."""
+
+
+def completion_logprobs(model, batch: TrainBatch, temperature: float, *,
+                        chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``token_logprobs`` and ``token_entropy`` of the completion tokens straight from the policy:
+    returns (logprobs float32 [N, M], entropy float32 [N, M], router aux loss scalar).
+
+    The same values as ``completion_logits`` followed by ``token_logprobs`` / ``token_entropy``,
+    computed by `_fused_logprobs`: the lm_head runs over ``chunk_tokens`` completion positions of
+    every row at a time (fp32 logits [N, chunk_tokens, V] per chunk, never [N, M, V]; None: all M
+    at once), and a hand-written backward pass recomputes each chunk's logits and forms their
+    gradient once, as ``g * (onehot - p) - g_H * p * (logp + H)``, instead of through autodiff of
+    log_softmax, the one-hot gather and the entropy sum (several full-vocabulary passes and a
+    scatter). Chunks run along M, not across rows, so each keeps the rows' (batch) sharding.
+
+    Raises:
+      ValueError: ``chunk_tokens`` is neither None nor a positive int (before the policy runs).
+    """
+    _check_chunk_tokens(chunk_tokens)
+    h, aux = _completion_hidden(model, batch)
+    cfg = model.config
+    if cfg.tie_word_embeddings:
+        w = model.embed_tokens.embedding[...]
+    else:
+        w = model.lm_head.kernel[...]
+    t = temperature if temperature > 0 else 1.0
+    tokens = batch.input_ids[:, batch.prompt_len:].astype(jnp.int32)
+    logprobs, entropy = _fused_logprobs(h, w, tokens, float(t), cfg.dtype,
+                                        bool(cfg.tie_word_embeddings), chunk_tokens)
+    return logprobs, entropy, aux
+
+
+def _head_logits(h, w, dtype, tied: bool):
+    """fp32 logits exactly as ``Qwen3ForCausalLM.lm_logits`` forms them (w: [H, V], or [V, H] tied)."""
+    eq = "...h,vh->...v" if tied else "...h,hv->...v"
+    return jnp.einsum(eq, h.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _check_chunk_tokens(chunk_tokens) -> None:
+    """Raises ValueError unless ``chunk_tokens`` is None or a positive int."""
+    if chunk_tokens is None:
+        return
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) \
+            or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive int or None, got {chunk_tokens!r}")
+
+
+def _chunk_len(m: int, chunk_tokens: int | None) -> int:
+    """Positions per chunk along M: ``chunk_tokens`` capped at M (None: M)."""
+    return m if chunk_tokens is None else min(int(chunk_tokens), m)
+
+
+def _to_chunks(x: jax.Array, c: int) -> jax.Array:
+    """[N, M, ...] -> [K, N, c, ...] with K = ceil(M / c); M is zero-padded to K * c."""
+    n, m = x.shape[:2]
+    k = -(-m // c)
+    pad = [(0, 0), (0, k * c - m)] + [(0, 0)] * (x.ndim - 2)
+    x = jnp.pad(x, pad).reshape((n, k, c) + x.shape[2:])
+    return jnp.moveaxis(x, 1, 0)
+
+
+def _from_chunks(x: jax.Array, m: int) -> jax.Array:
+    """[K, N, c, ...] -> [N, M, ...]: the inverse of `_to_chunks`, padding dropped."""
+    k, n, c = x.shape[:3]
+    return jnp.moveaxis(x, 0, 1).reshape((n, k * c) + x.shape[3:])[:, :m]
+
+
+def _scaled_logits(h, w, temperature, dtype, tied):
+    """z = logits / T, float32 [..., V] (the argument of ``_log_probs``' log_softmax)."""
+    return _head_logits(h, w, dtype, tied) / temperature
+
+
+def _chunk_forward(h, w, tokens, temperature, dtype, tied):
+    """One chunk: h [N, c, H], tokens [N, c] -> (token log-probs, entropy (nats), logsumexp of z),
+    each float32 [N, c]."""
+    z = _scaled_logits(h, w, temperature, dtype, tied)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    logp = z - lse[..., None]
+    return _at_tokens(logp, tokens), _entropy(logp), lse
+
+
+def _chunk_logit_grad(h, w, tokens, lse, entropy, g_lp, g_ent, temperature, dtype, tied):
+    """One chunk's gradient of the fp32 logits, cast to the compute dtype: [N, c, V].
+
+    With z = logits / T and p = softmax(z):  d lp / d z = onehot - p;  d H / d z = -p (logp + H).
+    """
+    logp = _scaled_logits(h, w, temperature, dtype, tied) - lse[..., None]
+    p = jnp.exp(logp)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logp.shape, logp.ndim - 1)
+    onehot = (vocab == tokens[..., None]).astype(jnp.float32)
+    dz = g_lp[..., None] * (onehot - p) - g_ent[..., None] * p * (logp + entropy[..., None])
+    return (dz / temperature).astype(dtype)
+
+
+def _head_grads(dlogits, h, w, dtype, tied):
+    """(dh float32 [..., H], dw float32 like w) of fp32-accumulated products with the head."""
+    if tied:  # w [V, H]
+        dh = jnp.einsum("...v,vh->...h", dlogits, w.astype(dtype), preferred_element_type=jnp.float32)
+        dw = jnp.einsum("...v,...h->vh", dlogits, h.astype(dtype), preferred_element_type=jnp.float32)
+    else:  # w [H, V]
+        dh = jnp.einsum("...v,hv->...h", dlogits, w.astype(dtype), preferred_element_type=jnp.float32)
+        dw = jnp.einsum("...h,...v->hv", h.astype(dtype), dlogits, preferred_element_type=jnp.float32)
+    return dh, dw
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _fused_logprobs(h, w, tokens, temperature: float, dtype, tied: bool,
+                    chunk_tokens: int | None):
+    """(token log-probs float32 [N, M], entropy float32 [N, M]) of hidden states h [N, M, H]
+    through the lm_head w ([H, V], or [V, H] tied); a custom VJP (see `completion_logprobs`).
+
+    ``temperature`` > 0 (the caller maps greedy to 1). ``chunk_tokens``: completion positions
+    per chunk (None: all M), so temporaries are O(N * chunk_tokens * V), independent of M.
+    """
+    lp, entropy, _ = _chunked_forward(h, w, tokens, temperature, dtype, tied, chunk_tokens)
+    return lp, entropy
+
+
+def _chunked_forward(h, w, tokens, temperature, dtype, tied, chunk_tokens):
+    """(lp, entropy, logsumexp of z), each float32 [N, M], one chunk of M at a time."""
+    _check_chunk_tokens(chunk_tokens)
+    if h.ndim != 3 or tokens.shape != h.shape[:2]:
+        raise ValueError(f"h must be [N, M, H] and tokens [N, M], got {h.shape} and {tokens.shape}")
+    m = h.shape[1]
+    c = _chunk_len(m, chunk_tokens)
+    if c == m:
+        return _chunk_forward(h, w, tokens, temperature, dtype, tied)
+    out = jax.lax.map(lambda xs: _chunk_forward(xs[0], w, xs[1], temperature, dtype, tied),
+                      (_to_chunks(h, c), _to_chunks(tokens, c)))
+    return tuple(_from_chunks(x, m) for x in out)
+
+
+def _fused_logprobs_fwd(h, w, tokens, temperature, dtype, tied, chunk_tokens):
+    lp, entropy, lse = _chunked_forward(h, w, tokens, temperature, dtype, tied, chunk_tokens)
+    return (lp, entropy), (h, w, tokens, lse, entropy)
+
+
+def _fused_logprobs_bwd(temperature, dtype, tied, chunk_tokens, res, cts):
+    """Recomputes each chunk's logits; dh per chunk, dw summed over chunks in fp32."""
+    h, w, tokens, lse, entropy = res
+    g_lp, g_ent = cts
+    m = h.shape[1]
+    c = _chunk_len(m, chunk_tokens)
+
+    def chunk_grads(hc, tc, lse_c, ent_c, glp_c, gent_c):
+        dlogits = _chunk_logit_grad(hc, w, tc, lse_c, ent_c, glp_c, gent_c, temperature, dtype,
+                                    tied)
+        return _head_grads(dlogits, hc, w, dtype, tied)
+
+    if c == m:
+        dh, dw = chunk_grads(h, tokens, lse, entropy, g_lp, g_ent)
+    else:
+        def step(dw_acc, xs):
+            dh_c, dw_c = chunk_grads(*xs)
+            return dw_acc + dw_c, dh_c
+
+        xs = tuple(_to_chunks(x, c) for x in (h, tokens, lse, entropy, g_lp, g_ent))
+        dw, dh = jax.lax.scan(step, jnp.zeros(w.shape, jnp.float32), xs)
+        dh = _from_chunks(dh, m)
+    return dh.astype(h.dtype), dw.astype(w.dtype), None
+
+
+_fused_logprobs.defvjp(_fused_logprobs_fwd, _fused_logprobs_bwd)

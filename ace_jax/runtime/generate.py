@@ -1,0 +1,320 @@
+"""Grouped generation with a static-shape KV cache: prefill once per prompt, decode G samples.
+
+One jitted function does the whole rollout for a batch of B prompts:
+
+1. prefill: the B prompts, left-padded to a common bucketed length P, run through the model once,
+   writing slots [0, P) of a cache with room for P + max_new_tokens;
+2. share: the prefilled cache (and the last-position logits) are repeated G times along the batch
+   axis, so the prompt is computed once and its cache is shared by the G samples of its group;
+3. decode: a ``lax.while_loop`` samples one token per row per step (temperature, top-k, top-p),
+   stops rows at EOS or a stop sequence, and ends when every row is done or the budget is spent.
+
+It returns, per sample (N = B * G rows, row ``b * G + g`` is sample g of prompt b):
+``tokens`` int32 [N, M] (M = max_new_tokens; positions past ``lengths`` hold ``pad_id``),
+``logprobs`` float32 [N, M], the behaviour log-probability of each sampled token, ``lengths`` [N]
+(including the EOS / stop tokens), ``finish_reason`` [N] (see ``FinishReason``) and
+``prompt_index`` [N].
+
+Behaviour log-probabilities are ``log_softmax(logits / temperature)`` of the full vocabulary at the
+sampled token (greedy: temperature 1). Top-k / top-p truncation changes which tokens can be drawn
+but is not folded into the recorded log-probability, which is what the learner recomputes; keep
+them off (``top_k=0, top_p=1``) for on-policy RL, as the local config does.
+
+Sampling is deterministic for a given key: step t uses ``fold_in(key, t)``; the draw equals
+``jax.random.categorical`` with that key.
+
+On CPU the cache uses the model's "decode" layout (`cache_layout`): per-layer k^T / v buffers that
+the decode loop updates in place and the attention reads without copies, the layers unrolled over
+per-layer weights sliced once before the loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import configs as model_configs, qwen3
+
+
+class FinishReason(enum.IntEnum):
+    LENGTH = 0   # max_new_tokens spent
+    EOS = 1      # an EOS id was sampled
+    STOP = 2     # a stop sequence was completed
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample. Only ``max_new_tokens`` and ``group_size`` (and the number of EOS ids and
+    the stop-table shape) are compiled in; the other knobs are traced and never recompile.
+
+    Attributes:
+      max_new_tokens: decode budget M per sample.
+      group_size: G samples per prompt.
+      temperature: softmax temperature; 0 means greedy (argmax).
+      top_k: keep the k most likely tokens (0 = off).
+      top_p: nucleus sampling mass (1.0 = off).
+      eos_ids: token ids that end a sample (included in its length); None (default): the model's
+        ``config.eos_token_id`` (resolved by `Generator`); ``()``: none.
+      stop_sequences: token-id sequences that end a sample once generated (included).
+      pad_id: filler written after a sample has finished.
+      prompt_bucket: prompts are left-padded to a multiple of this (limits recompilation).
+    """
+
+    max_new_tokens: int = 128
+    group_size: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    eos_ids: tuple[int, ...] | None = None
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    pad_id: int = 0
+    prompt_bucket: int = 64
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if any(len(s) == 0 for s in self.stop_sequences):
+            raise ValueError("stop_sequences must not contain an empty sequence")
+
+
+class GenerationResult(NamedTuple):
+    tokens: jax.Array         # int32 [N, M]
+    logprobs: jax.Array       # float32 [N, M]
+    lengths: jax.Array        # int32 [N]
+    finish_reason: jax.Array  # int32 [N], FinishReason values
+    prompt_index: jax.Array   # int32 [N]
+
+
+def left_pad(prompts: Sequence[Sequence[int]], bucket: int, pad_id: int):
+    """Left-pads token lists to a shared length rounded up to ``bucket``.
+
+    Returns (ids int32 [B, P], positions int32 [B, P], mask bool [B, P]); positions count from 0
+    at each row's first real token (padding slots get position 0 and mask False).
+    """
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    lens = [len(p) for p in prompts]
+    if min(lens) == 0:
+        raise ValueError("every prompt needs at least one token")
+    width = -(-max(lens) // bucket) * bucket
+    ids = np.full((len(prompts), width), pad_id, np.int32)
+    mask = np.zeros((len(prompts), width), bool)
+    pos = np.zeros((len(prompts), width), np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = p
+        mask[i, width - len(p):] = True
+        pos[i, width - len(p):] = np.arange(len(p))
+    return ids, pos, mask
+
+
+def _stop_table(stop_sequences: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Right-aligned stop sequences [S, L]; -1 marks 'any token' in front of shorter ones."""
+    if not stop_sequences:
+        return np.zeros((0, 1), np.int32)
+    width = max(len(s) for s in stop_sequences)
+    table = np.full((len(stop_sequences), width), -1, np.int32)
+    for i, s in enumerate(stop_sequences):
+        table[i, width - len(s):] = s
+    return table
+
+
+class SamplingKnobs(NamedTuple):
+    """The traced (non-static) sampling parameters: changing them never recompiles."""
+
+    temperature: jax.Array   # float32 scalar; 0 = greedy
+    top_k: jax.Array         # int32 scalar; 0 = off
+    top_p: jax.Array         # float32 scalar; 1 = off
+    eos_ids: jax.Array       # int32 [n_eos] (-1 = none)
+    stop_table: jax.Array    # int32 [S, L] right-aligned stop sequences (-1 = any token)
+    pad_id: jax.Array        # int32 scalar
+
+    @classmethod
+    def from_config(cls, cfg: SamplingConfig) -> "SamplingKnobs":
+        return cls(jnp.float32(cfg.temperature), jnp.int32(cfg.top_k), jnp.float32(cfg.top_p),
+                   jnp.asarray(tuple(cfg.eos_ids or ()) or (-1,), jnp.int32),
+                   jnp.asarray(_stop_table(cfg.stop_sequences)), jnp.int32(cfg.pad_id))
+
+
+def sample_token(key: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
+    """Draws one token per row. logits float32 [N, V] -> (token int32 [N], logprob float32 [N]).
+
+    The log-prob is that of log_softmax(logits / T) (T = 1 when greedy), before top-k / top-p.
+    With top-k and top-p off (the RL setting) the vocabulary sort is skipped at run time
+    (``lax.cond`` on the traced knobs), which is most of the cost of a decode step on CPU.
+    """
+    greedy = knobs.temperature <= 0.0
+    scaled = logits / jnp.where(greedy, 1.0, knobs.temperature)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    untruncated = (knobs.top_k <= 0) & (knobs.top_p >= 1.0)
+    filtered = jax.lax.cond(untruncated, lambda s: s, lambda s: _truncate(s, knobs), scaled)
+    # = jax.random.categorical(key, filtered, axis=-1) (Gumbel-max with the same noise), with an
+    # argmax that XLA:CPU runs ~5x faster than its variadic-reduce jnp.argmax
+    sampled = _argmax_last(filtered + jax.random.gumbel(key, filtered.shape, filtered.dtype))
+    token = jnp.where(greedy, _argmax_last(logits), sampled).astype(jnp.int32)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+def _argmax_last(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` for x without NaNs (the first maximal index; int32): a max and a
+    min reduction instead of one (slow on CPU) variadic reduction."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.minimum(jnp.min(jnp.where(x == top, iota, x.shape[-1]), axis=-1), x.shape[-1] - 1)
+
+
+def _truncate(scaled: jax.Array, knobs: SamplingKnobs) -> jax.Array:
+    """Top-k / top-p filtering of scaled logits [N, V]: dropped tokens get -inf."""
+    sorted_desc = jnp.sort(scaled, axis=-1)[:, ::-1]
+    vocab = scaled.shape[-1]
+    # top-k: keep logits >= the k-th largest (k = 0 keeps everything).
+    k = jnp.where(knobs.top_k > 0, jnp.minimum(knobs.top_k, vocab), vocab)
+    kth = jax.lax.dynamic_index_in_dim(sorted_desc, k - 1, axis=1, keepdims=True)
+    # top-p: keep the smallest prefix of the sorted distribution whose mass reaches top_p (the
+    # token that crosses it included).
+    probs = jax.nn.softmax(jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf), axis=-1)
+    keep_sorted = (jnp.cumsum(probs, axis=-1) - probs) < knobs.top_p
+    cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where((scaled >= kth) & (scaled >= cutoff), scaled, -jnp.inf)
+
+
+def share_cache(cache: qwen3.KVCache, g: int) -> qwen3.KVCache:
+    """Repeats a prefilled cache G times along batch: row b becomes rows b*G .. b*G+G-1."""
+    if g == 1:
+        return cache
+    axis = 0 if cache.layout == "decode" else 1  # decode: per-layer [B, ...]; standard: [Lg, B, ...]
+    return qwen3.KVCache(k=tuple(jnp.repeat(x, g, axis=axis) for x in cache.k),
+                         v=tuple(jnp.repeat(x, g, axis=axis) for x in cache.v),
+                         kv_mask=jnp.repeat(cache.kv_mask, g, axis=0), layout=cache.layout)
+
+
+def model_eos_ids(config) -> tuple[int, ...]:
+    """The EOS token ids of a model config (``eos_token_id``: None, an id or a tuple of ids)."""
+    eos = config.eos_token_id
+    return () if eos is None else tuple(eos) if isinstance(eos, tuple) else (int(eos),)
+
+
+def cache_layout(config) -> str:
+    """The KV-cache layout the sampler uses for a model of ``config``: "decode" on CPU (per-layer
+    buffers in the matmuls' operand layouts, unrolled layers: XLA:CPU otherwise copies and
+    transposes the cache and the weights in every decode step), "standard" elsewhere (one scanned
+    stack per layer group). The platform is the model's target (``config.platform``), so a CPU
+    host compiling ahead of time for TPU takes the TPU layout."""
+    return "decode" if model_configs.target_platform(config) == "cpu" else "standard"
+
+
+def _constrain_cache(cache: qwen3.KVCache, placement) -> qwen3.KVCache:
+    return cache if placement is None else placement.constrain_kv_cache(cache)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
+             knobs: SamplingKnobs, ids, positions, mask, key):
+    model = nnx.merge(graphdef, params)
+    b, p = ids.shape
+    m, g = max_new_tokens, group_size
+    n = b * g
+    layout = cache_layout(model.config)
+    cache = _constrain_cache(qwen3.init_cache(model.config, b, p + m, layout=layout), placement)
+    # "decode": the per-layer weights are sliced out of the stacks once, here, not in every step
+    layer_params = model.layer_params() if layout == "decode" else None
+    # cache_index a Python 0 (static): the prefill attends to the P prompt keys only, not to the
+    # whole (still empty) cache. Only the last position's logits are needed.
+    out = model(ids, positions, attention_mask=mask, cache=cache, cache_index=0, compute_logits=False)
+    last_logits = jnp.repeat(model.lm_logits(out.hidden_states[:, -1, :]), g, axis=0)
+    cache = _constrain_cache(share_cache(out.cache, g), placement)
+    next_pos = jnp.repeat(positions[:, -1] + 1, g, axis=0)
+    stops = knobs.stop_table
+    window0 = jnp.full((n, stops.shape[1]), -2, jnp.int32)
+
+    def cond(state):
+        t, done = state[0], state[5]
+        return jnp.logical_and(t < m, jnp.logical_not(jnp.all(done)))
+
+    def body(state):
+        t, logits, cache, tokens, logprobs, done, lengths, reason, window = state
+        tok, lp = sample_token(jax.random.fold_in(key, t), logits, knobs)
+        tok = jnp.where(done, knobs.pad_id, tok)
+        lp = jnp.where(done, 0.0, lp)
+        tokens = tokens.at[:, t].set(tok)
+        logprobs = logprobs.at[:, t].set(lp)
+        lengths = lengths + jnp.logical_not(done).astype(jnp.int32)
+        window = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
+        hit_eos = jnp.any(tok[:, None] == knobs.eos_ids[None, :], axis=-1)
+        hit_stop = jnp.any(jnp.all((stops[None] == -1) | (stops[None] == window[:, None]), axis=-1),
+                           axis=-1) if stops.shape[0] else jnp.zeros_like(done)
+        new_reason = jnp.where(hit_eos, int(FinishReason.EOS),
+                               jnp.where(hit_stop, int(FinishReason.STOP), int(FinishReason.LENGTH)))
+        finishing = jnp.logical_not(done) & (hit_eos | hit_stop)
+        reason = jnp.where(finishing, new_reason, reason)
+        done = done | finishing
+        step_out = model(tok[:, None], (next_pos + t)[:, None],
+                         attention_mask=jnp.ones((n, 1), bool), cache=cache,
+                         cache_index=jnp.int32(p) + t, layer_params=layer_params)
+        return (t + 1, step_out.logits[:, -1, :], _constrain_cache(step_out.cache, placement),
+                tokens, logprobs, done, lengths, reason, window)
+
+    init = (jnp.int32(0), last_logits, cache, jnp.full((n, m), knobs.pad_id, jnp.int32),
+            jnp.zeros((n, m), jnp.float32), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32),
+            jnp.full((n,), int(FinishReason.LENGTH), jnp.int32), window0)
+    _, _, _, tokens, logprobs, _, lengths, reason, _ = jax.lax.while_loop(cond, body, init)
+    prompt_index = jnp.repeat(jnp.arange(b, dtype=jnp.int32), g)
+    return GenerationResult(tokens, logprobs, lengths, reason, prompt_index)
+
+
+class Generator:
+    """Grouped sampler over a Qwen3 policy. The weights can be swapped after every learner step.
+
+    Example:
+      gen = Generator(model, SamplingConfig(max_new_tokens=64, group_size=4, eos_ids=(2,)))
+      out = gen.generate([[5, 6, 7], [8, 9]], jax.random.key(0))   # 8 samples
+      gen.update_weights(nnx.state(new_model, nnx.Param))          # after a learner step
+    """
+
+    def __init__(self, model: nnx.Module, sampling: SamplingConfig, *, placement=None):
+        """``placement``: an `ace_jax.runtime.placement.Placement` to run sharded: the prompts and the KV
+        cache are split over its 'batch' rule (place the params with ``placement.place_params``
+        first). None: wherever the params live (one device)."""
+        self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
+        if jax.tree.leaves(self.rest):
+            raise ValueError("the policy holds non-parameter state; Generator expects params only")
+        self.sampling = sampling
+        self.placement = placement
+        self.model_eos_ids = model_eos_ids(model.config)
+
+    def update_weights(self, params: nnx.State) -> None:
+        """Installs new parameters (same structure and shapes; e.g. after a learner step)."""
+        old = jax.tree.structure(self.params)
+        if jax.tree.structure(params) != old:
+            raise ValueError("update_weights: the new parameter tree has another structure")
+        self.params = params
+
+    def generate(self, prompts: Sequence[Sequence[int]], key: jax.Array,
+                 sampling: SamplingConfig | None = None) -> GenerationResult:
+        """Samples ``group_size`` completions for each prompt (token-id lists of any lengths)."""
+        cfg = sampling or self.sampling
+        ids, pos, mask = left_pad(prompts, cfg.prompt_bucket, cfg.pad_id)
+        if cfg.eos_ids is None:   # the model's own EOS
+            cfg = dataclasses.replace(cfg, eos_ids=self.model_eos_ids)
+        knobs = SamplingKnobs.from_config(cfg)
+        if self.placement is None:
+            return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, None, self.params,
+                            knobs, *map(jnp.asarray, (ids, pos, mask)), key)
+        inputs = self.placement.place_batch((ids, pos, mask))
+        knobs, key = self.placement.replicate((knobs, key))
+        with self.placement.context():
+            return _rollout(self.graphdef, cfg.max_new_tokens, cfg.group_size, self.placement,
+                            self.params, knobs, *inputs, key)

@@ -1,0 +1,56 @@
+"""The ablation runner: override rendering, failure reporting, the summary table."""
+import json
+
+import numpy as np
+import pytest
+
+from ace_jax.experiments import ablation
+
+
+def test_override_args_render_tuples_and_scalars():
+    args = ablation._override_args({"rl.num_steps": 3, "tasks.ids": ("iris-species",),
+                                    "lp.sampler": "uniform"})
+    assert args == ["--config.rl.num_steps=3", "--config.tasks.ids=('iris-species',)",
+                    "--config.lp.sampler=uniform"]
+
+
+def test_a_failed_run_is_reported_not_raised(tmp_path):
+    res = ablation.run_job(str(tmp_path / "run"), {"rl.no_such_key": 1}, timeout_s=120)
+    assert res.error is not None and "exit code 2" in res.error
+    assert "no_such_key" in res.error  # the typo check names the key
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_summary_table_first_and_last_windows(tmp_path):
+    a = _write(tmp_path / "a.jsonl", [{"step": s, "k": float(s)} for s in range(10)])
+    b = _write(tmp_path / "b.jsonl", [{"step": s, "k": 2.0 * s} for s in range(10)])
+    (row,) = ablation.summary_table({"lp": [a, b]}, keys=("k",), window=5)
+    # first 5: means 2 and 4 -> 3; last 5: means 7 and 14 -> 10.5; s.e. = std([7, 14], ddof=1)/sqrt 2
+    assert row["first"] == pytest.approx(3.0)
+    assert row["last"] == pytest.approx(10.5)
+    assert row["last_se"] == pytest.approx(np.std([7.0, 14.0], ddof=1) / np.sqrt(2))
+    assert row["n"] == 2
+    assert "| lp | k | 3.000 | 10.500 ± 3.500 | 2 |" in ablation.format_table([row])
+
+
+def test_a_finished_job_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(cmd, **kw):  # the subprocess itself is exercised by the notebook test
+        calls.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(ablation.subprocess, "run", fake_run)
+    workdir = str(tmp_path / "run")
+    first = ablation.run_job(workdir, {"rl.num_steps": 2})
+    again = ablation.run_job(workdir, {"rl.num_steps": 2})
+    other = ablation.run_job(workdir, {"rl.num_steps": 3})
+    assert not first.reused and again.reused and not other.reused
+    assert len(calls) == 2

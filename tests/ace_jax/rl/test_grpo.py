@@ -1,0 +1,466 @@
+"""Tests for ace_jax.rl.grpo: hand-computed estimators/aggregations/KL, exact policy-gradient checks."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ace_jax.rl import grpo
+from tests.numerics import assert_close
+
+
+
+def cfg_with(**overrides):
+    cfg = grpo.default_config()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+# ------------------------------------------------------------------ advantage estimators
+
+REWARDS = np.array([[1.0, 0.0, 0.0, 1.0], [2.0, 4.0, 6.0, 8.0]], np.float32)
+
+
+def test_grpo_advantages_unbiased_std_by_hand():
+    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_eps=0.0, advantage_std_ddof=1))
+    s0 = math.sqrt(1.0 / 3.0)          # sqrt(4 * 0.25 / 3)
+    s1 = math.sqrt(20.0 / 3.0)         # sqrt((9 + 1 + 1 + 9) / 3)
+    want = [[0.5 / s0, -0.5 / s0, -0.5 / s0, 0.5 / s0], [-3 / s1, -1 / s1, 1 / s1, 3 / s1]]
+    np.testing.assert_allclose(adv, want, rtol=1e-6)
+
+
+def test_grpo_advantages_biased_std_and_eps_by_hand():
+    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_eps=0.1, advantage_std_ddof=0))
+    s1 = math.sqrt(5.0)
+    want = [[0.5 / 0.6, -0.5 / 0.6, -0.5 / 0.6, 0.5 / 0.6],
+            [-3 / (s1 + 0.1), -1 / (s1 + 0.1), 1 / (s1 + 0.1), 3 / (s1 + 0.1)]]
+    np.testing.assert_allclose(adv, want, rtol=1e-6)
+
+
+def test_drgrpo_advantages_by_hand():
+    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_estimator="drgrpo"))
+    np.testing.assert_allclose(adv, [[0.5, -0.5, -0.5, 0.5], [-3, -1, 1, 3]], rtol=1e-6)
+
+
+def test_rloo_advantages_by_hand():
+    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_estimator="rloo"))
+    # r_i - mean of the other three
+    want = [[1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3], [2 - 6, 4 - 16 / 3, 6 - 14 / 3, 8 - 4]]
+    np.testing.assert_allclose(adv, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo"])
+def test_flat_rewards_with_group_size_match_grouped(name):
+    cfg = cfg_with(advantage_estimator=name)
+    flat = grpo.compute_advantages(REWARDS.reshape(-1), cfg, group_size=4)
+    assert flat.shape == (8,)
+    np.testing.assert_array_equal(flat, np.asarray(grpo.compute_advantages(REWARDS, cfg)).reshape(-1))
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo"])
+def test_zero_variance_group_gets_exactly_zero_advantage(name):
+    # mean([0.1] * 3) != 0.1 in float32: without the guard, grpo would turn that rounding noise
+    # into advantages of size noise / eps
+    rewards = np.array([[3.0, 3.0, 3.0], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1 + 1e-7], [0.0, 1.0, 0.0]],
+                       np.float32)
+    adv = np.asarray(grpo.compute_advantages(rewards, cfg_with(advantage_estimator=name)))
+    np.testing.assert_array_equal(adv[:3], 0.0)
+    assert np.abs(adv[3]).min() > 0.1
+
+
+def test_advantage_input_errors():
+    cfg = cfg_with()
+    with pytest.raises(ValueError, match="at least 2 completions"):
+        grpo.compute_advantages(np.ones((3, 1)), cfg)
+    with pytest.raises(ValueError, match="groups of 4"):
+        grpo.compute_advantages(np.ones(6), cfg, group_size=4)
+    with pytest.raises(ValueError, match="need group_size"):
+        grpo.compute_advantages(np.ones(6), cfg)
+    with pytest.raises(grpo.UnknownNameError, match="drgrpo, grpo, rloo"):
+        grpo.compute_advantages(REWARDS, cfg_with(advantage_estimator="ppo"))
+
+
+# ------------------------------------------------------------------ loss aggregation
+
+LOSS = np.array([[1.0, 2.0, 3.0, np.inf], [10.0, np.nan, 0.0, 0.0], [5.0, 5.0, 0.0, 0.0]],
+                np.float32)
+MASK = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
+
+
+@pytest.mark.parametrize("mode,want", [
+    ("token_mean", (1 + 2 + 3 + 10) / 4),
+    ("seq_mean_token_mean", (2 + 10) / 2),              # row 3 has no tokens and does not count
+    ("seq_mean_token_sum_norm", (6 / 5 + 10 / 5) / 2),  # max_completion_length = 5
+])
+def test_aggregation_by_hand(mode, want):
+    got = grpo.aggregate_loss(jnp.asarray(LOSS), jnp.asarray(MASK), mode, max_completion_length=5)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_aggregation_micro_batches_accumulate_exactly(mode):
+    rng = np.random.default_rng(0)
+    loss = rng.normal(size=(6, 5)).astype(np.float32)
+    mask = (rng.random((6, 5)) < 0.6).astype(np.float32)
+    fn = grpo.LOSS_AGGREGATIONS.get(mode)
+    num, den = fn(jnp.asarray(loss), jnp.asarray(mask), max_completion_length=7)
+    parts = [fn(jnp.asarray(loss[s]), jnp.asarray(mask[s]), max_completion_length=7)
+             for s in (slice(0, 2), slice(2, 6))]
+    np.testing.assert_allclose(sum(p[0] for p in parts) / sum(p[1] for p in parts), num / den,
+                               rtol=1e-6)
+
+
+def test_aggregation_all_masked_is_zero_and_errors():
+    z = grpo.aggregate_loss(jnp.ones((2, 3)), jnp.zeros((2, 3)), "token_mean")
+    assert float(z) == 0.0
+    with pytest.raises(ValueError, match="max_completion_length > 0"):
+        grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), "seq_mean_token_sum_norm")
+    with pytest.raises(grpo.UnknownNameError, match="seq_mean_token_mean, seq_mean_token_sum_norm"):
+        grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), "seq_sum")
+    with pytest.raises(ValueError, match=r"\[N, T\]"):
+        grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 4)), "token_mean")
+
+
+# ------------------------------------------------------------------ KL estimators
+
+def test_kl_estimators_by_hand():
+    logp = jnp.log(jnp.array([0.5, 0.25]))
+    ref = jnp.log(jnp.array([0.25, 0.5]))
+    l2 = math.log(2.0)
+    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "k1"), [l2, -l2], rtol=1e-6)
+    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "k2"), [l2 ** 2 / 2] * 2, rtol=1e-6)
+    want_k3 = [0.5 + l2 - 1.0, 2.0 - l2 - 1.0]   # exp(d) - d - 1, d = ref - logp = -ln2, +ln2
+    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "k3"), want_k3, rtol=1e-6)
+    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "low_var_kl"), want_k3, rtol=1e-6)
+    # the clamps of low_var_kl
+    big = grpo.kl_divergence(jnp.array([0.0]), jnp.array([30.0]), "low_var_kl")
+    np.testing.assert_allclose(big, [10.0])
+
+
+@pytest.mark.parametrize("name", ["k1", "k3"])
+def test_k1_k3_are_unbiased_for_the_exact_kl(name):
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    q = np.array([0.4, 0.3, 0.2, 0.1])
+    exact = float(np.sum(p * np.log(p / q)))
+    per_x = np.asarray(grpo.kl_divergence(jnp.log(p), jnp.log(q), name))
+    np.testing.assert_allclose(np.sum(p * per_x), exact, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ toy categorical policy
+
+N_GROUPS, G, T, K = 2, 3, 6, 4
+N = N_GROUPS * G
+
+
+def toy_batch(seed=0):
+    """theta [T, K] position-dependent logits; actions [N, T]; completion mask with a 2-token
+    prompt and right padding of varying length; rewards [N] with non-zero group variance."""
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=(T, K)).astype(np.float32)
+    probs = np.exp(theta) / np.exp(theta).sum(-1, keepdims=True)
+    actions = np.stack([[rng.choice(K, p=probs[t]) for t in range(T)] for _ in range(N)])
+    lengths = np.array([4, 2, 3, 1, 4, 3])         # completion tokens after the 2 prompt tokens
+    pos = np.arange(T)[None, :]
+    mask = ((pos >= 2) & (pos < 2 + lengths[:, None])).astype(np.float32)
+    rewards = np.array([1.0, 0.0, 0.5, 2.0, -1.0, 0.0], np.float32)
+    return theta, actions, mask, rewards
+
+
+def token_logprobs(theta, actions):
+    logp = jax.nn.log_softmax(theta, axis=-1)                 # [T, K]
+    return jnp.take_along_axis(jnp.broadcast_to(logp, (actions.shape[0], T, K)),
+                               actions[..., None], axis=-1)[..., 0]
+
+
+def numpy_advantages(rewards, name, eps, ddof):
+    r = rewards.reshape(N_GROUPS, G).astype(np.float64)
+    mean = r.mean(-1, keepdims=True)
+    if name == "grpo":
+        a = (r - mean) / (r.std(-1, ddof=ddof, keepdims=True) + eps)
+    elif name == "drgrpo":
+        a = r - mean
+    else:
+        a = r - (r.sum(-1, keepdims=True) - r) / (G - 1)
+    return a.reshape(-1)
+
+
+def analytic_gradient(theta, actions, mask, adv, mode, max_len):
+    """-(sum over samples and tokens of weight * A * grad log pi), grad log pi = e_a - softmax."""
+    probs = np.exp(theta) / np.exp(theta).sum(-1, keepdims=True)
+    tokens = mask.sum(-1)
+    valid = tokens > 0
+    grad = np.zeros_like(theta, dtype=np.float64)
+    for i in range(N):
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            if mode == "token_mean":
+                w = 1.0 / mask.sum()
+            elif mode == "seq_mean_token_mean":
+                w = 1.0 / (tokens[i] * valid.sum())
+            else:
+                w = 1.0 / (max_len * valid.sum())
+            glogp = -probs[t].astype(np.float64)
+            glogp[actions[i, t]] += 1.0
+            grad[t] -= w * adv[i] * glogp
+    return grad
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "drgrpo", "rloo"])
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_gradient_equals_analytic_policy_gradient(estimator, mode):
+    theta, actions, mask, rewards = toy_batch()
+    cfg = cfg_with(advantage_estimator=estimator, loss_agg_mode=mode, max_completion_length=T,
+                   advantage_std_ddof=1)
+    behaviour = token_logprobs(jnp.asarray(theta), jnp.asarray(actions))   # on-policy: ratio 1
+
+    def loss_fn(th):
+        loss, metrics = grpo.grpo_loss(cfg, logprobs=token_logprobs(th, jnp.asarray(actions)),
+                                       behaviour_logprobs=behaviour, rewards=rewards,
+                                       completion_mask=mask, group_size=G)
+        return loss, metrics
+
+    (loss, metrics), grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(jnp.asarray(theta))
+    adv = numpy_advantages(rewards, estimator, cfg.advantage_eps, 1)
+    want = analytic_gradient(theta, actions, mask, adv, mode, T)
+    assert float(metrics["clip_frac_low"]) == 0.0 and float(metrics["clip_frac_high"]) == 0.0
+    assert float(metrics["ratio_mean"]) == 1.0
+    assert_close(grad, want, reduction_len=N * T)   # each entry sums over samples and tokens
+    assert np.abs(want).max() > 1e-3   # the check is not vacuous
+
+
+def test_prompt_and_padding_never_contribute():
+    theta, actions, mask, rewards = toy_batch(1)
+    cfg = cfg_with(beta=0.1, kl_estimator="k3")
+    th0 = jnp.asarray(theta)
+    lp0 = token_logprobs(th0, jnp.asarray(actions))
+    masked = jnp.asarray(mask) == 0
+    # sampler / reference values at prompt & padding positions are garbage (inf, nan)
+    behaviour = jnp.where(masked, jnp.nan, lp0 - 0.05)
+    ref = jnp.where(masked, -jnp.inf, lp0 + 0.1)
+    old = jnp.where(masked, jnp.inf, lp0 - 0.02)
+
+    def loss_fn(th, perturb):
+        lp = token_logprobs(th, jnp.asarray(actions))
+        # perturbation at masked positions that depends on theta (changes its gradient) and is huge
+        lp = jnp.where(masked, lp + perturb * (1e4 + 50.0 * th.sum()), lp)
+        return grpo.grpo_loss(cfg, logprobs=lp, behaviour_logprobs=behaviour, rewards=rewards,
+                              completion_mask=mask, group_size=G, old_logprobs=old,
+                              ref_logprobs=ref)[0]
+
+    l0, g0 = jax.jit(jax.value_and_grad(loss_fn))(th0, 0.0)
+    l1, g1 = jax.jit(jax.value_and_grad(loss_fn))(th0, 1.0)
+    assert np.isfinite(float(l0)) and np.all(np.isfinite(g0))
+    assert float(l0) == float(l1)
+    np.testing.assert_array_equal(g0, g1)
+    assert np.abs(np.asarray(g0)).max() > 1e-4
+
+
+# ------------------------------------------------------------------ clipping
+
+RATIOS = np.array([0.5, 0.9, 1.0, 1.1, 1.5], np.float32)
+
+
+def clip_case(eps_low, eps_high):
+    behaviour = jnp.log(jnp.full((2, 5), 0.3))
+    logprobs = behaviour + jnp.log(jnp.asarray(RATIOS))[None, :]
+    adv = jnp.array([1.0, -1.0])
+    cfg = cfg_with(epsilon_low=eps_low, epsilon_high=eps_high)
+
+    def loss_fn(lp):
+        return grpo.clipped_policy_loss(cfg, logprobs=lp, behaviour_logprobs=behaviour,
+                                        advantages=adv, completion_mask=jnp.ones((2, 5)))
+
+    (loss, metrics), grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(logprobs)
+    return np.asarray(grad), metrics
+
+
+def test_clipping_zeroes_gradient_exactly_where_it_should():
+    grad, metrics = clip_case(0.2, 0.2)
+    # d loss / d logp = -A * ratio / 10 unless clipped: A > 0 and ratio > 1.2; A < 0 and ratio < 0.8
+    want = np.stack([-1.0 * RATIOS / 10, 1.0 * RATIOS / 10])
+    want[0, 4] = 0.0      # A = +1, ratio 1.5 > 1.2
+    want[1, 0] = 0.0      # A = -1, ratio 0.5 < 0.8
+    np.testing.assert_allclose(grad, want, rtol=1e-6)
+    assert grad[0, 4] == 0.0 and grad[1, 0] == 0.0
+    assert float(metrics["clip_frac_high"]) == pytest.approx(0.1)
+    assert float(metrics["clip_frac_low"]) == pytest.approx(0.1)
+
+
+def test_clip_higher_widens_only_the_upper_bound():
+    grad, metrics = clip_case(0.2, 0.6)
+    assert grad[0, 4] == pytest.approx(-1.5 / 10, rel=1e-6)   # ratio 1.5 < 1.6 now unclipped
+    assert grad[1, 0] == 0.0
+    assert float(metrics["clip_frac_high"]) == 0.0
+    assert float(metrics["clip_frac_low"]) == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------ zero-variance filter
+
+def test_zero_variance_groups_contribute_nothing_when_filtered():
+    rng = np.random.default_rng(3)
+    rewards = np.array([1.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.0, 2.0, 1.0], np.float32)  # group 1 flat
+    n, t = 9, 4
+    behaviour = jnp.asarray(rng.normal(size=(n, t)).astype(np.float32) - 1.0)
+    logprobs = behaviour + jnp.asarray(rng.normal(scale=0.05, size=(n, t)).astype(np.float32))
+    mask = jnp.ones((n, t))
+    cfg = cfg_with(filter_zero_variance_groups=True)
+
+    def loss_fn(lp, b, r, m):
+        return grpo.grpo_loss(cfg, logprobs=lp, behaviour_logprobs=b, rewards=r,
+                              completion_mask=m, group_size=3)
+
+    (loss, metrics), grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(logprobs, behaviour,
+                                                                        rewards, mask)
+    keep = np.r_[0:3, 6:9]
+    (loss_without, _), grad_without = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
+        logprobs[keep], behaviour[keep], rewards[keep], mask[keep])
+    np.testing.assert_array_equal(np.asarray(grad)[3:6], 0.0)
+    # the loss sums terms -A * ratio / den (= the gradient entries) that cancel within each group
+    assert_close(float(loss), float(loss_without), reduction_len=n * t, scale=np.abs(grad_without).max())
+    np.testing.assert_allclose(np.asarray(grad)[keep], grad_without, rtol=1e-6)
+    assert float(metrics["frac_zero_variance_groups"]) == pytest.approx(1 / 3)
+    assert float(metrics["num_tokens"]) == 24.0 and float(metrics["num_completion_tokens"]) == 36.0
+
+    # unfiltered, the flat group still enters the token_mean denominator
+    cfg.filter_zero_variance_groups = False
+    loss_unfiltered, m2 = loss_fn(logprobs, behaviour, rewards, mask)
+    assert_close(float(loss_unfiltered), float(loss) * 24 / 36, reduction_len=n * t,
+                 scale=np.abs(grad_without).max())
+    assert float(m2["frac_zero_variance_groups"]) == pytest.approx(1 / 3)
+
+
+# ------------------------------------------------------------------ TIS, KL term, metrics
+
+def test_truncated_importance_weight_scales_gradient_and_is_detached():
+    behaviour = jnp.log(jnp.array([[0.2, 0.2, 0.2]]))
+    old = jnp.log(jnp.array([[0.2 * 1.5, 0.2 * 3.0, 0.2 * 0.5]]))     # exp(old - b) = 1.5, 3, 0.5
+    logprobs = old + jnp.log(jnp.array([[1.05, 1.0, 0.95]]))
+    cfg = cfg_with(tis_cap=2.0)
+
+    def loss_fn(lp, o):
+        return grpo.clipped_policy_loss(cfg, logprobs=lp, behaviour_logprobs=behaviour,
+                                        advantages=jnp.array([2.0]), completion_mask=jnp.ones((1, 3)),
+                                        old_logprobs=o)
+
+    (loss, metrics), (g_lp, g_old) = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True))(
+        logprobs, old)
+    w = np.array([1.5, 2.0, 0.5])
+    ratio = np.array([1.05, 1.0, 0.95])
+    np.testing.assert_allclose(float(loss), -(w * ratio * 2.0).sum() / 3, rtol=1e-5)
+    np.testing.assert_allclose(g_lp[0], -w * ratio * 2.0 / 3, rtol=1e-5)
+    np.testing.assert_array_equal(g_old, 0.0)
+    np.testing.assert_allclose(float(metrics["tis_weight_mean"]), w.mean(), rtol=1e-5)
+
+
+def test_kl_term_gradient_k1_and_k3():
+    logprobs = jnp.log(jnp.array([[0.5, 0.25]]))
+    ref = jnp.log(jnp.array([[0.25, 0.5]]))
+    for name, dkl in [("k1", np.array([1.0, 1.0])),
+                      ("k3", 1.0 - np.array([0.5, 2.0]))]:   # d/dlogp k3 = 1 - exp(ref - logp)
+        cfg = cfg_with(beta=0.5, kl_estimator=name)
+
+        def loss_fn(lp):
+            return grpo.clipped_policy_loss(cfg, logprobs=lp, behaviour_logprobs=logprobs,
+                                            advantages=jnp.array([0.0]),
+                                            completion_mask=jnp.ones((1, 2)), ref_logprobs=ref)
+
+        (loss, metrics), g = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(logprobs)
+        np.testing.assert_allclose(g[0], 0.5 * dkl / 2, rtol=1e-5, atol=1e-7)
+        kl = np.asarray(grpo.kl_divergence(logprobs, ref, name))
+        np.testing.assert_allclose(float(loss), 0.5 * kl.mean(), rtol=1e-5)
+        np.testing.assert_allclose(float(metrics["kl"]), kl.mean(), rtol=1e-5)
+
+
+def test_sampler_learner_diagnostics_by_hand():
+    behaviour = jnp.array([[-1.0, -2.0, -3.0, 0.0]])
+    logprobs = jnp.array([[-1.1, -1.8, -3.0, 0.0]])
+    mask = jnp.array([[1.0, 1.0, 1.0, 0.0]])
+    _, m = grpo.clipped_policy_loss(cfg_with(), logprobs=logprobs, behaviour_logprobs=behaviour,
+                                    advantages=jnp.array([1.0]), completion_mask=mask,
+                                    entropy=jnp.array([[1.0, 2.0, 3.0, 100.0]]))
+    d = np.array([-0.1, 0.2, 0.0])
+    np.testing.assert_allclose(float(m["logprob_diff_mean"]), d.mean(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(m["logprob_diff_max_abs"]), 0.2, rtol=1e-5)
+    np.testing.assert_allclose(float(m["approx_kl"]), np.mean(np.exp(d) - d - 1), rtol=1e-4)
+    np.testing.assert_allclose(float(m["ratio_mean"]), np.mean(np.exp(d)), rtol=1e-5)
+    np.testing.assert_allclose(float(m["entropy"]), 2.0, rtol=1e-6)
+    assert float(m["num_tokens"]) == 3.0
+
+
+# ------------------------------------------------------------------ config, errors, jit
+
+def test_config_validation_and_describe():
+    cfg = grpo.default_config()
+    grpo.validate_config(cfg)
+    line = grpo.describe(cfg)
+    assert "adv=grpo" in line and "agg=token_mean" in line and "beta=0" in line
+    assert "\n" not in line
+    assert "kl=k3 beta=0.04" in grpo.describe(cfg_with(beta=0.04))
+    with pytest.raises(ValueError, match="max_completion_length"):
+        grpo.validate_config(cfg_with(loss_agg_mode="seq_mean_token_sum_norm"))
+    with pytest.raises(grpo.UnknownNameError, match="k1, k2, k3, low_var_kl"):
+        grpo.validate_config(cfg_with(beta=0.1, kl_estimator="k4"))
+    with pytest.raises(ValueError, match="epsilon_low"):
+        grpo.validate_config(cfg_with(epsilon_low=1.5))
+    with pytest.raises(ValueError, match="needs ref_logprobs"):
+        grpo.clipped_policy_loss(cfg_with(beta=0.1), logprobs=jnp.zeros((1, 2)),
+                                 behaviour_logprobs=jnp.zeros((1, 2)), advantages=jnp.zeros(1),
+                                 completion_mask=jnp.ones((1, 2)))
+    with pytest.raises(ValueError, match="behaviour_logprobs has shape"):
+        grpo.clipped_policy_loss(cfg, logprobs=jnp.zeros((1, 2)),
+                                 behaviour_logprobs=jnp.zeros((1, 3)), advantages=jnp.zeros(1),
+                                 completion_mask=jnp.ones((1, 2)))
+
+
+def test_registering_a_variant_and_duplicate_names():
+    reg = grpo.Registry("thing")
+    reg.register("a", aliases=("b",))(lambda: 1)
+    assert reg.names() == ["a", "b"] and reg.get("b")() == 1
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a")(lambda: 2)
+
+
+def test_grpo_loss_jits():
+    theta, actions, mask, rewards = toy_batch()
+    lp = token_logprobs(jnp.asarray(theta), jnp.asarray(actions))
+    cfg = cfg_with()
+    f = jax.jit(lambda lp, b, r, m: grpo.grpo_loss(cfg, logprobs=lp, behaviour_logprobs=b,
+                                                   rewards=r, completion_mask=m, group_size=G))
+    loss, metrics = f(lp, lp - 0.01, rewards, mask)
+    eager, _ = grpo.grpo_loss(cfg, logprobs=lp, behaviour_logprobs=lp - 0.01, rewards=rewards,
+                              completion_mask=mask, group_size=G)
+    # terms |A * ratio| / den <= 1 (group-normalised advantages) that cancel within each group
+    assert_close(float(loss), float(eager), reduction_len=mask.size, scale=1.0)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_micro_batches_with_global_denominator_sum_to_full_batch(mode):
+    theta, actions, mask, _ = toy_batch(2)
+    rewards = np.array([1.0, 1.0, 1.0, 2.0, -1.0, 0.0], np.float32)   # group 0 is zero-variance
+    cfg = cfg_with(loss_agg_mode=mode, max_completion_length=T)
+    behaviour = token_logprobs(jnp.asarray(theta), jnp.asarray(actions)) - 0.03
+    den = grpo.aggregation_denominator(grpo.loss_mask(mask, rewards, G, cfg), mode,
+                                       max_completion_length=T)
+
+    def loss_and_grad(th, rows, denominator):
+        a, b, r, m = jnp.asarray(actions[rows]), behaviour[rows], rewards[rows], mask[rows]
+
+        def f(th):
+            return grpo.grpo_loss(cfg, logprobs=token_logprobs(th, a), behaviour_logprobs=b,
+                                  rewards=r, completion_mask=m, group_size=G,
+                                  loss_denominator=denominator)[0]
+        return jax.jit(jax.value_and_grad(f))(th)
+
+    full_loss, full_grad = jax.jit(jax.value_and_grad(
+        lambda th: grpo.grpo_loss(cfg, logprobs=token_logprobs(th, jnp.asarray(actions)),
+                                  behaviour_logprobs=behaviour, rewards=rewards,
+                                  completion_mask=mask, group_size=G)[0]))(jnp.asarray(theta))
+    parts = [loss_and_grad(jnp.asarray(theta), np.arange(0, G), den),
+             loss_and_grad(jnp.asarray(theta), np.arange(G, 2 * G), den)]
+    assert_close(sum(float(p[0]) for p in parts), float(full_loss), reduction_len=mask.size,
+                 scale=1.0)   # terms |A * ratio| / den <= 1 that cancel within each group
+    assert_close(sum(np.asarray(p[1]) for p in parts), full_grad, reduction_len=mask.size)
+    assert np.abs(np.asarray(full_grad)).max() > 1e-4

@@ -1,0 +1,152 @@
+"""The jitted GRPO learner step: microbatching is exact, non-finite steps are skipped, an update
+moves probability towards rewarded completions, and bf16 compute keeps fp32 master weights."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ace_jax.rl import grpo, learner, rollout_batch
+from ace_jax.runtime.generate import Generator, SamplingConfig
+from models import configs, qwen3
+from tests.numerics import assert_close
+
+PROMPTS = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33, 34]]
+G = 4
+
+
+def _setup(seed=0, **model_overrides):
+    model = qwen3.Qwen3ForCausalLM(configs.tiny_moe(**model_overrides), rngs=nnx.Rngs(seed))
+    sampling = SamplingConfig(max_new_tokens=8, group_size=G, temperature=1.0, prompt_bucket=8)
+    out = Generator(model, sampling).generate(PROMPTS, jax.random.key(seed))
+    # Reward: 1 when the first completion token is even; a group-dependent, non-trivial signal.
+    rewards = (np.asarray(out.tokens)[:, 0] % 2 == 0).astype(np.float32)
+    rewards[:G] = np.arange(G)  # make sure group 0 has variance
+    batch = rollout_batch.make_train_batch(PROMPTS, out, rewards, prompt_bucket=8, pad_id=0)
+    return model, batch
+
+
+def _cfgs(**optim):
+    g = grpo.default_config()
+    o = learner.default_config()
+    o.learning_rate = 1e-2
+    o.update(optim)
+    return g, o
+
+
+def test_microbatching_is_exact():
+    model, batch = _setup()
+    # A large Adam eps keeps the update linear in the gradient, so float noise in near-zero
+    # gradient entries is not amplified to +-lr by Adam's sign-like first step.
+    g, o1 = _cfgs(microbatches=1, eps=1e-2)
+    _, o3 = _cfgs(microbatches=3, eps=1e-2)
+    l1 = learner.Learner.create(model, g, o1, group_size=G)
+    l3 = learner.Learner.create(model, g, o3, group_size=G)
+    m1, m3 = l1.step(batch), l3.step(batch)
+    tokens = int(np.sum(batch.completion_mask))
+    # the loss sums terms |A * ratio| / den <= 1 that cancel within each group (scale 1)
+    assert_close(m1["loss"], m3["loss"], reduction_len=tokens, scale=1.0)
+    np.testing.assert_allclose(m1["grad_norm"], m3["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(l1.params), jax.tree.leaves(l3.params)):
+        assert_close(np.asarray(a), np.asarray(b), reduction_len=tokens)
+
+
+def test_on_policy_first_step_metrics():
+    model, batch = _setup()
+    g, o = _cfgs()
+    m = learner.Learner.create(model, g, o, group_size=G).step(batch)
+    assert abs(float(m["ratio_mean"]) - 1.0) < 1e-4
+    assert float(m["logprob_diff_max_abs"]) < 1e-4
+    assert float(m["clip_frac_low"]) == 0.0 and float(m["clip_frac_high"]) == 0.0
+    assert int(m["skipped"]) == 0 and float(m["grad_norm"]) > 0
+    assert float(m["tokens"]) == float(jnp.sum(batch.attention_mask))
+    assert float(m["entropy"]) > 0
+    for k, v in m.items():
+        assert np.isfinite(np.asarray(v)).all(), k
+
+
+def test_update_raises_logprob_of_advantaged_completions():
+    model, batch = _setup(seed=1)
+    g, o = _cfgs(learning_rate=3e-3)
+    lrn = learner.Learner.create(model, g, o, group_size=G)
+
+    def seq_logprob(mdl):
+        logits, _ = rollout_batch.completion_logits(mdl, batch)
+        lp = rollout_batch.token_logprobs(logits, batch.input_ids[:, batch.prompt_len:], 1.0)
+        return np.asarray(jnp.sum(lp * batch.completion_mask, axis=1))
+
+    before = seq_logprob(model)
+    lrn.step(batch)
+    after = seq_logprob(lrn.model())
+    adv = np.asarray(grpo.compute_advantages(batch.rewards.reshape(-1, G), g)).reshape(-1)
+    delta = after - before
+    assert np.mean(delta[adv > 0]) > np.mean(delta[adv < 0])
+
+
+def test_non_finite_step_is_skipped_and_params_intact():
+    model, batch = _setup()
+    g, o = _cfgs()
+    lrn = learner.Learner.create(model, g, o, group_size=G)
+    before = jax.tree.map(np.asarray, lrn.params)
+    bad = batch._replace(behaviour_logprobs=batch.behaviour_logprobs.at[0, 0].set(jnp.nan))
+    m = lrn.step(bad)
+    assert int(m["skipped"]) == 1
+    assert int(lrn.state.step) == 0
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(lrn.params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    m = lrn.step(batch)  # a good step afterwards still works
+    assert int(m["skipped"]) == 0 and int(lrn.state.step) == 1
+
+
+def test_bf16_compute_keeps_fp32_master_weights_and_remat():
+    model, batch = _setup(dtype="bfloat16", remat_policy="full")
+    g, o = _cfgs()
+    lrn = learner.Learner.create(model, g, o, group_size=G)
+    m = lrn.step(batch)
+    assert int(m["skipped"]) == 0
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(lrn.params))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(lrn.state.opt_state)
+               if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating))
+
+
+def test_bad_batch_is_clear():
+    model, batch = _setup()
+    g, o = _cfgs(microbatches=5)
+    lrn = learner.Learner.create(model, g, o, group_size=G)
+    with pytest.raises(ValueError, match="microbatches"):
+        lrn.step(batch)
+
+
+def test_completion_logprobs_equal_logits_path_with_gradients():
+    """`completion_logprobs` (hand-written backward through the lm_head) = completion_logits +
+    token_logprobs / token_entropy, values and parameter gradients, untied and tied heads."""
+    for tied in (False, True):
+        model, batch = _setup(tie_word_embeddings=tied)
+        tokens = batch.input_ids[:, batch.prompt_len:]
+        w = jnp.asarray(np.random.RandomState(0).randn(*tokens.shape), jnp.float32)
+
+        def reference(mdl):
+            logits, aux = rollout_batch.completion_logits(mdl, batch)
+            return (rollout_batch.token_logprobs(logits, tokens, 0.8),
+                    rollout_batch.token_entropy(logits, 0.8), aux)
+
+        def fused(mdl):
+            return rollout_batch.completion_logprobs(mdl, batch, 0.8)
+
+        for fn in (reference, fused):
+            lp, ent, _ = nnx.jit(fn)(model)
+            if fn is reference:
+                want_lp, want_ent = lp, ent
+        assert_close(lp, want_lp, reduction_len=model.config.vocab_size)   # log-softmax over the vocab
+        assert_close(ent, want_ent, reduction_len=model.config.vocab_size)
+
+        def loss(fn):
+            def f(mdl):
+                lp, ent, _ = fn(mdl)
+                return jnp.sum(lp * w) + 0.3 * jnp.sum(ent * w)
+            return qwen3.flat_params(nnx.jit(nnx.grad(f))(model))
+
+        want, got = loss(reference), loss(fused)
+        for name in want:
+            assert_close(got[name], want[name], reduction_len=tokens.size * model.config.vocab_size,
+                         err_msg=f"{name} tied={tied}")   # sums over tokens of vocab-long sums

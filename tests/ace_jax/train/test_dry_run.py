@@ -1,0 +1,238 @@
+"""The production dry run: abstract build + lowering, per-device memory by hand, spec formulas."""
+import importlib.util
+import math
+import pathlib
+
+import jax
+import pytest
+
+from ace_jax.runtime import tpu_compile
+from ace_jax.train import dry_run
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+# A reduced ace30b: tiny Qwen3-MoE whose every sharded dim divides 8.
+L, H, V, NQ, NKV, D, E, K, IM = 2, 64, 512, 4, 2, 16, 8, 2, 32
+
+
+def _ace30b():
+    spec = importlib.util.spec_from_file_location("ace30b_config", ROOT / "configs" / "ace30b.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+def reduced_config(**mesh):
+    cfg = _ace30b()
+    cfg.model.preset = "tiny_moe"
+    cfg.model.overrides.update(dict(
+        vocab_size=V, hidden_size=H, moe_intermediate_size=IM, num_hidden_layers=L,
+        num_attention_heads=NQ, num_key_value_heads=NKV, head_dim=D, num_experts=E,
+        num_experts_per_tok=K, max_position_embeddings=512))
+    cfg.mesh.fsdp = mesh.get("fsdp", 4)
+    cfg.mesh.expert = mesh.get("expert", 2)
+    cfg.rl.batch_states, cfg.rl.group_size = 8, 4          # 32 rows
+    cfg.rl.max_prompt_tokens = 40                           # bucketed to 64
+    cfg.sampling.prompt_bucket = 32
+    cfg.sampling.max_new_tokens = 16
+    cfg.optim.microbatches = 4                              # 8 rows per microbatch = 1 per device
+    cfg.dry_run.num_chips = 8
+    cfg.dry_run.topology = ""                               # the abstract plan (tests below opt in)
+    return cfg
+
+
+def _hand_param_bytes_per_device(chips=8):
+    """Every weight is split 8 ways (embed over fsdp x expert, or experts over expert and embed
+    over fsdp) except q_norm / k_norm [L, D], which are replicated; fp32 master weights."""
+    per_layer = (H * NQ * D + 2 * H * NKV * D + NQ * D * H      # q, k, v, o
+                 + H * E                                        # router
+                 + 3 * E * H * IM                               # experts
+                 + 2 * H)                                       # input / post-attention norms
+    sharded = L * per_layer + V * H + H + H * V                 # + embed, final norm, lm_head
+    replicated = 2 * L * D
+    return 4 * (sharded // chips + replicated), sharded + replicated
+
+
+def test_reduced_config_memory_matches_hand_computation():
+    report = dry_run.run_dry_run(reduced_config())
+    params_dev, total = _hand_param_bytes_per_device()
+    assert report["model"]["total_params"] == total
+    train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
+    assert train["params (master, float32)"] == params_dev
+    # AdamW mu + nu are params-shaped; the two int32 step counters (adam, schedule) replicated.
+    assert train["optimizer state (AdamW mu, nu)"] == 2 * params_dev + 2 * 4
+    assert train["gradient accumulator"] == params_dev
+    # Batch: 32 rows over 8 devices = 4 rows of 64 + 16 tokens.
+    rows, t, m = 4, 80, 16
+    assert train["batch (TrainBatch)"] == rows * t * (4 + 4 + 1) + rows * m * 4 * 3 + rows * 4
+    # KV cache: [L, 32 rows, 80 slots, NKV, D] bf16 for K and V, rows split 8 ways.
+    gen = {i["name"]: i["bytes"] for i in report["memory"]["generate"]}
+    assert gen["KV cache, 32 rows x 80 slots"] == 2 * L * (32 // 8) * t * NKV * D * 2
+    assert report["shapes"]["rows_per_device_microbatch"] == 1
+    assert report["mesh"]["shape"] == dict(data=1, fsdp=4, tensor=1, expert=2)
+    assert report["mesh"]["abstract"] is True
+    for name in ("learner_step", "generate_rollout"):
+        assert report["lowering"][name]["ok"], report["lowering"][name]
+        assert report["lowering"][name]["hlo_chars"] > 1000
+    text = dry_run.format_report(report)
+    assert "learner_step       ok" in text and "TOTAL" in text
+
+
+def test_reduced_config_compiles_on_8_devices_and_xla_agrees():
+    """On the 8 simulated CPU devices the learner step compiles; XLA's per-device argument size is
+    exactly our params + optimizer state + batch + step counter, minus ref_logprobs (unused with
+    beta = 0, so jit drops it)."""
+    cfg = reduced_config()
+    cfg.model.overrides.remat_policy = "none"       # compiles faster on CPU; same arguments
+    cfg.dry_run.lower = False                       # only the compile path
+    assert len(jax.devices()) == 8
+    report = dry_run.run_dry_run(cfg, devices=jax.devices(), compile=True)
+    assert report["mesh"]["abstract"] is False
+    comp = report["compiled"]["learner_step"]
+    assert comp["ok"], comp
+    train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
+    ref_logprobs = 4 * 16 * 4                        # 4 rows x 16 tokens fp32 per device
+    ours = (train["params (master, float32)"] + train["optimizer state (AdamW mu, nu)"]
+            + train["batch (TrainBatch)"] - ref_logprobs + 4)
+    assert comp["argument_bytes"] == ours
+    # The updated state is donated: XLA aliases it to the output.
+    assert comp["alias_bytes"] >= train["params (master, float32)"] * 3
+
+
+def test_full_30b_config_lowers_and_matches_spec():
+    cfg = _ace30b()
+    cfg.dry_run.topology = ""           # lowering only: compiling 48 layers takes many minutes
+    report = dry_run.run_dry_run(cfg)
+    assert report["lowering"]["learner_step"]["ok"], report["lowering"]
+    assert report["lowering"]["generate_rollout"]["ok"], report["lowering"]
+    assert report["hardware"]["chips"] == 64
+    checks = {c["name"]: c for c in report["checks"]}
+    assert set(checks) == set(dry_run.SPEC_REFERENCE["qwen3_30b_a3b"])
+    assert all(c["ok"] for c in checks.values()), checks
+    assert report["model"]["total_params"] == 30_532_122_624
+    # fp32 params fully sharded over 64 chips: 122.13 GB / 64 (spec 5.2), a little replication.
+    train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
+    assert 122.13e9 / 64 <= train["params (master, float32)"] <= 1.01 * 122.13e9 / 64
+    assert report["time"]["train_s"] > 0 and report["time"]["decode_s"] > 0
+    assert "cross-checks" in dry_run.format_report(report)
+
+
+def test_spec_formulas_reproduce_section_5():
+    from models import configs
+    mc = configs.get_model_config("qwen3_30b_a3b", dtype="bfloat16")
+    n_act = 3_041_865_728
+    # 5.4: 61.7 GFLOP/token at S = 36,864; 512 rollouts -> 1.165e18 FLOP.
+    f = dry_run.training_flops(mc, n_act, 512, 36_864)
+    assert f / (512 * 36_864) == pytest.approx(61.7e9, rel=2e-3)
+    assert f == pytest.approx(1.165e18, rel=2e-3)
+    # 5.5: v5p-128 (64 chips x 459 TFLOP/s) at 40% MFU: 99 s.
+    assert f / (64 * 459e12 * 0.4) == pytest.approx(99, rel=0.01)
+    # 5.3: 96 KiB of KV per token.
+    assert dry_run.kv_bytes_per_token(mc) == 98_304
+    # 5.5: P = 32k, 512 rollouts, 4,096 new tokens, 8 replicas on v5p-128 at 50% BW: ~104 s.
+    t = dry_run.decode_seconds(steps=4096, rows=512, context_start=32_768, weight_bytes=61.06e9,
+                               kv_per_token=98_304, replicas=8, chips=64, hbm_bw_gbps=2765,
+                               efficiency=0.5)
+    assert t == pytest.approx(104, rel=0.01)
+
+
+def test_bad_configs_are_named():
+    cfg = reduced_config()
+    cfg.optim.microbatches = 3
+    with pytest.raises(dry_run.DryRunConfigError, match="optim.microbatches"):
+        dry_run.run_dry_run(cfg)
+    cfg = reduced_config()
+    cfg.dry_run.mfu = 1.5
+    with pytest.raises(dry_run.DryRunConfigError, match="dry_run.mfu"):
+        dry_run.run_dry_run(cfg)
+    cfg = reduced_config()
+    cfg.sampling.max_new_tokens = 1000
+    with pytest.raises(dry_run.DryRunConfigError, match="max_position_embeddings"):
+        dry_run.run_dry_run(cfg)
+    cfg = reduced_config()
+    del cfg["dry_run"]
+    with pytest.raises(dry_run.DryRunConfigError, match="dry_run"):
+        dry_run.run_dry_run(cfg)
+    with pytest.raises(dry_run.DryRunConfigError, match="compile=True needs devices"):
+        dry_run.run_dry_run(reduced_config(), compile=True)
+    cfg = reduced_config()
+    cfg.mesh.fsdp = 3
+    with pytest.raises(dry_run.DryRunConfigError, match="mesh: .*(needs 6 devices|do not split)"):
+        dry_run.run_dry_run(cfg)
+
+
+def test_ace30b_has_the_local_sections():
+    spec = importlib.util.spec_from_file_location("local_config", ROOT / "configs" / "local.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    local, prod = mod.get_config(), _ace30b()
+    assert set(local.keys()) <= set(prod.keys()), set(local.keys()) - set(prod.keys())
+    for section in local.keys():
+        if hasattr(local[section], "keys"):
+            missing = set(local[section].keys()) - set(prod[section].keys())
+            assert not missing, (section, missing)
+    assert prod.model.hf_path.startswith("gs://")
+    assert prod.tasks.source == "mlebench"
+    assert prod.checkpoint.directory.startswith("gs://") and prod.buffer.store.url.startswith("gs://")
+    assert (prod.mesh.data, prod.mesh.tensor, prod.mesh.expert) == (1, 1, 4)   # fsdp x expert
+    assert math.prod((16, 4)) == prod.dry_run.num_chips
+
+
+needs_libtpu = pytest.mark.skipif(not tpu_compile.libtpu_available(),
+                                  reason="libtpu (XLA's TPU compiler) is not installed")
+
+
+@needs_libtpu
+def test_reduced_config_compiled_by_the_tpu_compiler_fits():
+    """The trainer's own jitted learner step and rollout, compiled by XLA's TPU compiler for 8 v5p
+    chips (fsdp=4 x expert=2), splash attention included: both fit with a compiled peak under
+    64 MB per chip (the reduced model holds ~0.3 MB of state per chip; the rest is the
+    compiler's temporaries), and the summary says so."""
+    cfg = reduced_config()
+    cfg.dry_run.topology = "v5p:2x2x2"
+    report = dry_run.run_dry_run(cfg)
+    s = dry_run.summary(report)
+    assert s["compiled"] and s["topology"] == "v5p:2x2x2" and s["chips"] == 8, s
+    assert 90 < s["hbm_gb"] < 110, s                    # v5p: 95.74 GiB per chip
+    assert (s["prompt_tokens"], s["new_tokens"]) == (64, 16)
+    assert s["fits"] and s["learner_fits"] and s["rollout_fits"], s
+    assert 0 < s["learner_peak_gb"] < 0.064 and 0 < s["rollout_peak_gb"] < 0.064, s
+    learner, rollout = report["compiled"]["learner_step"], report["compiled"]["generate_rollout"]
+    assert report["mesh"]["platform"] == "tpu" and report["model"]["attention_impl"] == "splash"
+    assert learner["mosaic_kernels"] >= 2, learner     # splash forward and backward kernels
+    assert rollout["mosaic_kernels"] >= 1, rollout     # splash in the prefill
+    train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
+    # XLA's arguments: params + optimizer state + batch (+ step), as the shardings say; the TPU
+    # layout pads these tiny arrays to (8, 128) tiles, hence the factor
+    state = train["params (master, float32)"] + train["optimizer state (AdamW mu, nu)"]
+    assert state < learner["argument_bytes"] < 8 * (state + train["batch (TrainBatch)"])
+    assert learner["alias_bytes"] >= state            # the donated state is updated in place
+    text = dry_run.format_report(report)
+    assert "compiled by XLA's TPU compiler for v5p:2x2x2" in text and "PEAK" in text
+
+    report["max_hbm_fraction"] = 1e-6                  # a budget nothing fits in
+    s = dry_run.summary(report)
+    assert not s["fits"] and not s["learner_fits"] and not s["rollout_fits"], s
+
+
+@needs_libtpu
+def test_unknown_topology_is_named():
+    cfg = reduced_config()
+    cfg.dry_run.topology = "v9z:3x3"
+    with pytest.raises(dry_run.DryRunConfigError, match="v9z:3x3.*v5p:2x2x2"):
+        dry_run.run_dry_run(cfg)
+    cfg.dry_run.topology = "v5p:2x2x1"                  # 4 chips for a mesh of 8
+    with pytest.raises(dry_run.DryRunConfigError, match="mesh: .*8 devices.*4 available"):
+        dry_run.run_dry_run(cfg)
+
+
+def test_without_libtpu_nothing_is_compiled_and_the_report_says_so(monkeypatch):
+    monkeypatch.setattr(tpu_compile, "libtpu_available", lambda: False)
+    cfg = reduced_config()
+    cfg.dry_run.topology = "v5p:2x2x2"
+    cfg.dry_run.lower = False
+    report = dry_run.run_dry_run(cfg)
+    assert report["compiled"] == {} and "libtpu is not installed" in report["not_compiled"]
+    s = dry_run.summary(report)
+    assert s["compiled"] is False and s["topology"] is None
+    assert "pip install" in dry_run.format_report(report)
