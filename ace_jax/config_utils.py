@@ -1,10 +1,15 @@
-"""Config helpers: checking ``--config.a.b=v`` overrides against the config's real keys."""
+"""Config helpers shared by every entry point: loading ``configs/*.py`` (``path[:arg]``), the
+config's leaf keys, and refusing unknown keys the same way everywhere (`check_overrides` for
+``--config.a.b=v`` flags, `merge_section` for a section given as a dict).
+
+A top-level leaf: every room may import it (tests/test_layout.py)."""
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import inspect
 import pathlib
-from typing import Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import ml_collections
 
@@ -16,8 +21,24 @@ class ConfigKeyError(KeyError):
         return str(self.args[0])
 
 
+class ConfigError(ValueError):
+    """A config value (or a combination of values) that cannot work; the message names the
+    keys. Raised by ``ace_jax.train.config.validate``."""
+
+
+def split_config_arg(spec: str) -> tuple[str, Optional[str]]:
+    """``"configs/local.py:smoke"`` -> ``("configs/local.py", "smoke")``; no ``:arg`` -> None
+    (the ``--config=path[:arg]`` syntax of ``ml_collections.config_flags``)."""
+    path, sep, arg = spec.partition(":")
+    if sep and path.endswith(".py"):
+        return path, arg
+    return spec, None
+
+
 def load_config_file(path: str) -> ml_collections.ConfigDict:
-    """Imports a ``configs/*.py`` file and returns its ``get_config()``."""
+    """Imports a ``configs/*.py`` file and returns its ``get_config()``; ``path:arg`` returns
+    ``get_config(arg)`` (as ``--config=path:arg`` does)."""
+    path, arg = split_config_arg(path)
     p = pathlib.Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file {path!r} does not exist")
@@ -26,7 +47,11 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise AttributeError(f"{path} has no get_config()")
-    return module.get_config()
+    if arg is None:
+        return module.get_config()
+    if not inspect.signature(module.get_config).parameters:
+        raise ValueError(f"{path}'s get_config() takes no argument, got {arg!r}")
+    return module.get_config(arg)
 
 
 def flat_keys(cfg: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
@@ -41,6 +66,29 @@ def flat_keys(cfg: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
     return sorted(out)
 
 
+def flat_dict(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """``{dotted key: value}`` for every leaf of ``cfg`` (`flat_keys` order)."""
+    out = {}
+    for key in flat_keys(cfg):
+        v = cfg
+        for part in key.split("."):
+            v = v[part]
+        out[key] = v
+    return out
+
+
+def _unknown_key_error(key: str, keys: Sequence[str], what: str) -> ConfigKeyError:
+    """The one refusal message: the bad key, close matches, and the valid keys beside it."""
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    siblings = [k for k in keys if parent and k.startswith(parent + ".")] or list(keys)
+    close = difflib.get_close_matches(key, keys, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigKeyError(
+        f"{what}: no such config key.{hint}\nValid keys"
+        f"{' under ' + parent if parent and siblings != list(keys) else ''}:\n  "
+        + "\n  ".join(siblings))
+
+
 def check_overrides(cfg: ml_collections.ConfigDict, argv: Sequence[str], flag: str = "config"):
     """Raises ConfigKeyError for the first ``--config.<key>`` in argv that ``cfg`` lacks."""
     keys = flat_keys(cfg)
@@ -51,11 +99,42 @@ def check_overrides(cfg: ml_collections.ConfigDict, argv: Sequence[str], flag: s
         key = arg[len(flag) + 3:].split("=", 1)[0]
         if key in keys or key in sections:
             continue
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
-        siblings = [k for k in keys if parent and k.startswith(parent + ".")] or keys
-        close = difflib.get_close_matches(key, keys, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ConfigKeyError(
-            f"--{flag}.{key}: no such config key.{hint}\nValid keys"
-            f"{' under ' + parent if parent and siblings is not keys else ''}:\n  "
-            + "\n  ".join(siblings))
+        raise _unknown_key_error(key, keys, f"--{flag}.{key}")
+
+
+def merge_section(defaults: ml_collections.ConfigDict, values: Optional[Mapping[str, Any]],
+                  name: str, *, ignore: Iterable[str] = ()) -> ml_collections.ConfigDict:
+    """A copy of ``defaults`` (a section's ``default_config()``) with ``values`` set on it.
+
+    ``values`` is a (possibly nested) dict, e.g. the ``agent`` section of a saved run config;
+    nested dicts merge into nested sections. A key that ``defaults`` does not have raises
+    ConfigKeyError naming ``<name>.<key>`` and listing the section's valid keys (as
+    `check_overrides` does for ``--config.*`` flags), unless it is listed in ``ignore``
+    (dotted keys relative to the section: keys older configs had and that are gone).
+    Values are type-checked by ``ml_collections`` (an int may fill a float field, a list a
+    tuple field); a value of the wrong type raises ConfigError."""
+    out = ml_collections.ConfigDict(defaults.to_dict())
+    skip = set(ignore)
+    keys = [f"{name}.{k}" for k in flat_keys(out)]
+    sections = {k.rsplit(".", 1)[0] for k in keys}
+
+    def merge(dst: ml_collections.ConfigDict, src: Mapping[str, Any], prefix: str):
+        for k, v in src.items():
+            rel = f"{prefix}{k}"
+            if rel in skip:
+                continue
+            full = f"{name}.{rel}"
+            if k not in dst:
+                raise _unknown_key_error(full, keys, full)
+            if isinstance(dst[k], ml_collections.ConfigDict) and isinstance(v, Mapping):
+                merge(dst[k], v, rel + ".")
+            elif isinstance(dst[k], ml_collections.ConfigDict) or full in sections:
+                raise ConfigError(f"{full} is a section; got {v!r}")
+            else:
+                try:
+                    dst[k] = v
+                except TypeError as e:
+                    raise ConfigError(f"{full}: {e}") from None
+
+    merge(out, values or {}, "")
+    return out

@@ -6,10 +6,11 @@
   python launch/tpu_train.py --config=configs/ace30b.py \
       --config.model.hf_path=gs://my-bucket/Qwen3-30B-A3B --config.workdir=gs://my-bucket/runs/ace30b
 
-Same sections as configs/local.py (each one is the ``default_config()`` of the module that reads
-it); this file states what differs for the pod, plus the ``dry_run`` section (hardware and
-projection assumptions, ace_jax/train/dry_run.py). Every ``YOUR_BUCKET`` / ``/mnt/...`` value is a
-placeholder to override on the command line.
+The run config is ``ace_jax.train.config.default_config()`` (the same sections as
+configs/local.py, each the ``default_config()`` of the module that reads it); this file states
+what differs for the pod, plus the ``dry_run`` section (hardware and projection assumptions,
+ace_jax/train/dry_run.py). Every ``YOUR_BUCKET`` / ``/mnt/...`` value is a placeholder to
+override on the command line.
 
 Sizes (reference/qwen3_moe_spec.md §5): 64 states x G=8 = 512 rollouts per step, 8k-token prompts
 + 4k new tokens; the learner sees 1 rollout per chip per microbatch (512 / 64 chips = 8
@@ -20,27 +21,19 @@ TPU compiler for v5p:4x4x4 (`--dry_run`): learner step 26.3 GB and rollout 16.2 
 """
 import ml_collections
 
-from ace_jax.curriculum import buffer, learnability
-from ace_jax.env import agent, rewards
-from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, sharding
-from ace_jax.train import dry_run, sft
-from sandbox import pool
+from ace_jax.train import config as run_config, dry_run
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
+    c = run_config.default_config()
     c.name = "ace30b"
     c.workdir = "gs://YOUR_BUCKET/runs/ace30b"   # checkpoints, buffer, metrics (TensorBoard)
-    c.seed = 0
 
     # The policy: Qwen3-30B-A3B read from a HF safetensors directory (copy it to GCS once, see
     # docs/tpu.md). bf16 compute, fp32 master weights (GRPO learning rates ~1e-6 vanish in bf16).
-    c.model = ml_collections.ConfigDict()
     c.model.preset = "qwen3_30b_a3b"
     c.model.hf_path = "gs://YOUR_BUCKET/Qwen3-30B-A3B"
     c.model.tokenizer_path = "gs://YOUR_BUCKET/Qwen3-30B-A3B"   # the HF tokenizer.json beside it
-    c.model.init_from_run = ""        # a run directory whose newest checkpoint starts this run
     runtime = dict(dtype="bfloat16", param_dtype="float32", remat_policy="full",
                    moe_dispatch="ragged", scan_layers=True)
     c.model.runtime = ml_collections.ConfigDict(runtime)        # applied on top of config.json
@@ -48,66 +41,47 @@ def get_config() -> ml_collections.ConfigDict:
 
     # v5p-128 = 64 chips: fsdp x expert = 16 x 4. Expert weights are split over 'expert' (32 of
     # the 128 experts per chip group) and 'fsdp'; every other weight over fsdp x expert (rules).
-    c.mesh = sharding.default_config()
     c.mesh.fsdp = -1                  # 64 / 4 = 16
     c.mesh.expert = 4
 
-    c.rl = ml_collections.ConfigDict()
     c.rl.num_steps = 400
     c.rl.batch_states = 64            # B states sampled by the LP sampler per step
     c.rl.group_size = 8               # G completions per state (512 rollouts per step)
-    c.rl.async_rollouts = True
-    c.rl.max_staleness = 1
-    c.rl.reward = "acegrpo_step"
     c.rl.max_prompt_tokens = 8192     # task description + current code + execution history
-    c.rl.seed_with_references = False # MLE-bench ships no reference solutions: seeds are drafts
-    c.rl.seed_solutions = ""          # seed_solutions.jsonl of earlier evaluations (gs:// too)
+    # rl.seed_with_references stays False: MLE-bench ships no reference solutions, seeds are
+    # drafts; rl.seed_solutions may name seed_solutions.jsonl of earlier evaluations (gs:// too).
 
-    c.sampling = ml_collections.ConfigDict()
     c.sampling.max_new_tokens = 4096  # a full solution script with reasoning
     c.sampling.temperature = 1.0
-    c.sampling.top_k = 0
-    c.sampling.top_p = 1.0
     c.sampling.prompt_bucket = 1024
 
-    c.grpo = grpo.default_config()
     c.grpo.epsilon_high = 0.28        # clip-higher (DAPO)
-    c.optim = learner.default_config()
     c.optim.learning_rate = 1e-6
     c.optim.warmup_steps = 10
     c.optim.decay_steps = 400
     c.optim.microbatches = 8          # 512 rows / 8 = 64 rows per microbatch = 1 per chip
 
-    c.buffer = buffer.default_config()
     c.buffer.capacity = 16384
     c.buffer.store.url = "gs://YOUR_BUCKET/runs/ace30b/buffer"
-    c.lp = learnability.default_config()
     c.lp.explore_steps = 40
     c.lp.anneal_steps = 300
 
-    c.sandbox = pool.default_config()  # time / memory limits come from each task
+    # sandbox: time / memory limits come from each task.
     c.sandbox.backend = "bwrap"       # process | bwrap | docker
     c.sandbox.num_workers = 32        # per host (a v5p host has 208 vCPUs and 4 chips)
     c.sandbox.backend_options.threads = 4
     c.sandbox.backend_options.disk_mb = 20480
     c.sandbox.backend_options.submission_max_mb = 1024
 
-    c.agent = agent.default_config()
     c.agent.description = "full"      # the competition's markdown page
     c.agent.max_history = 5
     c.agent.max_code_chars = 16000
-    c.rewards = rewards.default_config()
-    c.sft = sft.default_config()
     c.sft.enabled = False             # warm start = the instruct model itself
 
-    c.tasks = ml_collections.ConfigDict()
     c.tasks.source = "mlebench"       # prepared competitions (`mlebench prepare`), see docs/tpu.md
     c.tasks.ids = ()                  # () = every prepared competition under data_dir
     c.tasks.data_dir = "/mnt/mlebench/data"   # placeholder: the MLE-bench data dir on every host
-    c.tasks.cache_dir = "cache/tasks"
-    c.tasks.seed = 0
 
-    c.checkpoint = checkpoint.default_config()
     c.checkpoint.directory = "gs://YOUR_BUCKET/runs/ace30b/checkpoints"
     c.checkpoint.keep = 3
     c.checkpoint.save_interval_steps = 10

@@ -13,7 +13,7 @@ The implementer (``ideator.implementer``) defaults to ``"self"``: a frozen copy 
 warm-started policy, so the run works offline. The warm start therefore teaches both roles: the
 local code examples (draft / improve / debug), ideas synthesised from the measured weaker ->
 stronger seed-corpus pairs (refine and revert), and the implementer step that follows such an
-idea (``ideator.build_ideator_sft_examples``). Other implementers: ``"run:<dir>"`` (a trained
+idea (``sft_examples.build_ideator_sft_examples``). Other implementers: ``"run:<dir>"`` (a trained
 AceGRPO run), ``"hf:<dir>"``, ``"openai:<base_url>#<model>"``.
 
 Only what differs from ``configs/local.py`` is set here; every key is documented in the

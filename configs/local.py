@@ -2,77 +2,50 @@
 
   python launch/tpu_train.py --config=configs/local.py
   python launch/tpu_train.py --config=configs/local.py --config.rl.group_size=4 --config.rl.num_steps=30
+  python launch/tpu_train.py --config=configs/local.py:smoke   # a minutes-long smoke run (tests)
 
-Every section is the ``default_config()`` of the module that reads it, so each constant is
-documented next to its use; this file only states what differs for the local run.
+The run config is ``ace_jax.train.config.default_config()``: every section is the
+``default_config()`` of the module that reads it, so each constant is documented next to its use;
+this file only states what differs for the local run. Its ``rl`` section is the schema's default
+(20 steps of B=4 states x G=4 completions, 768 prompt tokens).
+
+``get_config(arg)``: no arg = the embedded default; ``smoke`` = the same run shrunk to a smaller
+model, 3 warm-start steps and 5 RL steps on two tasks with the ``process`` sandbox (what the
+launch tests run; a notebook's quick look).
 """
 import ml_collections
 
-from ace_jax.curriculum import buffer, learnability
-from ace_jax.env import agent, rewards
-from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, sharding
-from ace_jax.train import sft
-from sandbox import pool
+from ace_jax.train import config as run_config
+
+ARGS = ("", "smoke")
 
 
-def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    if (arg or "") not in ARGS:
+        raise ValueError(f"configs/local.py:{arg}: unknown setting; valid: {', '.join(ARGS[1:])}")
+    c = run_config.default_config()
     c.name = "local"
     c.workdir = "runs/local"          # checkpoints, buffer, metrics, tokenizer, warm start
-    c.seed = 0
 
-    # The policy: a tiny Qwen3-MoE (models.configs preset + overrides), compute in fp32 on CPU.
-    c.model = ml_collections.ConfigDict()
-    c.model.preset = "tiny_moe"
-    c.model.hf_path = ""              # a local or gs:// HF directory to load instead of a preset
-    c.model.tokenizer_path = ""       # "" = train a BPE on the task suite into <workdir>/tokenizer
-    # A run directory whose newest checkpoint (and tokenizer) start this run instead of a fresh
-    # init + warm start; e.g. a warm-start-only run (--config.rl.num_steps=0) shared by ablations.
-    c.model.init_from_run = ""
-    c.model.runtime = ml_collections.ConfigDict(dict(dtype="float32"))  # with hf_path
+    # The policy: a tiny Qwen3-MoE (the tiny_moe preset + these overrides), fp32 on CPU.
     c.model.overrides = ml_collections.ConfigDict(dict(
         vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         num_experts=4, num_experts_per_tok=2, max_position_embeddings=2048,
         tie_word_embeddings=True, dtype="float32", moe_dispatch="ragged", remat_policy="none"))
 
-    c.mesh = sharding.default_config()          # 1 CPU device: fsdp = -1 = 1
+    # mesh: the default (1 CPU device: fsdp = -1 = 1).
 
-    # The RL loop.
-    c.rl = ml_collections.ConfigDict()
-    c.rl.num_steps = 20
-    c.rl.batch_states = 4             # B states sampled by the LP sampler per step
-    c.rl.group_size = 4               # G completions per state
-    c.rl.async_rollouts = True        # sandbox of step t overlaps generation / learning of t+1
-    c.rl.max_staleness = 1            # policy versions a rollout may lag behind the learner
-    c.rl.reward = "acegrpo_step"      # a name in ace_jax.env.rewards
-    c.rl.max_prompt_tokens = 768      # longer prompts keep their last tokens (counted in metrics)
-    # The buffer starts from one empty draft per task; the reference solutions are the warm
-    # start's SFT targets. True also seeds them as improvable states (as on MLE-bench).
-    c.rl.seed_with_references = False
-    # Comma-separated seed_solutions.jsonl files of earlier evaluations (launch/evaluate.py
-    # --out): their valid attempts on this run's tasks become root states (origin "evaluation").
-    c.rl.seed_solutions = ""
-
-    c.sampling = ml_collections.ConfigDict()
     c.sampling.max_new_tokens = 384
     # T=0.5: after 200 drafts-only SFT steps the 1M-parameter policy writes valid drafts ~25% of
     # the time at T=0.5 and almost never at T=1.0 (benchmarks/bench_warm_start.py); after this
-    # config's 200 steps of all three kinds, ~40% (400 steps: ~85%).
+    # config's 200 steps of all three kinds, ~40% (400 steps: ~85%). The learner recomputes the
+    # log-probs at the same temperature.
     c.sampling.temperature = 0.5
-    c.sampling.top_k = 0
-    c.sampling.top_p = 1.0
-    c.sampling.prompt_bucket = 64
 
-    c.grpo = grpo.default_config()
-    c.optim = learner.default_config()
     c.optim.learning_rate = 1e-4
     c.optim.decay_steps = 20
-    c.optim.temperature = 0.5         # = sampling.temperature (the learner's log-prob convention)
-    c.buffer = buffer.default_config()
     c.buffer.capacity = 2048
-    c.lp = learnability.default_config()
     c.lp.explore_steps = 8
     c.lp.anneal_steps = 16
     # Focus on states whose groups have shown a reward spread: an unvisited state's uncertainty
@@ -84,16 +57,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.lp.u0 = 0.25
     c.lp.temperature_start = 0.2
 
-    c.sandbox = pool.default_config()  # bwrap isolation, 2 workers
+    # sandbox: bwrap isolation, 2 workers (the default).
     c.sandbox.max_time_limit_s = 30.0  # per execution (min with each task's own budget); 0 = off
 
-    c.agent = agent.default_config()
     c.agent.show_system = False       # short prompts for the tiny policy
-    c.rewards = rewards.default_config()
     # Shaping for the tiny policy: code that does not compile scores below code that runs and
     # fails, so early groups (few valid submissions) still carry a gradient.
     c.rewards.r_syntax_error = -0.5
-    c.sft = sft.default_config()       # warm start when no checkpoint exists
+    # sft: the warm start when no checkpoint exists.
     # All three kinds: RL soon samples debug / improve states (children of earlier steps); a
     # drafts-only warm start never saw such prompts and mostly fails to close its code block there.
     c.sft.kinds = ("draft", "improve", "debug")
@@ -102,16 +73,25 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.steps = 200
     c.sft.seconds = 600.0              # a safety net on a busy machine
 
-    c.tasks = ml_collections.ConfigDict()
-    c.tasks.source = "offline"        # offline | mlebench
-    # Six fast tabular / image tasks so that 20 steps fit in 15 minutes on 2 cores;
-    # --config.tasks.ids="()" runs the whole offline suite.
+    # Six fast tabular / image tasks of the offline suite so that 20 steps fit in 15 minutes on
+    # 2 cores; --config.tasks.ids="()" runs the whole offline suite.
     c.tasks.ids = ("iris-species", "wine-cultivar", "breast-cancer-diagnosis",
                    "diabetes-progression", "wine-alcohol", "digits-8x8")
-    c.tasks.cache_dir = "cache/tasks"
-    c.tasks.data_dir = ""             # mlebench: the directory of prepared competitions
-    c.tasks.seed = 0
 
-    c.checkpoint = checkpoint.default_config()
     c.checkpoint.keep = 2
+
+    if arg == "smoke":
+        _smoke(c)
     return c
+
+
+def _smoke(c: ml_collections.ConfigDict) -> None:
+    """A smaller model, 3 SFT steps, 5 RL steps of 2 x 2 rollouts of 24 tokens, two tasks."""
+    c.model.overrides.update(dict(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    c.sft.steps, c.sft.seconds, c.sft.batch_size, c.sft.debug_per_task = 3, 0.0, 4, 0
+    c.rl.num_steps, c.rl.batch_states, c.rl.group_size = 5, 2, 2
+    c.sampling.max_new_tokens = 24
+    c.sandbox.backend = "process"
+    c.tasks.ids = ("iris-species", "wine-cultivar")

@@ -9,7 +9,7 @@
 
 Writes to --out: results.json, report.md, per_task.png, best_dev.png, seed_solutions.jsonl and
 episodes/<task>__seed<k>.jsonl (one line per step), and prints the table. Semantics and metric
-definitions: ``ace_jax/eval/evaluation.py``.
+definitions: ``ace_jax/eval/runner.py`` (episodes) and ``ace_jax/eval/scoring.py`` (metrics).
 """
 
 
@@ -32,7 +32,7 @@ _TEMP = flags.DEFINE_float("temperature", None, "Sampling temperature (default: 
                            "the policy's default).")
 _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", None, "Prompt tokens kept (JAX policies).")
 _IDEATOR = flags.DEFINE_string("ideator", "", "Advisor policy spec (same syntax as --policy); "
-                               "needs ace_jax/ideator/ideator.py.")
+                               "needs ace_jax/ideator/advisor.py.")
 _STAGNATION = flags.DEFINE_integer("stagnation_steps", 2, "Non-improving steps that trigger an "
                                    "advice request (with --ideator); <= 0: only on seek_help.")
 _CACHE = flags.DEFINE_string("cache_dir", "", "Prepared offline tasks (prepared there if "
@@ -68,37 +68,39 @@ def main(argv):
     logs.configure_logging()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from ace_jax import config_utils
     from ace_jax.curriculum import buffer
-    from ace_jax.env import agent
-    from ace_jax.eval import evaluation
+    from ace_jax.env import agent, tasks as tasks_lib
+    from ace_jax.eval import harness, reports, run_config
+    from ace_jax.policy import policy as policy_lib
 
     try:
-        kind, args = evaluation.parse_policy_spec(_POLICY.value)
-        run_cfg = evaluation.read_run_config(args["workdir"]) if kind == "run" else {}
-    except evaluation.EvaluationError as e:
+        kind, args = policy_lib.parse_policy_spec(_POLICY.value)
+        run_cfg = policy_lib.read_run_config(args["workdir"]) if kind == "run" else {}
+        agent_cfg = run_config.run_agent_config(args["workdir"]) if kind == "run" \
+            else agent.default_config()
+        buffer_cfg = run_config.run_buffer_config(args["workdir"]) if kind == "run" \
+            else buffer.default_config()
+    except (policy_lib.PolicyError, config_utils.ConfigKeyError, config_utils.ConfigError) as e:
         raise app.UsageError(str(e)) from None
-    agent_cfg = evaluation.run_agent_config(args["workdir"]) if kind == "run" \
-        else agent.default_config()
-    buffer_cfg = evaluation.run_buffer_config(args["workdir"]) if kind == "run" \
-        else buffer.default_config()
     seeds = _ints(_SEEDS.value, "seeds")
     try:
-        tasks = evaluation.load_tasks([t.strip() for t in _TASKS.value.split(",") if t.strip()],
-                                      run_cfg, cache_dir=_CACHE.value, task_seed=_TASK_SEED.value,
-                                      exec_time_limit_s=_EXEC_LIMIT.value)
-    except evaluation.EvaluationError as e:
+        tasks = run_config.run_tasks([t.strip() for t in _TASKS.value.split(",") if t.strip()],
+                                     run_cfg, cache_dir=_CACHE.value, task_seed=_TASK_SEED.value,
+                                     exec_time_limit_s=_EXEC_LIMIT.value)
+    except tasks_lib.TaskLoadError as e:
         raise app.UsageError(str(e)) from None
     sampling = dict(max_new_tokens=_MAX_NEW.value, temperature=_TEMP.value,
                     max_prompt_tokens=_MAX_PROMPT.value)
     try:
-        policy = evaluation.policy_from_spec(_POLICY.value, **sampling)
-        advisor = evaluation.advisor_from_spec(_IDEATOR.value, **sampling) \
+        policy = policy_lib.policy_from_spec(_POLICY.value, **sampling)
+        advisor = run_config.advisor_from_spec(_IDEATOR.value, **sampling) \
             if _IDEATOR.value else None
-    except evaluation.EvaluationError as e:
+    except (policy_lib.PolicySpecError, harness.EvaluationError) as e:
         raise app.UsageError(str(e)) from None
     pool = _make_pool(_BACKEND.value, _WORKERS.value)
     try:
-        result = evaluation.evaluate(
+        result = harness.evaluate(
             policy, tasks, pool, seeds=seeds, max_steps=_MAX_STEPS.value,
             time_budget_s=_TIME_BUDGET.value or None, advisor=advisor,
             stagnation_steps=_STAGNATION.value, agent_cfg=agent_cfg, buffer_cfg=buffer_cfg,
@@ -108,8 +110,8 @@ def main(argv):
         pool.close()
     result.config.update(policy_spec=_POLICY.value, ideator_spec=_IDEATOR.value or None,
                          backend=_BACKEND.value, task_seed=_TASK_SEED.value)
-    paths = evaluation.write_reports(result, _OUT.value)
-    print(evaluation.format_table(result))
+    paths = reports.write_reports(result, _OUT.value)
+    print(reports.format_table(result))
     for name, path in sorted(paths.items()):
         print(f"{name}: {path}")
 

@@ -4,9 +4,12 @@
   python launch/tpu_train.py --config=configs/ace30b.py             # TPU pod (every host)
   python launch/tpu_train.py --config=configs/ace30b.py --dry_run   # memory / step-time plan
   python launch/tpu_train.py --config=configs/local.py --config.rl.group_size=8
+  python launch/tpu_train.py --config=configs/local.py:smoke        # a minutes-long smoke run
 
 Any setting is overridable with --config.<section>.<key>=<value>; a misspelt key is refused with
-the list of valid keys. Re-running the same command after an interruption resumes the run.
+the list of valid keys, and a config whose values cannot work together (ace_jax/train/config.py,
+``validate``) is refused before any heavy work. Re-running the same command after an
+interruption resumes the run.
 """
 import sys
 
@@ -34,6 +37,13 @@ def main(argv):
     from ace_jax.train import trainer
 
     sharding.maybe_initialize_distributed(cfg.mesh)
+    from ace_jax.train import config as run_config
+
+    try:
+        run_config.validate(cfg)
+    except config_utils.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     mode = cfg.get("mode", "acegrpo")
     if mode == "ideator":  # MLE-Ideator: the trained policy is the ideator (configs/ideator.py)
         from ace_jax.ideator import ideator_trainer
@@ -54,22 +64,23 @@ def _dry_run(cfg) -> None:
     """Prints the plan, then its one-line JSON summary; exits 1 when a program does not fit."""
     import json
 
-    from ace_jax.train import dry_run
+    from ace_jax.train import dry_run, dry_run_report
 
     try:
         report = dry_run.run_dry_run(cfg)
     except dry_run.DryRunConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(dry_run.format_report(report))
-    result = dry_run.summary(report)
+    print(dry_run_report.format_report(report))
+    result = dry_run_report.summary(report)
     print(json.dumps(result), flush=True)
     if not result["fits"]:
         sys.exit(1)
 
 
 def _precheck_overrides(argv):
-    """Refuses misspelt --config.* keys with the valid keys, before absl parses them."""
+    """Refuses misspelt --config.* keys with the valid keys, before absl parses them
+    (``--config=path[:arg]`` as ``ml_collections.config_flags`` reads it)."""
     path = "configs/local.py"
     for a in argv:
         if a.startswith("--config="):
@@ -77,7 +88,7 @@ def _precheck_overrides(argv):
     try:
         cfg = config_utils.load_config_file(path)
         config_utils.check_overrides(cfg, argv)
-    except (config_utils.ConfigKeyError, FileNotFoundError, AttributeError) as e:
+    except (config_utils.ConfigKeyError, FileNotFoundError, AttributeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -2,9 +2,11 @@
 
 Every execution the policy triggers (failed ones included) becomes a new *state* (a code snapshot
 plus a short execution history) from which later RL steps start. Beside the states the buffer keeps
-fixed-capacity NumPy arrays of per-state statistics (``StateStats``); the jitted LP scorer in
-``ace_jax.curriculum.learnability`` reads them as JAX arrays. A state lives in one *slot* (an index into the
-arrays); ``valid[slot]`` says whether the slot is in use. Pruned states free their slot.
+fixed-capacity NumPy arrays of per-state statistics (``StateStats``, in
+``ace_jax.curriculum.state_stats`` with the pruning order; re-exported here); the jitted LP scorer
+in ``ace_jax.curriculum.learnability`` reads them as JAX arrays. A state lives in one *slot* (an
+index into the arrays); ``valid[slot]`` says whether the slot is in use. Pruned states free their
+slot.
 
 Persistence (segments, snapshots, commit marker) is in ``ace_jax.curriculum.buffer_store``; this module only
 exposes the delta / full export hooks it needs (``export_delta``, ``export_full``, ``apply``).
@@ -15,21 +17,16 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import ml_collections
 import numpy as np
 
+from ace_jax.curriculum.state_stats import (NO_STATUS, STAT_FIELDS, STATUS_CODES, PotentialFn,
+                                            StateStats, default_potential, pruning_victims)
 from sandbox.result import ExecutionResult, Status
 
 ORIGINS = ("seed", "rollout", "evaluation")
-# Status codes stored in ``StateStats.status``: -1 = no execution yet (a seed), else the index of
-# the sandbox status in this tuple (stable: persisted).
-STATUS_CODES: tuple[str, ...] = tuple(s.value for s in Status)
-NO_STATUS = -1
-NEVER = -1  # ``last_sampled`` of a state that was never sampled
-
-
 class BufferError(Exception):
     """Base class of the buffer's typed errors."""
 
@@ -180,6 +177,37 @@ class StepSummary:
         return dataclasses.asdict(self)
 
 
+def valid_dev_score(result: ExecutionResult) -> Optional[float]:
+    """The execution's dev score when it counts (status ok and a finite value), else None."""
+    dev = result.dev_score
+    if result.status is Status.OK and dev is not None and math.isfinite(dev):
+        return dev
+    return None
+
+
+def step_summary(action: str, result: ExecutionResult, stderr_tail_chars: int) -> StepSummary:
+    """The history line of one execution: its action, status, valid dev score
+    (``valid_dev_score``) and the last ``stderr_tail_chars`` characters of stderr ("" if <= 0)."""
+    tail = result.stderr[-stderr_tail_chars:] if stderr_tail_chars > 0 else ""
+    return StepSummary(action=action, status=result.status.value, score=valid_dev_score(result),
+                       stderr_tail=tail)
+
+
+def child_history(parent_history: Sequence[StepSummary], action: str, result: ExecutionResult, *,
+                  history_len: int, stderr_tail_chars: int) -> list[StepSummary]:
+    """The execution history of a child state: the parent's plus this execution's
+    ``step_summary``, truncated to the newest ``history_len`` entries (oldest dropped first).
+
+    The one definition of a child's history, shared by ``EvolvingBuffer.add_children`` and the
+    evaluation episodes, so prompts rendered from either are the same. The last entry is this
+    execution's summary (its ``score`` is the valid dev score, its ``stderr_tail`` the tail).
+    ``history_len`` and ``stderr_tail_chars`` are the ``buffer`` config's.
+    """
+    if history_len < 1:
+        raise ValueError(f"history_len must be >= 1, got {history_len}")
+    return (list(parent_history) + [step_summary(action, result, stderr_tail_chars)])[-history_len:]
+
+
 @dataclasses.dataclass
 class State:
     """One buffer entry (JSON-serialisable through ``to_dict`` / ``from_dict``).
@@ -230,67 +258,10 @@ class State:
         return self.history[-1].status if self.history else None
 
 
-# name -> (dtype, fill value of an empty slot)
-STAT_FIELDS: dict[str, tuple[Any, Any]] = {
-    "valid": (np.bool_, False),          # slot holds a live state
-    "state_id": (np.int64, -1),          # id of the state in the slot
-    "task": (np.int32, -1),              # task index (order of registration)
-    "status": (np.int8, NO_STATUS),      # STATUS_CODES index of the producing execution
-    "visits": (np.int32, 0),             # number of groups of children recorded
-    "last_sampled": (np.int32, NEVER),   # step of the latest selection
-    "last_active": (np.int32, 0),        # latest of created / sampled / grouped step
-    "reward_mean": (np.float32, 0.0),    # mean reward of the latest group
-    "reward_var": (np.float32, 0.0),     # population variance of the latest group's rewards
-    "best_child_score": (np.float32, np.nan),  # best valid dev score among children (metric units)
-    "headroom": (np.float32, 1.0),       # clip((gold - score) / spread, 0, 1)
-    "prior_std": (np.float32, np.nan),   # reward std of the group that created the state (NaN: root)
-}
-
-
-class StateStats:
-    """Struct-of-arrays statistics, one row per slot, shape ``[capacity]`` each (NumPy, host).
-
-    Fields and dtypes are ``STAT_FIELDS``: valid, state_id, task (index), status (code), visits,
-    last_sampled (step, -1 = never), last_active (step), reward_mean / reward_var (reward units,
-    latest group), best_child_score (metric units, NaN = none), headroom ([0, 1]), prior_std
-    (reward units). The LP scorer reads them as jax arrays (``learnability.lp_inputs``).
-    """
-
-    def __init__(self, capacity: int):
-        if capacity <= 0:
-            raise ValueError(f"capacity must be positive, got {capacity}")
-        self.capacity = int(capacity)
-        for name, (dtype, fill) in STAT_FIELDS.items():
-            setattr(self, name, np.full(self.capacity, fill, dtype=dtype))
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in STAT_FIELDS}
-
-    def clear(self, slots) -> None:
-        for name, (dtype, fill) in STAT_FIELDS.items():
-            getattr(self, name)[slots] = fill
-
-    def rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name)[slots].copy() for name in STAT_FIELDS}
-
-    def set_rows(self, slots: np.ndarray, rows: dict[str, np.ndarray]) -> None:
-        for name, (dtype, _) in STAT_FIELDS.items():
-            getattr(self, name)[slots] = np.asarray(rows[name], dtype=dtype)
-
-
 def code_hash(code: str) -> str:
     """Identity of a code snapshot for de-duplication (trailing whitespace per line ignored)."""
     norm = "\n".join(line.rstrip() for line in code.strip().splitlines())
     return hashlib.sha256(norm.encode()).hexdigest()
-
-
-def default_potential(stats: StateStats) -> np.ndarray:
-    """Pruning's "potential" proxy, shape [capacity]: sqrt(reward_var) * headroom, 1 if unvisited.
-
-    The trainer may pass the LP scorer itself as ``potential_fn`` instead.
-    """
-    u = np.where(stats.visits > 0, np.sqrt(np.maximum(stats.reward_var, 0.0)), 1.0)
-    return (u * stats.headroom).astype(np.float32)
 
 
 class EvolvingBuffer:
@@ -299,11 +270,16 @@ class EvolvingBuffer:
     Args:
       config: the ``buffer`` section (``default_config()``).
       targets: the tasks' ``TaskTargets``; their order fixes the task index in the stats.
-      potential_fn: ``StateStats -> float[capacity]``, higher = more worth keeping (pruning order).
+      potential_fn: ``StateStats -> float[capacity]``, higher = more worth keeping: the pruning
+        order (``prune``). None: ``default_potential``, a sampler-agnostic proxy
+        (sqrt(reward_var) * headroom). The trainer passes
+        ``learnability.pruning_potential(cfg.lp)``: the configured sampler's own LP, so pruning
+        drops first the states selection would pick least (for the ``uniform`` sampler, which
+        ranks no state above another, that is ``default_potential`` again).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, targets: Sequence[TaskTargets],
-                 potential_fn: Optional[Callable[[StateStats], np.ndarray]] = None):
+                 potential_fn: Optional[PotentialFn] = None):
         self.config = config
         if not 0.0 < config.prune_to <= 1.0:
             raise ValueError(f"buffer.prune_to must be in (0, 1], got {config.prune_to}")
@@ -481,23 +457,20 @@ class EvolvingBuffer:
             raise UnknownStateError(f"parent {parent_id} was pruned while adding its children")
         ids: list[int] = []
         best_child: Optional[float] = None
-        keep = self.config.history_len
-        tail_chars = self.config.stderr_tail_chars
         for c, k in zip(children, keys):
             res = c.result
-            dev = res.dev_score if (res.status is Status.OK and res.dev_score is not None
-                                    and math.isfinite(res.dev_score)) else None
+            dev = valid_dev_score(res)
             best_child = tgt.better(best_child, dev)
             existing = self._children_by_code.get(k)
             if existing is not None and existing in self.states:
                 self._update_score(existing, dev)
                 ids.append(existing)
                 continue
-            summary = StepSummary(action=c.action, status=res.status.value, score=dev,
-                                  stderr_tail=res.stderr[-tail_chars:] if tail_chars > 0 else "")
+            history = child_history(parent.history, c.action, res,
+                                    history_len=self.config.history_len,
+                                    stderr_tail_chars=self.config.stderr_tail_chars)
             state = State(state_id=self.next_id, task_id=parent.task_id, parent_id=parent_id,
-                          depth=parent.depth + 1, code=c.code,
-                          history=(parent.history + [summary])[-keep:],
+                          depth=parent.depth + 1, code=c.code, history=history,
                           score=tgt.better(parent.score, dev), origin=origin, created_step=step)
             self.next_id += 1
             slot = int(free.pop(0))
@@ -527,8 +500,9 @@ class EvolvingBuffer:
     def prune(self, step: int, target_size: Optional[int] = None, protect: Iterable[int] = ()) -> list[int]:
         """Removes states until at most ``target_size`` remain; returns the removed ids.
 
-        Order of removal: stale states (untouched for more than ``stale_after_steps``) before
-        fresh ones, then lowest potential first, then oldest first. Never removed: states sampled
+        Order of removal (``state_stats.pruning_victims``): stale states (untouched for more than
+        ``stale_after_steps``) before fresh ones, then lowest ``potential_fn`` first, then oldest
+        first. Never removed: states sampled
         within ``protect_recent_steps`` of ``step``, the ids in ``protect``, and (if
         ``keep_per_task_status``) the best-potential state of every (task, status) pair, which
         keeps at least one state per task and per failure kind per task. Removes fewer if only
@@ -542,29 +516,12 @@ class EvolvingBuffer:
         excess = live.size - int(target_size)
         if excess <= 0:
             return []
-        pot = np.asarray(self.potential_fn(s), dtype=np.float64)
-        pot = np.where(np.isfinite(pot), pot, -np.inf)
-        protected = np.zeros(s.capacity, dtype=bool)
-        protected[live] = (s.last_sampled[live] >= step - cfg.protect_recent_steps) & \
-            (s.last_sampled[live] != NEVER)
-        for i in protect:
-            if i in self.slot_of:
-                protected[self.slot_of[i]] = True
-        if cfg.keep_per_task_status:
-            # Per (task, status): an already protected state if any, else the best potential
-            # (ties -> newest state).
-            order = np.lexsort((-s.state_id[live], -pot[live], ~protected[live], s.status[live],
-                                s.task[live]))
-            srt = live[order]
-            grp = s.task[srt].astype(np.int64) * 256 + (s.status[srt].astype(np.int64) + 1)
-            first = np.ones(srt.size, dtype=bool)
-            first[1:] = grp[1:] != grp[:-1]
-            protected[srt[first]] = True
-        cand = live[~protected[live]]
-        stale = (step - s.last_active[cand]) > cfg.stale_after_steps
-        # lexsort: last key is primary -> stale first (~stale False sorts first), low potential, old.
-        order = np.lexsort((s.state_id[cand], pot[cand], ~stale))
-        victims = cand[order[:excess]]
+        victims = pruning_victims(
+            s, self.potential_fn(s), step, excess,
+            protect_slots=[self.slot_of[i] for i in protect if i in self.slot_of],
+            protect_recent_steps=cfg.protect_recent_steps,
+            stale_after_steps=cfg.stale_after_steps,
+            keep_per_task_status=cfg.keep_per_task_status)
         removed = [int(s.state_id[v]) for v in victims]
         self._remove(removed)
         return removed

@@ -13,7 +13,8 @@ T_t and rho_t stay at their start values for ``explore_steps``, then move geomet
 end values over ``anneal_steps``. A batch is drawn WITHOUT replacement by Gumbel-top-k on log p
 (exactly sampling the Plackett-Luce / successive-sampling distribution), deterministic for a key.
 
-A sampler variant is a registered function ``ConfigDict -> SamplerSpec`` (``register_sampler``):
+A sampler variant is a function ``ConfigDict -> SamplerSpec`` registered in ``SAMPLERS`` (an
+``ace_jax.registry.Registry``; ``register_sampler``):
 ``lp``, ``uniform``, ``lp_no_cooling``, ``variance_only``, ``headroom_only``.
 """
 from __future__ import annotations
@@ -26,6 +27,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+
+from ace_jax.curriculum import state_stats
+from ace_jax.registry import Registry
 
 LP_FIELDS = ("valid", "visits", "last_sampled", "reward_var", "headroom", "prior_std")
 PRIORS = ("constant", "parent")
@@ -110,17 +114,12 @@ class SamplerSpec:
 
 
 # ---------------------------------------------------------------------------- registry
-SAMPLERS: dict[str, Callable[[ml_collections.ConfigDict], SamplerSpec]] = {}
+SAMPLERS: Registry[Callable[[ml_collections.ConfigDict], SamplerSpec]] = Registry("sampler")
 
 
 def register_sampler(name: str):
-    """Decorator: registers ``fn(lp_config) -> SamplerSpec`` under ``name``."""
-    def deco(fn):
-        if name in SAMPLERS:
-            raise ValueError(f"sampler {name!r} is already registered")
-        SAMPLERS[name] = fn
-        return fn
-    return deco
+    """Decorator: registers ``fn(lp_config) -> SamplerSpec`` under ``name`` (taken: ValueError)."""
+    return SAMPLERS.register(name)
 
 
 @register_sampler("lp")
@@ -149,11 +148,9 @@ def _headroom_only(cfg):
 
 
 def get_spec(cfg: ml_collections.ConfigDict, name: Optional[str] = None) -> SamplerSpec:
-    """The ``SamplerSpec`` of sampler ``name`` (default ``cfg.sampler``)."""
-    name = name or cfg.sampler
-    if name not in SAMPLERS:
-        raise KeyError(f"unknown sampler {name!r}; registered: {sorted(SAMPLERS)}")
-    return SAMPLERS[name](cfg)
+    """The ``SamplerSpec`` of sampler ``name`` (default ``cfg.sampler``); an unknown name raises
+    ``UnknownNameError`` (a KeyError) listing the registered samplers."""
+    return SAMPLERS.get(name or cfg.sampler)(cfg)
 
 
 # ---------------------------------------------------------------------------- scorer (pure jnp)
@@ -296,6 +293,38 @@ def lp_inputs(stats) -> dict[str, jax.Array]:
     if len(set(shapes.values())) != 1 or len(out["valid"].shape) != 1:
         raise ValueError(f"LP statistics must be 1-D arrays of one length, got shapes {shapes}")
     return out
+
+
+_jit_potential = jax.jit(potential, static_argnames=("spec",))
+
+
+def pruning_potential(cfg: ml_collections.ConfigDict,
+                      name: Optional[str] = None) -> state_stats.PotentialFn:
+    """The buffer's pruning order for sampler ``name`` (default ``cfg.sampler``): a function
+    ``StateStats -> float32[capacity]``, higher = keep, to pass as ``EvolvingBuffer``'s
+    ``potential_fn`` so that pruning drops first the states selection would pick least.
+
+    * A scored sampler (``lp``, ``lp_no_cooling``, ``variance_only``, ``headroom_only``): its own
+      LP (``potential`` with its spec, jitted; 0 on empty slots). Temperature and the top-rho
+      restriction are monotone in LP, so LP alone is selection's order; cooling is left out on
+      purpose: it is transient (a just-sampled state is cool for ~tau steps, then as likely as
+      its LP says), and pruning is permanent and already protects recently sampled states.
+    * ``uniform``: ``state_stats.default_potential``. Uniform selection ranks no state above
+      another, so any order is consistent with it; the sampler-agnostic proxy (reward spread x
+      headroom) keeps informative states rather than a merely arbitrary set, and is what the
+      buffer used before pruning followed the sampler (the uniform arm of the ablation keeps its
+      behaviour).
+
+    Host cost: one jitted call (compiled once per capacity) plus a device -> host copy.
+    """
+    spec = get_spec(cfg, name)
+    if spec.kind == "uniform":
+        return state_stats.default_potential
+
+    def lp_pruning_potential(stats: state_stats.StateStats) -> np.ndarray:
+        return np.asarray(_jit_potential(lp_inputs(stats), spec), dtype=np.float32)
+
+    return lp_pruning_potential
 
 
 class Sampler:

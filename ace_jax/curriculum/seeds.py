@@ -40,7 +40,7 @@ def reference_solutions(tasks, seed: int) -> list[buffer.SeedSolution]:
 def add_seed_states(buffer: buffer.EvolvingBuffer,
                     solutions: Iterable[buffer.SeedSolution], *, step: int = 0,
                     skip_unknown_tasks: bool = False) -> list[int]:
-    """Adds seed solutions (``evaluation.episodes_to_seed_solutions``, ``read_seed_solutions``) to
+    """Adds seed solutions (``eval.episodes.episodes_to_seed_solutions``, ``read_seed_solutions``) to
     ``buffer`` as root states of origin "evaluation"; returns their ids. Raises
     ``buffer.UnknownTaskError`` for a task the buffer does not know, unless
     ``skip_unknown_tasks``."""

@@ -1,7 +1,7 @@
 """The contract between an implementer episode and an advisor (MLE-Ideator).
 
-An episode (``ace_jax.eval.evaluation``) asks its advisor for help when the implementer emits
-``<seek_help>`` or when its score stagnates; the advisor (``ace_jax.ideator.ideator.Ideator``) answers with
+An episode (``ace_jax.eval.runner``) asks its advisor for help when the implementer emits
+``<seek_help>`` or when its score stagnates; the advisor (``ace_jax.ideator.advisor.Ideator``) answers with
 one idea, which the next implementer prompt carries (``agent.render_messages(..., advice=)``).
 Only plain data lives here, so the episode runner and the ideator do not import each other.
 """

@@ -34,17 +34,11 @@ from typing import Any, Callable, Optional, Sequence
 import ml_collections
 import numpy as np
 
+from ace_jax.registry import Registry
 from sandbox.result import ExecutionResult, Status
 
 RewardFn = Callable[..., float]
-_REGISTRY: dict[str, RewardFn] = {}
-
-
-class UnknownRewardError(KeyError):
-    """A reward name that is not registered; the message lists the registered names."""
-
-    def __str__(self) -> str:  # KeyError repr-quotes its message; keep it readable
-        return str(self.args[0]) if self.args else ""
+REWARDS: Registry[RewardFn] = Registry("reward")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -72,29 +66,17 @@ def default_config() -> ml_collections.ConfigDict:
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator registering ``fn`` under ``name``; registering another function there is an error."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"reward name must be a non-empty str, got {name!r}")
-
-    def deco(fn: RewardFn) -> RewardFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"reward {name!r} is already registered")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+    return REWARDS.register(name)
 
 
 def list_rewards() -> list[str]:
     """Sorted names of the registered rewards."""
-    return sorted(_REGISTRY)
+    return REWARDS.names()
 
 
 def get_reward(name: str) -> RewardFn:
-    """The reward registered as ``name``; ``UnknownRewardError`` lists the known names."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownRewardError(f"unknown reward {name!r}; registered: {list_rewards()}") from None
+    """The reward registered as ``name``; ``UnknownNameError`` lists the known names."""
+    return REWARDS.get(name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,7 +201,7 @@ def compute_rewards(name: str, actions: Sequence[Any], results: Sequence[Optiona
     """Rewards of a batch (all sequences of the same length N) as float32 [N].
 
     Raises:
-      UnknownRewardError: ``name`` is not registered.
+      UnknownNameError: ``name`` is not registered (the message lists the valid names).
       ValueError: the sequences differ in length.
     """
     fn = get_reward(name)

@@ -1,4 +1,8 @@
-"""Evaluation: episodes of a policy on tasks, their statistics and reports (`evaluation`).
+"""Evaluation of a policy on MLE tasks: episode records and their logs (`episodes`), running one
+episode (`runner`), metrics and their aggregation (`scoring`), the harness over tasks and seeds
+(`harness.evaluate`), reports and plots (`reports`), and what an evaluation takes from a
+training run (`run_config`).
 
-Imports: `runtime`, `curriculum`, `env`, `policy`, `train`, `ideator` (and `ace_jax.config_utils`, `models`, `sandbox`);
+Imports: `runtime`, `curriculum`, `env`, `policy`, `train`, `ideator` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
+`sandbox`);
 checked by tests/test_layout.py."""

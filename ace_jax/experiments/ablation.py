@@ -177,15 +177,17 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
                   seeds: Sequence[int] = (0,), max_steps: int = 4, backend: str = "bwrap",
                   workers: int = 2, progress: bool = True) -> list[dict[str, Any]]:
     """Evaluates the newest checkpoint of each run directory in the agent scaffold
-    (``ace_jax.eval.evaluation``) and returns one row per label: the mean over its runs of the
-    overall valid rate, HumanRank, steps to the first valid submission and never-valid fraction.
+    (``ace_jax.eval.harness.evaluate``) and returns one row per label: the mean over its runs of
+    the overall valid rate, HumanRank, steps to the first valid submission and never-valid
+    fraction.
 
     Args:
       runs: label -> run directories (e.g. {"before": [warm], "lp": [seed runs...]}).
       task_ids: tasks of every episode; seeds / max_steps: episodes per task and their length.
       out_root: each run's reports go to ``<out_root>/<label>/<k>``.
     """
-    from ace_jax.eval import evaluation
+    from ace_jax.eval import harness, reports, run_config
+    from ace_jax.policy import policy as policy_lib
     from sandbox.pool import SandboxPool
 
     rows = []
@@ -193,14 +195,14 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
         for label, workdirs in runs.items():
             per_run = []
             for k, workdir in enumerate(workdirs):
-                run_cfg = evaluation.read_run_config(workdir)
-                tasks = evaluation.load_tasks(task_ids, run_cfg)
-                result = evaluation.evaluate(
-                    evaluation.policy_from_spec(f"run:{workdir}"), tasks, pool, seeds=seeds,
-                    max_steps=max_steps, agent_cfg=evaluation.run_agent_config(workdir),
-                    buffer_cfg=evaluation.run_buffer_config(workdir), progress=progress,
+                run_cfg = policy_lib.read_run_config(workdir)
+                tasks = run_config.run_tasks(task_ids, run_cfg)
+                result = harness.evaluate(
+                    policy_lib.policy_from_spec(f"run:{workdir}"), tasks, pool, seeds=seeds,
+                    max_steps=max_steps, agent_cfg=run_config.run_agent_config(workdir),
+                    buffer_cfg=run_config.run_buffer_config(workdir), progress=progress,
                     out_dir=os.path.join(out_root, label, str(k)))
-                evaluation.write_reports(result, os.path.join(out_root, label, str(k)))
+                reports.write_reports(result, os.path.join(out_root, label, str(k)))
                 per_run.append({m: s.mean for m, s in result.overall.stats.items()})
 
             def avg(metric):

@@ -1,5 +1,7 @@
-"""MLE-Ideator: ideas, their parsing and prompts (`ideator`) and the ideator's GRPO run
-(`ideator_trainer`).
+"""MLE-Ideator: ideas, their parsing and categories (`ideator`), the ideator's prompt (`prompts`),
+the advisor over a policy (`advisor`), warm-start examples (`sft_examples`) and the ideator's GRPO
+run (`ideator_trainer`).
 
-Imports: `runtime`, `rl`, `curriculum`, `env`, `policy`, `train` (and `ace_jax.config_utils`, `models`, `sandbox`);
+Imports: `runtime`, `rl`, `curriculum`, `env`, `policy`, `train` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
+`sandbox`);
 checked by tests/test_layout.py."""

@@ -1,4 +1,5 @@
-"""MLE-Ideator: the ideator's prompt, its strictly parsed answer, idea categories, the Advisor.
+"""MLE-Ideator's ideas: the ``ideator`` config section, the idea format, its strict parser and
+the idea categories.
 
 The implementer (the coding agent of ``ace_jax.env.agent``) asks for help with an ``AdviceRequest``
 (``ace_jax.env.advice``); the ideator answers with ONE idea in a fixed, labelled format::
@@ -7,48 +8,32 @@ The implementer (the coding agent of ``ace_jax.env.agent``) asks for help with a
     Action: <one concrete instruction or code change>
     Rationale: <why it should improve the dev score>
 
-* ``render_ideator_messages(request, cfg)``: the chat messages for the ideator: the task brief
-  (``agent.describe_task``), the implementer's attempts (kind, status, score, stderr tail), the
-  current score and script, the goal and the required answer format (last, so a prompt cut from
-  the left keeps it).
 * ``parse_idea(text, cfg)``: an ``Idea`` or an ``IdeaFormatError`` (a typed reason from
   ``IdeaError`` and a detail), never an exception. The rules are listed on ``parse_idea``.
+  ``format_idea`` writes the format.
 * ``idea_category(idea)``: one of ``CATEGORIES`` by a transparent keyword count
   (``CATEGORY_PATTERNS``; see the function).
-* ``Ideator(policy, cfg)``: the ``advice.Advisor`` over any ``policy.ChatPolicy``: a policy error,
-  a reply cut by the token budget or a malformed idea give ``Advice(valid=False, error=...)``.
-* ``implementer_prompt_with_idea(state, task, idea, agent_cfg)``: the implementer's next-step
-  messages carrying the idea (``agent.render_messages(..., advice=)``).
-* ``build_ideator_sft_examples(tasks, ...)``: warm-start examples synthesised from the measured
-  (weaker, stronger) seed-corpus pairs: "replace the weaker script's model line with the stronger
-  one's" as a refine idea (and as a revert idea when the weaker script came after the stronger
-  one), plus the implementer step that follows such an idea.
 
-Nothing here imports JAX (``build_ideator_sft_examples`` imports ``ace_jax.train.sft`` lazily), so an
-HTTP-only advisor needs none.
+The rest of MLE-Ideator: the ideator's prompt (``ace_jax.ideator.prompts``), the
+``advice.Advisor`` over a policy (``ace_jax.ideator.advisor.Ideator``) and its warm-start examples
+(``ace_jax.ideator.sft_examples``). Nothing here imports JAX, so an HTTP-only advisor needs none.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import re
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Union
 
 import ml_collections
 
 from ace_jax.env import agent
-from ace_jax.env.advice import Advice, AdviceRequest, Attempt
 from models.tokenizer import ENDOFTEXT, IM_END
 
 FIELDS = ("Analysis", "Action", "Rationale")
 VERBS = ("refine", "revert")
 CATEGORIES = ("feature_engineering", "data_preparation", "model_choice", "hyperparameters",
               "ensembling", "other")
-REASON_TEXT = {
-    "seek_help": "The implementer asked for help.",
-    "stagnation": "The implementer's score stopped improving.",
-}
 ADVICE_MODES = ("action", "action_rationale", "full")
 
 
@@ -75,104 +60,6 @@ def default_config() -> ml_collections.ConfigDict:
     # then "Why: <Rationale>") or "full" (the three fields as written).
     c.advice_text = "action"
     return c
-
-
-# --------------------------------------------------------------------------------------------------
-# Prompt
-
-SYSTEM_PROMPT = (
-    "You are an expert machine learning engineer advising an implementer agent that writes and "
-    "runs Python solutions for a prediction task. You do not write the script: you give ONE idea "
-    "for the implementer's next step that should improve the dev score.")
-
-FORMAT_INSTRUCTIONS = (
-    "Answer with exactly these three labelled lines, in this order, and nothing else:\n"
-    "Analysis: <refine|revert>: <one or two sentences>\n"
-    "Action: <one concrete instruction or code change>\n"
-    "Rationale: <why it should improve the dev score>\n"
-    "Use refine to build on the current script, revert to go back to an earlier, better one.")
-
-
-def _score_text(score: Optional[float]) -> str:
-    return "none" if score is None else f"{score:.4g}"
-
-
-def _attempt_lines(attempts: Sequence[Attempt], cfg: ml_collections.ConfigDict) -> str:
-    if cfg.max_attempts <= 0 or not attempts:
-        return ""
-    shown = list(attempts)[-cfg.max_attempts:]
-    first = len(attempts) - len(shown) + 1
-    lines = []
-    for n, a in enumerate(shown, start=first):
-        line = f"{n}. {a.kind}: {a.status}"
-        if a.dev_score is not None:
-            line += f", score {_score_text(a.dev_score)}"
-        tail = (a.stderr_tail or "").strip()
-        if a.status != "ok" and tail and cfg.stderr_tail_chars > 0:
-            line += "\n   " + tail[-cfg.stderr_tail_chars:].replace("\n", " | ")
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def _code_block(code: str, max_chars: int) -> str:
-    code = code.strip("\n")
-    if max_chars > 0 and len(code) > max_chars:
-        head = code[:max_chars]
-        if "\n" in head:
-            head = head[: head.rindex("\n")]
-        code = head + "\n# ... (cut)"
-    return f"{agent.FENCE}python\n{code}\n{agent.FENCE}"
-
-
-def render_ideator_messages(request: AdviceRequest, cfg: Optional[ml_collections.ConfigDict] = None
-                            ) -> list[dict[str, str]]:
-    """The ideator's chat messages for ``request``.
-
-    User turn, in order: the task brief, the goal (metric and direction, current best score), the
-    implementer's attempts (oldest first, at most ``cfg.max_attempts``: kind, status, score, the
-    stderr tail of failures), the current script, why help is asked, and the required answer
-    format (last).
-
-    Args:
-      request: the ``advice.AdviceRequest`` (its ``task`` is a ``sandbox.tasks.base.Task``).
-      cfg: the ``ideator`` section (``default_config()`` when None).
-
-    Returns:
-      [system (if cfg.show_system), user] message dicts.
-
-    Raises:
-      agent.AgentError: the config names an unknown description mode.
-    """
-    cfg = cfg or default_config()
-    task = request.task
-    direction = "lower is better" if task.lower_is_better else "higher is better"
-    parts = [agent.describe_task(task, cfg),
-             f"Goal: improve the dev score ({task.metric}, {direction}). "
-             f"Current best score: {_score_text(request.current_score)}."]
-    hist = _attempt_lines(request.attempts, cfg)
-    if hist:
-        parts.append(f"Implementer's attempts:\n{hist}")
-    if request.current_code.strip():
-        parts.append(f"Current script:\n{_code_block(request.current_code, cfg.max_code_chars)}")
-    else:
-        parts.append("Current script: none yet.")
-    parts.append(REASON_TEXT.get(request.reason, f"Reason for help: {request.reason}."))
-    parts.append(FORMAT_INSTRUCTIONS)
-    messages = []
-    if cfg.show_system:
-        messages.append({"role": "system", "content": SYSTEM_PROMPT})
-    messages.append({"role": "user", "content": "\n\n".join(parts)})
-    return messages
-
-
-def request_from_state(state: Any, task: Any, reason: str = "stagnation") -> AdviceRequest:
-    """An ``AdviceRequest`` for a buffer ``State``: its history as attempts (their code is not
-    stored in the buffer, so ``Attempt.code`` is empty), its best score and its (latest) code."""
-    attempts = [Attempt(step=i, kind=h.action, code="", status=h.status, dev_score=h.score,
-                        stderr_tail=h.stderr_tail or "")
-                for i, h in enumerate(getattr(state, "history", None) or [])]
-    return AdviceRequest(task=task, attempts=attempts, current_score=state.score,
-                         current_code=state.code, reason=reason)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -484,218 +371,3 @@ def idea_category(idea: Union[Idea, str]) -> str:
         if best > 0:
             return next(k for k in _CATEGORY_PRIORITY if scores[k] == best)
     return "other"
-
-
-# --------------------------------------------------------------------------------------------------
-# The advisor
-
-
-class Ideator:
-    """An ``advice.Advisor`` over any ``policy.ChatPolicy`` (a JAX policy, an OpenAI endpoint).
-
-    ``advise(request, seed=)`` renders ``render_ideator_messages``, asks the policy for one reply
-    and parses it. Never raises for the policy's behaviour: a Completion with ``error``, an
-    exception from the policy, a reply cut by the token budget (``finish_reason == "length"``)
-    or a malformed idea all give ``Advice(instruction=None, valid=False, error=...)``.
-    """
-
-    def __init__(self, policy: Any, cfg: Optional[ml_collections.ConfigDict] = None):
-        self.policy = policy
-        self.cfg = cfg or default_config()
-        if self.cfg.advice_text not in ADVICE_MODES:
-            raise ValueError(f"ideator.advice_text must be one of {ADVICE_MODES}, "
-                             f"got {self.cfg.advice_text!r}")
-
-    def messages(self, request: AdviceRequest) -> list[dict[str, str]]:
-        return render_ideator_messages(request, self.cfg)
-
-    def advise(self, request: AdviceRequest, *, seed: int = 0) -> Advice:
-        return self.advise_batch([request], seed=seed)[0]
-
-    def advise_batch(self, requests: Sequence[AdviceRequest], *, seed: int = 0) -> list[Advice]:
-        """``advise`` for several requests in one policy call (one batch for a JAX policy)."""
-        if not requests:
-            return []
-        try:
-            completions = self.policy.complete([self.messages(r) for r in requests], seed=seed)
-            if len(completions) != len(requests):
-                raise RuntimeError(f"the policy returned {len(completions)} replies for "
-                                   f"{len(requests)} conversations")
-        except Exception as e:  # noqa: BLE001 - an advisor must not crash the episode
-            err = f"policy error: {type(e).__name__}: {str(e)[:200]}"
-            return [Advice(instruction=None, valid=False, error=err) for _ in requests]
-        return [self.advice_from_completion(c) for c in completions]
-
-    def advice_from_completion(self, completion: Any) -> Advice:
-        """The ``Advice`` of one ``policy.Completion``."""
-        if getattr(completion, "error", None):
-            return Advice(instruction=None, valid=False, error=f"policy error: {completion.error}",
-                          raw=completion.text or "")
-        text = completion.text or ""
-        parsed = parse_idea(text, self.cfg,
-                            truncated=getattr(completion, "finish_reason", "stop") == "length")
-        if not parsed.valid:
-            return Advice(instruction=None, valid=False, error=f"format: {parsed}", raw=text)
-        return Advice(instruction=parsed.advice(self.cfg.advice_text), valid=True,
-                      category=idea_category(parsed), raw=text)
-
-
-def implementer_prompt_with_idea(state: Any, task: Any, idea: Union[Idea, str],
-                                 agent_cfg: Optional[ml_collections.ConfigDict] = None, *,
-                                 advice_text: str = "action") -> list[dict[str, str]]:
-    """The implementer's messages for its next step from ``state``, carrying ``idea`` (an
-    ``Idea``, rendered per ``advice_text``, or an instruction string) as the expert advice."""
-    text = idea if isinstance(idea, str) else idea.advice(advice_text)
-    return agent.render_messages(state, task, agent_cfg, advice=text)
-
-
-# --------------------------------------------------------------------------------------------------
-# Warm-start examples
-
-
-_CLASS = re.compile(r"\b([A-Z][A-Za-z0-9_]*)\(")
-_PREP = re.compile(r"Scaler|Vectorizer|Imputer|Encoder|PolynomialFeatures|PCA|Transformer")
-
-
-def _model_line(code: str) -> Optional[str]:
-    lines = [ln.strip() for ln in code.splitlines() if ln.strip().startswith("model = ")]
-    return lines[0] if len(lines) == 1 else None
-
-
-def _new_imports(weak: str, strong: str) -> list[str]:
-    have = {ln.strip() for ln in weak.splitlines()}
-    return [ln.strip() for ln in strong.splitlines()
-            if ln.strip().startswith(("import ", "from ")) and ln.strip() not in have]
-
-
-_RATIONALES = {
-    "model_choice": "a stronger model family fits this data better than the current one, so the "
-                    "dev score should improve.",
-    "hyperparameters": "the current setting under-fits or over-fits; the new value should "
-                       "generalise better on the dev split.",
-    "data_preparation": "scaled inputs let the model weigh every feature fairly, which should "
-                        "improve the dev score.",
-    "feature_engineering": "richer features give the model more signal, so the dev score should "
-                           "improve.",
-    "ensembling": "averaging several models reduces variance, so the dev score should improve.",
-    "other": "the change removes a weakness of the current script, so the dev score should "
-             "improve.",
-}
-
-
-def synthesise_idea(weak_code: str, strong_code: str, weak_score: Optional[float],
-                    strong_score: Optional[float], *, revert: bool = False) -> Optional[str]:
-    """An idea text turning ``weak_code`` into ``strong_code`` (seed-corpus scripts that differ in
-    their single ``model = ...`` line), or None when they do not.
-
-    refine: "the current model scores <weak>; ..." / Action: replace the model line (and add the
-    imports it needs). revert (the weaker script came after the stronger one): "the last change
-    lowered the score from <strong> to <weak>; ..." / Action: go back to the earlier model line.
-    """
-    w, s = _model_line(weak_code), _model_line(strong_code)
-    if w is None or s is None or w == s:
-        return None
-    imports = _new_imports(weak_code, strong_code)
-    classes_w, classes_s = set(_CLASS.findall(w)), set(_CLASS.findall(s))
-    est_w, est_s = (sorted(c for c in cs if not _PREP.search(c)) for cs in (classes_w, classes_s))
-    added_prep = sorted(c for c in classes_s - classes_w if _PREP.search(c))
-    if est_w != est_s:
-        lead = f"Switch the model from {' + '.join(est_w)} to {' + '.join(est_s)}"
-    elif added_prep:
-        lead = f"Add {' + '.join(added_prep)} before the {' + '.join(est_s)} and adjust its settings"
-    else:
-        lead = f"Tune the {' + '.join(est_s)} hyperparameters"
-    action = f"{lead}: replace `{w}` with `{s}`"
-    if imports:
-        action += " and add " + ", ".join(f"`{i}`" for i in imports)
-    action += "."
-    category = idea_category(action)
-    if revert:
-        analysis = (f"the last change lowered the score from {_score_text(strong_score)} to "
-                    f"{_score_text(weak_score)}; go back to the earlier model.")
-        rationale = "The earlier model scored better on the dev split, so restoring it recovers " \
-                    "the lost score."
-        return format_idea("revert", analysis, action, rationale)
-    analysis = (f"the current model scores {_score_text(weak_score)}; the next step is to improve "
-                f"the {category.replace('_', ' ')}.")
-    return format_idea("refine", analysis, action, _RATIONALES[category].capitalize())
-
-
-IDEATOR_SFT_KINDS = ("idea", "idea_revert", "advised_improve")
-
-
-def _measured_pairs(seed: int) -> list[dict]:
-    from sandbox import seed_corpus
-
-    path = seed_corpus.RESULTS_DIR / f"seed{seed}" / "pairs.json"
-    if not path.exists():
-        return []
-    return [r for r in json.loads(path.read_text()) if r.get("improves")]
-
-
-def build_ideator_sft_examples(tasks: Sequence[Any], agent_cfg: Optional[ml_collections.ConfigDict]
-                               = None, ideator_cfg: Optional[ml_collections.ConfigDict] = None, *,
-                               kinds: Sequence[str] = IDEATOR_SFT_KINDS,
-                               seed_corpus_seed: int = 0) -> list:
-    """Warm-start examples (``ace_jax.train.sft.SFTExample``) for the ideator format, from the measured
-    improving (weaker, stronger) pairs of the seed corpus (``sandbox/seed_corpus``).
-
-    Kinds:
-      idea: ideator prompt for a state holding the weaker script (history: one ok draft with its
-        dev score) -> a refine idea "replace the model line with the stronger script's".
-      idea_revert: the state ran the stronger script, then the weaker one (a worse score) -> a
-        revert idea back to the stronger model line.
-      advised_improve: the implementer prompt for the weaker state carrying the refine idea's
-        Action as advice -> the stronger script (teaches the implementer to follow an idea).
-
-    Prompts are rendered exactly as the trainer renders them (``render_ideator_messages`` of
-    ``request_from_state`` with reason "stagnation"; ``agent.render_prompt``); completions are the
-    exact texts ``parse_idea`` / ``agent.parse_action`` accept.
-    """
-    from ace_jax.curriculum.buffer import State, StepSummary
-    from ace_jax.train import sft
-    from models.tokenizer import render_chat
-    from sandbox.seed_corpus import CORPUS_DIR
-
-    unknown = set(kinds) - set(IDEATOR_SFT_KINDS)
-    if unknown:
-        raise ValueError(f"unknown ideator SFT kinds {sorted(unknown)}; expected a subset of "
-                         f"{IDEATOR_SFT_KINDS}")
-    ideator_cfg = ideator_cfg or default_config()
-    by_id = {t.task_id: t for t in tasks}
-    out = []
-
-    def state(task_id, code, history, score):
-        return State(state_id=0, task_id=task_id, parent_id=None, depth=len(history), code=code,
-                     history=history, score=score, origin="seed", created_step=0)
-
-    def ideator_prompt(st, task):
-        msgs = render_ideator_messages(request_from_state(st, task), ideator_cfg)
-        return render_chat(msgs, add_generation_prompt=True, enable_thinking=False)
-
-    for row in _measured_pairs(seed_corpus_seed):
-        task = by_id.get(row["task_id"])
-        if task is None:
-            continue
-        weak = (CORPUS_DIR / task.task_id / row["weak"]).read_text()
-        strong = (CORPUS_DIR / task.task_id / row["strong"]).read_text()
-        wd, sd = float(row["weak_dev"]), float(row["strong_dev"])
-        refine = synthesise_idea(weak, strong, wd, sd)
-        if refine is None:
-            continue
-        st = state(task.task_id, weak, [StepSummary("draft", "ok", wd, "")], wd)
-        if "idea" in kinds:
-            out.append(sft.SFTExample(ideator_prompt(st, task), refine, "idea", task.task_id))
-        if "idea_revert" in kinds:
-            hist = [StepSummary("draft", "ok", sd, ""), StepSummary("improve", "ok", wd, "")]
-            rst = state(task.task_id, weak, hist, sd)  # "improves": the stronger is the best
-            text = synthesise_idea(weak, strong, wd, sd, revert=True)
-            out.append(sft.SFTExample(ideator_prompt(rst, task), text, "idea_revert",
-                                      task.task_id))
-        if "advised_improve" in kinds:
-            idea = parse_idea(refine, ideator_cfg)
-            advice = idea.advice(ideator_cfg.advice_text)
-            prompt = agent.render_prompt(st, task, agent_cfg, advice=advice)
-            out.append(sft.SFTExample(prompt, agent.completion_target(strong), "advised_improve",
-                                      task.task_id))
-    return out

@@ -5,8 +5,8 @@ subclasses ``ace_jax.train.trainer.Trainer`` and keeps its loop, asynchrony, che
 metrics and Evolving Data Buffer. What differs, per RL step:
 
   LP sampler -> B buffer states (task, the implementer's code + history, its best score)
-  -> the IDEATOR prompt of each state (``ideator.render_ideator_messages`` of
-     ``ideator.request_from_state``) -> G ideas per state (behaviour log-probs recorded)
+  -> the IDEATOR prompt of each state (``prompts.render_ideator_messages`` of
+     ``prompts.request_from_state``) -> G ideas per state (behaviour log-probs recorded)
   -> ``ideator.parse_idea`` (strict; a reply cut by the token budget is invalid)
   -> each valid idea goes to a FROZEN implementer (a ``policy.ChatPolicy``), which takes ONE step:
      ``agent.render_messages(state, task, advice=<the idea's Action>)`` -> one script
@@ -50,10 +50,11 @@ import ml_collections
 from flax import nnx
 
 from ace_jax.env import agent, rewards
-from ace_jax.ideator import ideator
+from ace_jax.ideator import ideator, prompts, sft_examples
 from ace_jax.runtime import checkpoint as ckpt_lib
 from ace_jax.train import sft
-from ace_jax.train.trainer import PendingStep, Rollout, SetupError, Trainer
+from ace_jax.train.rollouts import Rollout, StepRollouts
+from ace_jax.train.trainer import SetupError, Trainer
 from models import tokenizer as tok_lib
 
 log = logging.getLogger("ace_jax.ideator.ideator_trainer")
@@ -74,11 +75,11 @@ def default_config() -> ml_collections.ConfigDict:
     #                                      (one compiled batch shape instead of one per count)
     # Why help is asked in the training prompts ("stagnation" | "seek_help"; advice.REASONS).
     c.reason = "stagnation"
-    # The evaluation harness (ace_jax.eval.evaluation) asks the ideator for help after this many
+    # The evaluation harness (ace_jax.eval.runner) asks the ideator for help after this many
     # implementer steps without a better score; training does not read it.
     c.stagnation_steps = 2
-    # Examples added to the warm start (ideator.IDEATOR_SFT_KINDS; () for none).
-    c.sft_kinds = ideator.IDEATOR_SFT_KINDS
+    # Examples added to the warm start (sft_examples.IDEATOR_SFT_KINDS; () for none).
+    c.sft_kinds = sft_examples.IDEATOR_SFT_KINDS
     return c
 
 
@@ -155,10 +156,10 @@ class IdeatorTrainer(Trainer):
         if icfg.advice_text not in ideator.ADVICE_MODES:
             raise SetupError(f"ideator.advice_text={icfg.advice_text!r}; valid: "
                              f"{ideator.ADVICE_MODES}")
-        unknown = set(icfg.sft_kinds) - set(ideator.IDEATOR_SFT_KINDS)
+        unknown = set(icfg.sft_kinds) - set(sft_examples.IDEATOR_SFT_KINDS)
         if unknown:
             raise SetupError(f"ideator.sft_kinds has unknown kinds {sorted(unknown)}; valid: "
-                             f"{ideator.IDEATOR_SFT_KINDS}")
+                             f"{sft_examples.IDEATOR_SFT_KINDS}")
         self.impl_kind, self.impl_args = (("injected", {}) if implementer is not None
                                           else parse_implementer_spec(icfg.implementer))
         impl_dir = self.impl_args.get("workdir") or self.impl_args.get("path")
@@ -252,27 +253,18 @@ class IdeatorTrainer(Trainer):
 
     # ------------------------------------------------------------------ hooks of the trainer
 
-    def _load_tokenizer(self):
-        """As the trainer's, but a tokenizer trained here also sees ideator prompts and ideas."""
-        local = os.path.join(self.workdir, "tokenizer")
-        if not (self.cfg.model.get("tokenizer_path", "") or "") and \
-                not os.path.exists(os.path.join(local, "tokenizer.json")):
-            from sandbox import seed_corpus
-
-            corpus = [s for t in self.tasks for s in seed_corpus.list_scripts(t.task_id)]
-            texts = sft.tokenizer_texts(self.tasks, corpus, self.cfg.agent)
-            texts += [ex.prompt + ex.completion for ex in ideator.build_ideator_sft_examples(
-                self.tasks, self.cfg.agent, self.cfg.ideator, kinds=("idea", "idea_revert"),
-                seed_corpus_seed=self.cfg.tasks.seed)]
-            tok_lib.train_bpe_tokenizer(texts, self.cfg.sft.vocab_size, local)
-        return super()._load_tokenizer()
+    def _tokenizer_texts(self) -> list[str]:
+        """A tokenizer trained here also sees ideator prompts and ideas."""
+        return [ex.prompt + ex.completion for ex in sft_examples.build_ideator_sft_examples(
+            self.tasks, self.cfg.agent, self.cfg.ideator, kinds=("idea", "idea_revert"),
+            seed_corpus_seed=self.cfg.tasks.seed)]
 
     def _sft_examples(self) -> list:
         examples = []
         if tuple(self.cfg.sft.kinds):
             examples += sft.build_sft_examples(self.tasks, self.cfg.sft, self.cfg.agent)
         if tuple(self.cfg.ideator.sft_kinds):
-            examples += ideator.build_ideator_sft_examples(
+            examples += sft_examples.build_ideator_sft_examples(
                 self.tasks, self.cfg.agent, self.cfg.ideator, kinds=tuple(self.cfg.ideator.sft_kinds),
                 seed_corpus_seed=self.cfg.tasks.seed)
         if not examples:
@@ -289,24 +281,22 @@ class IdeatorTrainer(Trainer):
 
     def _prompt_text(self, state) -> str:
         task = self.task_by_id[state.task_id]
-        request = ideator.request_from_state(state, task, reason=self.cfg.ideator.reason)
-        return tok_lib.render_chat(ideator.render_ideator_messages(request, self.cfg.ideator),
+        request = prompts.request_from_state(state, task, reason=self.cfg.ideator.reason)
+        return tok_lib.render_chat(prompts.render_ideator_messages(request, self.cfg.ideator),
                                    add_generation_prompt=True, enable_thinking=False)
 
-    def _submit(self, step: int, rollouts: list[Rollout], gen_s: float, gen_tokens: int
-                ) -> PendingStep:
+    def _execute(self, s: StepRollouts) -> None:
         """Parses every idea, lets the frozen implementer take one step for each valid one (one
         batched call) and sends the scripts it wrote to the sandbox pool."""
+        step, rollouts = s.step, s.rollouts
         icfg = self.cfg.ideator
-        eos = set(self.eos_ids)
         asks: list[tuple[int, list[dict]]] = []
         for i, r in enumerate(rollouts):
-            truncated = not r.completion or r.completion[-1] not in eos
-            parsed = ideator.parse_idea(r.text, icfg, truncated=truncated)
+            parsed = ideator.parse_idea(r.text, icfg, truncated=s.cut_by_budget(i))
             state = self.buffer.get(r.state_id)
             r.action = IdeatorAction(parsed=parsed, current_score=state.score)
             if parsed.valid:
-                asks.append((i, ideator.implementer_prompt_with_idea(
+                asks.append((i, prompts.implementer_prompt_with_idea(
                     state, self.task_by_id[r.task_id], parsed, self.cfg.agent,
                     advice_text=icfg.advice_text)))
         t0 = time.perf_counter()
@@ -321,9 +311,8 @@ class IdeatorTrainer(Trainer):
                     a.implementer = agent.parse_action(
                         c.text, max_code_chars=self.cfg.agent.max_code_chars)
         self._impl_seconds[step] = time.perf_counter() - t0
-        futures = [self.pool.submit(self.task_by_id[r.task_id], r.action.code)
-                   if r.action.code is not None else None for r in rollouts]
-        return PendingStep(step, rollouts, futures, gen_s, gen_tokens)
+        s.futures = [self.pool.submit(self.task_by_id[r.task_id], r.action.code)
+                     if r.action.code is not None else None for r in rollouts]
 
     def _ask_implementer(self, conversations: list, step: int) -> list:
         """One batched implementer call; a JAX implementer's batch is padded to B*G (one compiled
@@ -359,7 +348,7 @@ class IdeatorTrainer(Trainer):
             implementer_error=a.implementer_error, current_score=a.current_score)
         return rec
 
-    def _step_metrics(self, p: PendingStep, learn: dict, wait_s: float, learn_s: float) -> dict:
+    def _step_metrics(self, p: StepRollouts, learn: dict, wait_s: float, learn_s: float) -> dict:
         m = super()._step_metrics(p, learn, wait_s, learn_s)
         acts: list[IdeatorAction] = [r.action for r in p.rollouts]
         n = len(acts)

@@ -17,6 +17,9 @@ Implementations:
 * ``OpenAIPolicy``: any OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, a frontier
   API, or ``launch/serve.py``), over plain HTTP with a timeout and retries.
 
+``policy_from_spec`` builds either from a spec string (``parse_policy_spec``: ``run:``, ``hf:``,
+``openai:``); ``read_run_config`` reads a training run's ``config.json``.
+
 Nothing here runs at import time; JAX is imported lazily so an HTTP-only user needs none.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 
 Conversation = Sequence[Mapping[str, Any]]
 
@@ -225,7 +228,14 @@ class RunFiles:
     checkpoint_dir: str
 
 
-def _read_run_config(workdir: str) -> dict:
+def read_run_config(workdir: Union[str, os.PathLike]) -> dict:
+    """``<workdir>/config.json`` of a training run as a dict.
+
+    Raises:
+      PolicyError: no such directory, no / unreadable config.json, or one without a ``model``
+        section (not a training run's config).
+    """
+    workdir = os.fspath(workdir)
     cfg_path = os.path.join(workdir, "config.json")
     if not os.path.isdir(workdir):
         raise PolicyError(f"run directory {workdir!r} does not exist")
@@ -252,7 +262,7 @@ def resolve_run(workdir: str) -> RunFiles:
       PolicyError: no such directory, no / unreadable config.json, no tokenizer.
     """
     workdir = os.fspath(workdir)
-    cfg = _read_run_config(workdir)
+    cfg = read_run_config(workdir)
     model = cfg["model"]
     tok_path = model.get("tokenizer_path") or ""
     if tok_path and "://" in tok_path:
@@ -477,3 +487,40 @@ class OpenAIPolicy:
         with ThreadPoolExecutor(min(self.max_concurrency, len(conversations))) as pool:
             return list(pool.map(lambda ic: self.complete_one(ic[1], seed=seed + ic[0]),
                                  enumerate(conversations)))
+
+
+def policy_from_spec(spec: str, *, max_new_tokens: Optional[int] = None,
+                     temperature: Optional[float] = None,
+                     max_prompt_tokens: Optional[int] = None) -> "ChatPolicy":
+    """Builds the ``ChatPolicy`` a spec names (see ``parse_policy_spec``).
+
+    For ``run:`` the sampling settings default to the run's (``sampling.*``,
+    ``rl.max_prompt_tokens``); the arguments given here override them.
+
+    Raises:
+      PolicySpecError: a malformed spec; PolicyError: a run or model that cannot be loaded.
+    """
+    kind, args = parse_policy_spec(spec)
+    if kind == "openai":
+        kw: dict[str, Any] = {}
+        if max_new_tokens is not None:
+            kw["max_tokens"] = int(max_new_tokens)
+        if temperature is not None:
+            kw["temperature"] = float(temperature)
+        return OpenAIPolicy(args["base_url"], args["model"], **kw)
+    kw = {}
+    if kind == "run":
+        cfg = read_run_config(args["workdir"])
+        sampling = cfg.get("sampling") or {}
+        for key in ("max_new_tokens", "temperature", "top_k", "top_p", "prompt_bucket"):
+            if key in sampling:
+                kw[key] = sampling[key]
+        if (cfg.get("rl") or {}).get("max_prompt_tokens"):
+            kw["max_prompt_tokens"] = int(cfg["rl"]["max_prompt_tokens"])
+    for key, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature),
+                       ("max_prompt_tokens", max_prompt_tokens)):
+        if value is not None:
+            kw[key] = value
+    if kind == "run":
+        return JaxPolicy.from_run(args["workdir"], step=args["step"], **kw)
+    return JaxPolicy.from_hf(args["path"], **kw)

@@ -7,7 +7,8 @@ small registered function, not a fork:
     @register_advantage_estimator("my_estimator")
     def my_estimator(rewards, *, eps, std_ddof): ...   # [num_groups, G] -> [num_groups, G]
 
-Registries (unknown names raise `UnknownNameError`, which lists the valid names):
+Registries (`ace_jax.registry.Registry`; unknown names raise `UnknownNameError`, which lists the
+valid names):
 
 - advantage estimators, rewards [num_groups, G] -> advantages [num_groups, G]:
   `grpo`   (r - mean) / (std + eps), std with `std_ddof` (default 1 = unbiased, as TRL and verl's
@@ -54,18 +55,13 @@ T = completion length in tokens. Log-probs are natural-log probabilities (nats).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-F = TypeVar("F", bound=Callable[..., Any])
+from ace_jax.registry import Registry
 
 __all__ = [
-    "UnknownNameError",
-    "Registry",
     "ADVANTAGE_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "KL_ESTIMATORS",
@@ -85,47 +81,6 @@ __all__ = [
     "clipped_policy_loss",
     "grpo_loss",
 ]
-
-
-class UnknownNameError(KeyError):
-    """A registry lookup with a name that is not registered; the message lists the valid names."""
-
-    def __str__(self) -> str:  # KeyError would otherwise print the repr of the message.
-        return str(self.args[0])
-
-
-class Registry(Generic[F]):
-    """A named table of functions of one kind ("advantage estimator", "loss aggregation", ...)."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._table: dict[str, F] = {}
-
-    def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[F], F]:
-        """Decorator registering `fn` under `name` (and `aliases`); duplicate names are an error."""
-
-        def decorator(fn: F) -> F:
-            for key in (name, *aliases):
-                if key in self._table:
-                    raise ValueError(f"{self.kind} {key!r} is already registered")
-                self._table[key] = fn
-            return fn
-
-        return decorator
-
-    def get(self, name: str) -> F:
-        """The function registered as `name`; `UnknownNameError` listing valid names otherwise."""
-        try:
-            return self._table[name]
-        except (KeyError, TypeError):
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}") from None
-
-    def names(self) -> list[str]:
-        return sorted(self._table)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._table
 
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")

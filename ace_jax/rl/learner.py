@@ -32,7 +32,8 @@ from ace_jax.rl.rollout_batch import completion_logprobs, DEFAULT_CHUNK_TOKENS, 
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """The ``optim`` section: optimizer, schedule, microbatching, sampling temperature."""
+    """The ``optim`` section: optimizer, schedule, microbatching. The log-prob temperature is
+    the sampler's (``sampling.temperature``), passed to `Learner.create` / `jit_learner_step`."""
     cfg = ml_collections.ConfigDict()
     cfg.learning_rate = 1e-5        # peak learning rate
     cfg.warmup_steps = 0            # linear warmup from 0 to the peak
@@ -45,7 +46,6 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.max_grad_norm = 1.0         # global-norm clipping (<= 0 disables)
     cfg.microbatches = 1            # gradient accumulation steps per learner step
     cfg.aux_loss_coef = 0.0         # router load-balancing loss coefficient
-    cfg.temperature = 1.0           # must equal the sampler's temperature (log-prob convention)
     cfg.logprob_chunk_tokens = DEFAULT_CHUNK_TOKENS  # completion positions per lm_head chunk:
     #                                 the fp32 [rows, M, vocab] logits are never formed whole
     return cfg
@@ -73,16 +73,19 @@ class LearnerState(NamedTuple):
 
 
 def jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size: int, placement=None,
-                     params: Any = None):
+                     params: Any = None, *, temperature: float = 1.0):
     """THE jitted GRPO update ``(LearnerState, TrainBatch) -> (LearnerState, metrics)`` that the
     trainer runs and the dry run compiles (donates its state).
+
+    ``temperature``: the sampler's (``sampling.temperature``; 0 = greedy counts as 1): the
+    policy's log-probs are recomputed at it, as the behaviour log-probs were recorded.
 
     With a `placement.Placement` (and the Param state ``params``, arrays or abstract, to read the
     shardings from) the state's in / out shardings are pinned to the placement's; the batch keeps
     the sharding it arrives with (`Learner.step` places it by the 'batch' rule)."""
     tx, schedule = make_optimizer(optim_cfg)
     step_fn = functools.partial(_learner_step, graphdef, tx, schedule, grpo_cfg, optim_cfg,
-                                group_size)
+                                group_size, float(temperature))
     if placement is None:
         return jax.jit(step_fn, donate_argnums=(0,))
     state_sh = state_shardings(placement, params, optim_cfg)
@@ -108,6 +111,7 @@ class Learner:
       graphdef: the policy's static structure (``nnx.split``).
       state: ``LearnerState``.
       grpo_cfg / optim_cfg: the ``grpo`` and ``optim`` config sections.
+      temperature: the sampler's temperature (``sampling.temperature``), see `jit_learner_step`.
       placement: None (one device, or wherever the params live) or the `placement.Placement`
         whose shardings the state keeps and whose 'batch' rule splits the batch rows.
     """
@@ -118,10 +122,11 @@ class Learner:
     optim_cfg: ml_collections.ConfigDict
     group_size: int
     placement: Any = None
+    temperature: float = 1.0
 
     @classmethod
     def create(cls, model: nnx.Module, grpo_cfg, optim_cfg, *, group_size: int,
-               placement: Any = None) -> "Learner":
+               placement: Any = None, temperature: float = 1.0) -> "Learner":
         """Builds the learner from a policy module (its current parameters are the start). With
         a ``placement`` the parameters and the optimizer state are laid out by its rules (the
         optimizer state is created in place, never replicated first)."""
@@ -137,9 +142,10 @@ class Learner:
             state = jax.jit(lambda p: LearnerState(jax.tree.map(jnp.copy, p), tx.init(p),
                                                    jnp.zeros((), jnp.int32)),
                             out_shardings=state_sh)(params)
-        learner = cls(graphdef, state, grpo_cfg, optim_cfg, group_size, placement)
+        learner = cls(graphdef, state, grpo_cfg, optim_cfg, group_size, placement,
+                      float(temperature))
         learner._step = jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size, placement,
-                                         params)
+                                         params, temperature=temperature)
         return learner
 
     @property
@@ -167,13 +173,13 @@ class Learner:
         return metrics
 
 
-def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, advantages,
-                     sequence_mask, loss_denominator):
+def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, params, mb: TrainBatch,
+                     advantages, sequence_mask, loss_denominator):
     """This microbatch's share of the full-batch loss (its numerator over the batch's
     denominator), plus its share of the router aux loss."""
     model = nnx.merge(graphdef, params)
     logprobs, entropy, aux = completion_logprobs(
-        model, mb, optim_cfg.temperature,
+        model, mb, temperature,
         chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS))
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
@@ -185,8 +191,8 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, params, mb: TrainBatch, adva
     return total, metrics
 
 
-def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, state: LearnerState,
-                  batch: TrainBatch):
+def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, temperature,
+                  state: LearnerState, batch: TrainBatch):
     n = batch.input_ids.shape[0]
     k = optim_cfg.microbatches
     grouped = grpo.group_rewards(batch.rewards, group_size)
@@ -207,8 +213,8 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, state
         keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
 
     grad_fn = jax.value_and_grad(
-        lambda p, mb, adv, sm: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, p, mb, adv, sm,
-                                                den_total), has_aux=True)
+        lambda p, mb, adv, sm: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, p,
+                                                mb, adv, sm, den_total), has_aux=True)
 
     def accumulate(carry, xs):
         grads, loss = carry

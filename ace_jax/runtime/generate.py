@@ -36,6 +36,7 @@ from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -89,6 +90,22 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if any(len(s) == 0 for s in self.stop_sequences):
             raise ValueError("stop_sequences must not contain an empty sequence")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The ``sampling`` config section: the `SamplingConfig` knobs a run sets, with its defaults.
+
+    ``group_size`` is ``rl.group_size``; ``eos_ids`` / ``pad_id`` come from the tokenizer, and
+    ``stop_sequences`` are not used in training. The learner recomputes the behaviour log-probs
+    at ``temperature`` (greedy counts as 1, see `sample_token`)."""
+    d = SamplingConfig()
+    c = ml_collections.ConfigDict()
+    c.max_new_tokens = d.max_new_tokens   # decode budget per completion
+    c.temperature = d.temperature         # 0 = greedy
+    c.top_k = d.top_k                     # 0 = off
+    c.top_p = d.top_p                     # 1.0 = off
+    c.prompt_bucket = d.prompt_bucket     # prompts left-padded to a multiple (fewer compiles)
+    return c
 
 
 class GenerationResult(NamedTuple):

@@ -1,5 +1,9 @@
-"""Training runs: the AceGRPO loop (`trainer`), SFT warm start (`sft`), metrics and logs
-(`metrics`, `logs`) and the TPU-compiled dry run of a config (`dry_run`).
+"""Training runs: the run's config schema (`config`), building a run (`setup`: tasks,
+tokenizer, model, warm start), the AceGRPO loop (`trainer`, one `Trainer.step()`), a step's
+rollouts as arrays (`rollouts`), SFT (`sft`), metrics and logs (`metrics`, `logs`) and the
+TPU-compiled dry run of a config (`dry_run`; its analytic memory and time plan
+`dry_run_analytic`, its lowered and compiled programs `dry_run_programs`, its text and one-line
+summary `dry_run_report`).
 
-Imports: `runtime`, `rl`, `curriculum`, `env`, `policy` (and `ace_jax.config_utils`, `models`, `sandbox`);
-checked by tests/test_layout.py."""
+Imports: `runtime`, `rl`, `curriculum`, `env`, `policy` (and `ace_jax.config_utils`,
+`ace_jax.registry`, `models`, `sandbox`); checked by tests/test_layout.py."""

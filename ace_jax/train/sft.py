@@ -16,7 +16,8 @@ cross-entropy on completion tokens only, to answer agent prompts with the seed c
   similar length (padded to one of a few ``cfg.buckets`` widths, to bound recompilation), a tqdm bar,
   and a budget: stop after ``cfg.steps`` steps or ``cfg.seconds`` seconds, whichever comes first.
   Deterministic for a seed (batch order; the model's init is the caller's).
-* ``warm_start(model, tasks, tokenizer_dir, cfg, agent_cfg)``: the three above in one call.
+
+The trainer runs them in order (``ace_jax.train.setup.load_tokenizer`` and ``setup.warm_start``).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from flax import nnx
 
 from ace_jax.curriculum.buffer import State, StepSummary
 from ace_jax.env import agent
+from ace_jax.rl import learner
 from models.tokenizer import ENDOFTEXT, IM_END, train_bpe_tokenizer
 
 EXAMPLE_KINDS = ("draft", "improve", "debug")
@@ -92,7 +94,7 @@ def tokenizer_texts(tasks: Sequence[Any], corpus: Sequence[Any], agent_cfg=None)
 
 
 def build_tokenizer(tasks: Sequence[Any], corpus: Sequence[Any], vocab_size: int, out_dir: str,
-                    agent_cfg=None):
+                    agent_cfg=None, extra_texts: Sequence[str] = ()):
     """Trains and saves the byte-level BPE (deterministic); returns it loaded from ``out_dir``.
 
     Args:
@@ -100,8 +102,10 @@ def build_tokenizer(tasks: Sequence[Any], corpus: Sequence[Any], vocab_size: int
       corpus: seed scripts (objects with ``.code``, e.g. ``sandbox.seed_corpus.SeedScript``).
       vocab_size: total vocabulary including the 5 Qwen3 added tokens.
       out_dir: where ``tokenizer.json`` / ``tokenizer_config.json`` are written.
+      agent_cfg: the ``agent`` section the prompts are rendered with.
+      extra_texts: more training texts (e.g. the ideator's prompts and ideas), after the others.
     """
-    texts = tokenizer_texts(tasks, corpus, agent_cfg)
+    texts = tokenizer_texts(tasks, corpus, agent_cfg) + list(extra_texts)
     if not texts:
         raise SFTError("build_tokenizer: no tasks and no corpus scripts")
     return train_bpe_tokenizer(texts, vocab_size, out_dir)
@@ -322,21 +326,23 @@ def _optim_key(cfg) -> tuple:
             float(cfg.weight_decay), float(cfg.max_grad_norm), float(cfg.aux_loss_coef))
 
 
-def _make_optimizer(lr, warmup, steps, end_ratio, weight_decay, max_grad_norm) -> optax.GradientTransformation:
-    """AdamW with linear warmup, cosine decay to ``lr * end_ratio`` at ``steps``, norm clipping."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=lr, warmup_steps=warmup, decay_steps=max(steps, warmup + 1),
-        end_value=lr * end_ratio)
-    parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
-    parts.append(optax.adamw(schedule, weight_decay=weight_decay))
-    return optax.chain(*parts)
+def _optimizer_config(lr, warmup, steps, end_ratio, weight_decay, max_grad_norm
+                      ) -> ml_collections.ConfigDict:
+    """The ``optim`` section that gives the warm start's optimizer to ``learner.make_optimizer``:
+    AdamW (default betas / eps) with linear warmup, cosine decay to ``lr * end_ratio`` at
+    ``steps``, and global-norm clipping."""
+    c = learner.default_config()
+    c.update(dict(learning_rate=lr, warmup_steps=warmup, decay_steps=steps,
+                  end_lr_ratio=end_ratio, weight_decay=weight_decay, max_grad_norm=max_grad_norm))
+    return c
 
 
 @functools.lru_cache(maxsize=8)
 def _compiled_step(graphdef, lr, warmup, steps, end_ratio, weight_decay, max_grad_norm, aux_coef):
     """(optimizer, jitted step) for a model structure and optimizer settings; cached so that a
     second SFT run of the same model and settings reuses the compiled step."""
-    tx = _make_optimizer(lr, warmup, steps, end_ratio, weight_decay, max_grad_norm)
+    tx, _ = learner.make_optimizer(
+        _optimizer_config(lr, warmup, steps, end_ratio, weight_decay, max_grad_norm))
     return tx, jax.jit(functools.partial(_sft_step, graphdef, tx, aux_coef), donate_argnums=(0, 1))
 
 
@@ -420,22 +426,3 @@ def train_sft(model: nnx.Module, tokenizer, examples: Sequence[Any],
                    dropped=dropped, losses=losses, first_loss=losses[0],
                    final_loss=float(np.mean(losses[-10:])), stopped_by=stopped_by)
     return model, metrics
-
-
-def warm_start(model: nnx.Module, tasks: Sequence[Any], tokenizer_dir: str,
-               cfg: Optional[ml_collections.ConfigDict] = None,
-               agent_cfg: Optional[ml_collections.ConfigDict] = None, *, progress: bool = True):
-    """The whole warm start: tokenizer (``cfg.vocab_size``) on ``tasks`` + their seed scripts,
-    examples rendered with ``agent_cfg`` (must be the RL run's), then ``train_sft``.
-
-    ``model`` must have ``config.vocab_size >= cfg.vocab_size``. Returns (model, tokenizer,
-    metrics); the tokenizer is saved in ``tokenizer_dir``.
-    """
-    from sandbox import seed_corpus
-
-    cfg = cfg or default_config()
-    corpus = [s for t in tasks for s in seed_corpus.list_scripts(t.task_id)]
-    tok = build_tokenizer(tasks, corpus, cfg.vocab_size, tokenizer_dir, agent_cfg)
-    examples = build_sft_examples(tasks, cfg, agent_cfg)
-    model, metrics = train_sft(model, tok, examples, cfg, progress=progress)
-    return model, tok, metrics

@@ -1,225 +1,71 @@
 """The AceGRPO loop: LP sampler -> prompts -> grouped generation -> sandbox -> rewards -> GRPO
 update -> buffer children -> metrics, checkpoint and buffer commit.
 
-One RL step t (see DESIGN.md):
+Building a run (output folder, tasks, tokenizer, model, warm start) is ``ace_jax.train.setup``;
+this module is the loop. One iteration is ``Trainer.step()``, which reads top to bottom:
 
-  select B states (LP sampler) -> render prompts -> G completions each (behaviour log-probs)
-  -> parse actions -> B*G sandbox executions (graded on the hidden dev split) -> rewards
-  -> GRPO learner step -> every execution becomes a child state -> metrics / persistence
+  1. select B states (LP sampler)         4. execute: parse the actions, submit them to the sandbox
+  2. render their prompts                 -- the step is now IN FLIGHT --
+  3. generate G completions each          5. reward the oldest step in flight once it may be
+     (behaviour log-probs recorded)          learned on, 6. GRPO update, 7. every execution
+                                             becomes a child state, 8. persist
 
-Asynchronous mode (``rl.async_rollouts``, the default): the executions of step t run in the
-sandbox pool while the trainer generates step t+1 and learns on step t-1, so the rollouts the
-learner trains on are at most ``rl.max_staleness`` (= 1) policy versions old; the clipped ratio
-uses the behaviour log-probs recorded at generation, so this stays correct off-policy.
-``async_rollouts=False`` waits for each step's executions before generating the next.
+Bounded staleness (``rl.max_staleness`` = k; ``rl.async_rollouts=False`` means k = 0): the
+executions of up to k steps stay in flight while the learner updates on an older one, so every
+batch is learned on by a policy at most k updates newer than the one that generated it; the
+clipped ratio uses the behaviour log-probs recorded at generation, so this stays correct
+off-policy. k = 0 is fully synchronous (generate, execute and learn on the same step); k = 1, the
+default, overlaps the sandbox runs of step t with generating step t+1 and learning on step t-1.
 
-Persistence and exact resume. At the end of every iteration the trainer saves, in this order,
-(1) an Orbax checkpoint (params, optimizer state, RNG, and as JSON the sampler state plus the
-rollouts still in flight) and (2) a buffer commit tagged with the same step. On restart it takes
-the newest step present in both (the checkpoint manager keeps the previous step), restores the
-metrics file to that step, and re-submits the in-flight rollouts: no state is lost or stored twice
-and the RNG stream continues where it was.
+Persistence and exact resume. After an iteration ``i`` that is a multiple of
+``checkpoint.save_interval_steps`` (and after the last one) the trainer saves (1) an Orbax
+checkpoint tagged ``i`` (params, optimizer state, RNG, and as JSON the steps still in flight) and
+then (2) a buffer commit tagged ``i``, once that checkpoint is on disk: at once when
+``checkpoint.async_save`` is off; otherwise the checkpoint is written in the background and the
+commit (of a copy of the buffer taken at ``i``) lands at the next iteration. On restart the
+trainer takes the newest iteration present in both (the checkpoint manager keeps the previous
+one), restores the metrics file to it, re-submits the steps that were in flight and replays
+from there: the RNG stream continues where it was, so the replayed iterations are the same.
 """
 from __future__ import annotations
 
-import dataclasses
+import collections
+import copy
 import json
 import logging
 import os
 import pathlib
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from ace_jax.curriculum import buffer as buffer_lib, buffer_store, learnability, seeds
+from ace_jax import config_utils
 from ace_jax.env import agent, rewards
-from ace_jax.rl import grpo, learner as learner_lib, rollout_batch
+from ace_jax.rl import grpo, learner as learner_lib
 from ace_jax.runtime import (checkpoint as ckpt_lib, generate, multihost,
-                             placement as placement_lib, sharding)
-from ace_jax.train import metrics as metrics_lib, sft
-from models import configs as model_configs, qwen3, tokenizer as tok_lib
+                             placement as placement_lib)
+from ace_jax.train import config as train_config, metrics as metrics_lib, setup, sft
+from ace_jax.train.rollouts import Rollout, StepRollouts
+from ace_jax.train.setup import (SetupError, check_writable, load_evaluation_seeds,
+                                 load_tasks)
+from models import tokenizer as tok_lib
 from sandbox.pool import SandboxPool
 from sandbox.result import ExecutionResult, Status
-from sandbox.tasks import registry
 
 log = logging.getLogger("ace_jax.train.trainer")
 
 
-class SetupError(RuntimeError):
-    """A problem found before any heavy work starts (paths, credentials, tasks, tokenizer)."""
+def max_staleness(cfg: ml_collections.ConfigDict) -> int:
+    """k: how many RL steps' executions may still be in flight when the learner updates
+    (``rl.max_staleness``, checked by ``config.validate``; 0 when ``rl.async_rollouts`` is off)."""
+    return int(cfg.rl.max_staleness) if cfg.rl.get("async_rollouts", True) else 0
 
-
-@dataclasses.dataclass
-class Rollout:
-    """One completion of one state and, once executed, its outcome.
-
-    Attributes:
-      state_id / task_id: where it started.
-      prompt: prompt token ids; completion: completion token ids (length = its true length).
-      logprobs: behaviour log-probs of the completion tokens (float, same length).
-      text: decoded completion; action: ``agent.Action`` or ``agent.InvalidAction``.
-      result: the sandbox's ExecutionResult (None for an invalid format).
-      reward: from the reward registry.
-      policy_version: learner step of the params that generated it.
-    """
-
-    state_id: int
-    task_id: str
-    prompt: list[int]
-    completion: list[int]
-    logprobs: list[float]
-    text: str
-    policy_version: int
-    action: Any = None
-    result: Optional[ExecutionResult] = None
-    reward: float = 0.0
-
-    def to_json(self) -> dict:
-        return dict(state_id=self.state_id, task_id=self.task_id, prompt=self.prompt,
-                    completion=self.completion, logprobs=self.logprobs, text=self.text,
-                    policy_version=self.policy_version)
-
-
-@dataclasses.dataclass
-class PendingStep:
-    """The rollouts of one RL step whose executions may still be running."""
-
-    step: int
-    rollouts: list[Rollout]
-    futures: list[Any]
-    gen_seconds: float
-    gen_tokens: int
-    truncated: int = 0   # prompts cut to rl.max_prompt_tokens
-
-
-# --------------------------------------------------------------------------------------- setup
-
-def check_gcs_credentials(path: str) -> None:
-    """SetupError unless Google credentials are available for ``path`` (a gs:// URL).
-
-    Skipped against a storage emulator (``STORAGE_EMULATOR_HOST``). Looks for application-default
-    credentials (env var, gcloud's file, or the metadata server of a GCE / TPU VM).
-    """
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        return
-    import google.auth
-    import google.auth.exceptions
-
-    try:
-        google.auth.default()
-    except google.auth.exceptions.DefaultCredentialsError as e:
-        raise SetupError(f"{path} needs Google Cloud credentials and none were found: set "
-                         "GOOGLE_APPLICATION_CREDENTIALS to a service-account key, run `gcloud "
-                         "auth application-default login`, or run on a TPU VM with a service "
-                         f"account ({e})") from e
-
-
-def check_writable(path: str) -> None:
-    """Fails early (SetupError) when ``path`` (local or gs://) cannot be written."""
-    if path.startswith("gs://"):
-        check_gcs_credentials(path)
-        try:
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(path)
-            fs.makedirs(root, exist_ok=True)
-            probe = root.rstrip("/") + "/.write_probe"
-            fs.pipe(probe, b"ok")
-            fs.rm(probe)
-        except Exception as e:  # noqa: BLE001 - reported with the path and the reason
-            raise SetupError(f"cannot write to {path}: {type(e).__name__}: {e}") from e
-        return
-    p = pathlib.Path(path)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / ".write_probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise SetupError(f"output folder {path!r} is not writable: {e}") from e
-
-
-def load_tasks(cfg: ml_collections.ConfigDict) -> list:
-    """The configured tasks (SetupError if unusable).
-
-    A task without a reference leaderboard trains with the fallback of ``buffer.TaskTargets``
-    (headroom 1, rewards relative to its baseline); its medals and HumanRank are not reported.
-    A task whose sample submission does not grade has no baseline: SetupError (says why).
-    """
-    if cfg.tasks.source == "offline":
-        ids = list(cfg.tasks.ids) or registry.list_tasks()
-        unknown = sorted(set(ids) - set(registry.list_tasks()))
-        if unknown:
-            raise SetupError(f"unknown task ids {unknown}; available: {registry.list_tasks()}")
-        tasks = registry.load_suite(cfg.tasks.cache_dir, cfg.tasks.seed, ids)
-    elif cfg.tasks.source == "mlebench":
-        from sandbox.tasks import mlebench
-
-        data_dir = cfg.tasks.data_dir
-        if not data_dir or not os.path.isdir(data_dir):
-            raise SetupError(f"tasks.data_dir={data_dir!r} is not a directory of prepared "
-                             "MLE-bench competitions")
-        ids = list(cfg.tasks.ids) or sorted(os.listdir(data_dir))
-        try:
-            tasks = [mlebench.load_mlebench_task(i, data_dir, seed=cfg.tasks.seed) for i in ids]
-        except (FileNotFoundError, mlebench.UnsupportedGraderError,
-                mlebench.LeaderboardError) as e:
-            raise SetupError(f"cannot load an MLE-bench task: {e}") from e
-    else:
-        raise SetupError(f"tasks.source={cfg.tasks.source!r}; valid: offline, mlebench")
-    for t in tasks:
-        if t.baseline_score is None:
-            why = getattr(t, "baseline_error", "") or "it has no baseline score"
-            raise SetupError(f"task {t.task_id}: {why} (the baseline anchors the rewards)")
-        if not t.leaderboard:
-            log.warning("task %s has no reference leaderboard: headroom 1 and rewards relative "
-                        "to its baseline %.6g; medals and HumanRank n/a", t.task_id,
-                        t.baseline_score)
-    return tasks
-
-
-def task_targets(task) -> buffer_lib.TaskTargets:
-    """Score anchors of ``task`` (``rewards.task_targets``; gold / median None without a
-    reference leaderboard)."""
-    return rewards.task_targets(task)
-
-
-def load_evaluation_seeds(paths: str, task_by_id: Mapping) -> list[buffer_lib.SeedSolution]:
-    """The seed solutions of ``rl.seed_solutions`` (comma-separated ``seed_solutions.jsonl``
-    files written by ``launch/evaluate.py``) for this run's tasks; those of other tasks are
-    skipped. Raises SetupError for an unreadable or malformed file, and when the files hold
-    solutions but none for this run's tasks (most likely the wrong file)."""
-    out, skipped = [], set()
-    for path in [p.strip() for p in (paths or "").split(",") if p.strip()]:
-        try:
-            sols = seeds.read_seed_solutions(path)
-        except seeds.SeedFileError as e:
-            raise SetupError(f"rl.seed_solutions: {e}") from None
-        out += [s for s in sols if s.task_id in task_by_id]
-        skipped |= {s.task_id for s in sols if s.task_id not in task_by_id}
-    if skipped and not out:
-        raise SetupError(f"rl.seed_solutions ({paths}) holds solutions only for tasks this run "
-                         f"does not train on: {sorted(skipped)}; its tasks: {sorted(task_by_id)}")
-    if skipped:
-        log.info("rl.seed_solutions: skipped the solutions of tasks not in this run: %s",
-                 sorted(skipped))
-    return out
-
-
-def build_model_config(cfg: ml_collections.ConfigDict, vocab_size: int | None):
-    overrides = dict(cfg.model.overrides)
-    if vocab_size is not None:
-        overrides["vocab_size"] = vocab_size
-    return model_configs.get_model_config(cfg.model.preset, **overrides)
-
-
-# --------------------------------------------------------------------------------------- trainer
 
 class Trainer:
     """Wires the parts of one AceGRPO run from a config (``configs/*.py``) and runs it.
@@ -232,23 +78,19 @@ class Trainer:
         self.cfg = cfg
         self.workdir = cfg.workdir
         check_writable(self.workdir)
-        grpo.validate_config(cfg.grpo)
-        rewards.get_reward(cfg.rl.reward)  # unknown name -> error listing the valid ones
-        if cfg.rl.batch_states < 1 or cfg.rl.group_size < 2:
-            raise SetupError(f"rl.batch_states must be >= 1 and rl.group_size >= 2 (GRPO compares "
-                             f"within a group), got {cfg.rl.batch_states}, {cfg.rl.group_size}")
+        try:   # every check of the config alone (config.validate), before any heavy work
+            train_config.validate(cfg)
+        except config_utils.ConfigError as e:
+            raise SetupError(str(e)) from e
+        self.max_staleness = max_staleness(cfg)
         self.tasks = load_tasks(cfg)
         self.task_by_id = {t.task_id: t for t in self.tasks}
-        self.targets = {t.task_id: task_targets(t) for t in self.tasks}
-        self.evaluation_seeds = load_evaluation_seeds(cfg.rl.seed_solutions,
-                                                      self.task_by_id)
-        self.tokenizer = self._load_tokenizer()
-        try:  # one mesh over every process's devices, one Placement for every sharding
-            self.placement = placement_lib.Placement.from_config(cfg.mesh)
-        except (sharding.MeshConfigError, ValueError) as e:
-            raise SetupError(f"mesh: {e} (jax sees {jax.device_count()} devices in "
-                             f"{jax.process_count()} processes)") from e
-        self.model = self._build_model()
+        self.targets = {t.task_id: rewards.task_targets(t) for t in self.tasks}
+        self.evaluation_seeds = load_evaluation_seeds(cfg.rl.seed_solutions, self.task_by_id)
+        self.tokenizer = setup.load_tokenizer(cfg, self.workdir, self.tasks, self._tokenizer_texts)
+        # one mesh over every process's devices, one Placement for every sharding
+        self.placement = placement_lib.Placement.from_config(cfg.mesh)
+        self.model = setup.build_model(cfg, self.tokenizer, self.placement)
         self.eos_ids = tuple(self.tokenizer.convert_tokens_to_ids([tok_lib.IM_END,
                                                                    tok_lib.ENDOFTEXT]))
         self.pad_id = int(self.tokenizer.convert_tokens_to_ids(tok_lib.ENDOFTEXT))
@@ -257,21 +99,21 @@ class Trainer:
             temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k,
             top_p=cfg.sampling.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
             prompt_bucket=cfg.sampling.prompt_bucket)
-        if cfg.sampling.temperature > 0 and cfg.optim.temperature != cfg.sampling.temperature:
-            raise SetupError(f"optim.temperature ({cfg.optim.temperature}) must equal "
-                             f"sampling.temperature ({cfg.sampling.temperature}): the learner "
-                             "recomputes the sampler's log-probs")
-        ctx = cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens
-        if ctx > self.model.config.max_position_embeddings:
-            raise SetupError(f"rl.max_prompt_tokens + sampling.max_new_tokens = {ctx} exceeds the "
-                             f"model's max_position_embeddings "
-                             f"({self.model.config.max_position_embeddings})")
-        # Checkpoint and buffer commit are written synchronously, one after the other, so that
-        # a crash between them is detectable (see the module docstring).
+        try:   # the model's config is known only now (an HF checkpoint or an earlier run's)
+            train_config.check_context(cfg, self.model.config.max_position_embeddings)
+        except config_utils.ConfigError as e:
+            raise SetupError(str(e)) from e
+        ck = cfg.checkpoint
+        self.async_save = bool(ck.get("async_save", False))
         self.checkpointer = ckpt_lib.Checkpointer(
-            cfg.checkpoint.directory or os.path.join(self.workdir, "checkpoints"),
-            keep=max(2, cfg.checkpoint.keep), save_interval_steps=1, async_save=False)
-        self.buffer = buffer_lib.EvolvingBuffer(cfg.buffer, list(self.targets.values()))
+            ck.directory or os.path.join(self.workdir, "checkpoints"),
+            keep=max(2, ck.keep),   # the previous one too: its buffer commit may be the newest
+            save_interval_steps=int(ck.get("save_interval_steps", 1)),
+            async_save=self.async_save)
+        # Pruning ranks states by the potential that selects them (the configured LP).
+        self.buffer = buffer_lib.EvolvingBuffer(
+            cfg.buffer, list(self.targets.values()),
+            potential_fn=learnability.pruning_potential(cfg.lp))
         self.store = buffer_store.BufferStore(cfg.buffer.store.url or
                                               os.path.join(self.workdir, "buffer"),
                                               cfg.buffer.store)
@@ -288,75 +130,290 @@ class Trainer:
         self.next_step = 0                  # the next RL step to generate
         self.iteration = 0                  # loop iterations done (checkpoint / commit tag)
         self.rng = self.placement.replicate(jax.random.key(cfg.seed))
-        self.pending: Optional[PendingStep] = None
+        # the steps whose executions may still be running, oldest first (at most k + 1)
+        self.in_flight: collections.deque[StepRollouts] = collections.deque()
+        self._uncommitted: Optional[tuple] = None   # (iteration, buffer copy, sampler state)
         self.best_scores: dict[str, Optional[float]] = {t: None for t in self.task_by_id}
 
-    # ------------------------------------------------------------------ building blocks
+    # ------------------------------------------------------------------ the loop
 
-    def _seed_buffer(self) -> None:
-        """The states a fresh run starts from: an empty draft per task, the seed corpus's
-        reference solutions (``rl.seed_with_references``) and the valid attempts of earlier
-        evaluations (``rl.seed_solutions``, origin "evaluation")."""
+    def run(self) -> dict[str, Any]:
+        """Warm start (if no checkpoint), then RL until ``rl.num_steps``; returns a summary."""
         cfg = self.cfg
-        self.buffer.seed(seeds.reference_solutions(self.tasks, cfg.tasks.seed)
-                         if cfg.rl.seed_with_references else ())
-        seeds.add_seed_states(self.buffer, self.evaluation_seeds)
+        t_start = time.perf_counter()
+        self.pool = SandboxPool.from_config(cfg.sandbox)
+        self.learner = self._make_learner()
+        self.generator = generate.Generator(self.model, self.sampling, placement=self.placement)
+        warm = {}
+        if not self._restore():
+            warm = self._warm_start()
+            self.learner = self._make_learner()
+            self.generator.update_weights(self.learner.params)
+            self._seed_buffer()
+            self.metrics.write_config(cfg)
+            self._persist()
+        if self.is_writer:   # the GRPO mode, on the terminal at every start
+            print(grpo.describe(cfg.grpo), file=sys.stderr, flush=True)
+        last: dict = {}
+        while not self.done:
+            last = self.step() or last
+        self._commit_saved()
+        return {"steps": cfg.rl.num_steps, "minutes": (time.perf_counter() - t_start) / 60,
+                "warm_start": warm, "last": last}
 
-    def _load_tokenizer(self):
-        path = self.cfg.model.get("tokenizer_path", "") or ""
-        init_run = self.cfg.model.get("init_from_run", "") or ""
-        if not path and init_run:
-            path = os.path.join(init_run, "tokenizer")
-        if path:
-            if "://" in path:  # gs://...: copy the few small files next to the run
-                import fsspec
+    @property
+    def done(self) -> bool:
+        return self.next_step >= self.cfg.rl.num_steps and not self.in_flight
 
-                local = os.path.join(self.workdir, "tokenizer_cache")
-                fs, root = fsspec.core.url_to_fs(path)
-                fs.get(root.rstrip("/") + "/", local, recursive=True)
-                path = local
-            return tok_lib.load_tokenizer(path)
-        local = os.path.join(self.workdir, "tokenizer")
-        if jax.process_index() == 0 and not os.path.exists(os.path.join(local, "tokenizer.json")):
-            from sandbox import seed_corpus
+    def step(self) -> Optional[dict]:
+        """One loop iteration: a new RL step goes out (1-4), the oldest step in flight is learned
+        on once more than k are in flight or none is left to generate (5-7), then 8. Returns the
+        metrics of the step learned on (None if none was)."""
+        t0 = time.perf_counter()
+        k = self.max_staleness
+        if self.next_step < self.cfg.rl.num_steps and len(self.in_flight) <= k:
+            step = self.next_step
+            states = self._select(step)                                  # 1. select
+            prompts, truncated = self._prompts(states)                   # 2. prompts
+            out = self._generate(step, states, prompts)                  # 3. generate
+            out.truncated = truncated
+            self._execute(out)                                           # 4. execute
+            self.in_flight.append(out)
+            self.next_step = step + 1
+        metrics = None
+        if len(self.in_flight) > k or (self.in_flight and self.next_step >= self.cfg.rl.num_steps):
+            done = self.in_flight.popleft()     # the oldest: generated at most k updates ago
+            wait_s = self._wait_results(done)
+            self._reward(done)                                           # 5. reward
+            learn, learn_s = self._learn(done)                           # 6. learn
+            self._grow_buffer(done)                                      # 7. grow the buffer
+            self._log_rollouts(done)
+            metrics = self._step_metrics(done, learn, wait_s, learn_s)
+            metrics["perf/step_seconds"] = time.perf_counter() - t0
+            self.metrics.write(done.step, metrics)
+        self.iteration += 1
+        self._persist(final=self.done)                                   # 8. persist
+        return metrics
 
-            corpus = [s for t in self.tasks for s in seed_corpus.list_scripts(t.task_id)]
-            sft.build_tokenizer(self.tasks, corpus, self.cfg.sft.vocab_size, local,
-                                agent_cfg=self.cfg.agent)
-        multihost.barrier("tokenizer")   # the others read what process 0 wrote
-        return tok_lib.load_tokenizer(local)
+    # ------------------------------------------------------------------ 1-4: a step goes out
 
-    def _build_model(self):
-        cfg = self.cfg
-        if cfg.model.get("init_from_run", ""):
-            from ace_jax.policy import policy
+    def _select(self, step: int) -> list[buffer_lib.State]:
+        slots = self.sampler.select(self.buffer.stats, step, self.cfg.rl.batch_states,
+                                    data_parallel_size=1)
+        ids = self.buffer.ids_for_slots(slots)
+        self.buffer.mark_sampled(ids, step)
+        return [self.buffer.get(i) for i in ids]
 
-            try:
-                model, _, step = policy.load_run_model(cfg.model.init_from_run)
-            except (policy.PolicyError, ckpt_lib.CheckpointError) as e:
-                raise SetupError(f"model.init_from_run={cfg.model.init_from_run!r}: {e}") from e
-            log.info("initial weights: %s step %d (no warm start)", cfg.model.init_from_run, step)
-            self.placement.place_params(model)
-            return model
-        if cfg.model.hf_path:
-            from models import hf_mapping
+    def _prompt_text(self, state) -> str:
+        """The policy's prompt for ``state`` (a hook: the ideator trainer renders its own)."""
+        return agent.render_prompt(state, self.task_by_id[state.task_id], self.cfg.agent)
 
-            # each host reads only the slices of the safetensors that its devices hold
-            model = hf_mapping.load_hf_model(cfg.model.hf_path, shardings=self.placement.params,
-                                             **dict(cfg.model.runtime))
-        else:
-            model_cfg = build_model_config(cfg, len(self.tokenizer))
-            model = self.placement.init_model(
-                lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(cfg.seed)))
-        if len(self.tokenizer) > model.config.vocab_size:
-            raise SetupError(f"the tokenizer has {len(self.tokenizer)} tokens but the model's "
-                             f"vocab_size is {model.config.vocab_size}: they do not belong together")
-        return model
+    def _prompts(self, states: Sequence[buffer_lib.State]) -> tuple[list[list[int]], int]:
+        """The states' prompt token ids, each keeping its last ``rl.max_prompt_tokens``; and
+        how many were cut."""
+        limit = self.cfg.rl.max_prompt_tokens
+        prompts, cut = [], 0
+        for s in states:
+            ids = self.tokenizer(self._prompt_text(s), add_special_tokens=False)["input_ids"]
+            cut += len(ids) > limit
+            prompts.append(ids[-limit:] if len(ids) > limit else ids)
+        return prompts, cut
 
-    # ------------------------------------------------------------------ resume / warm start
+    def _generate(self, step: int, states: Sequence[buffer_lib.State],
+                  prompts: list[list[int]]) -> StepRollouts:
+        """G completions per prompt with the current policy; the arrays come back to the host
+        (numpy) and stay arrays up to the learner."""
+        self.rng, key = jax.random.split(self.rng)
+        t0 = time.perf_counter()
+        out = self.generator.generate(prompts, key)
+        gen = generate.GenerationResult(*(np.asarray(multihost.host_value(x)) for x in out))
+        gen_s = time.perf_counter() - t0
+        version = int(self.learner.state.step)
+        rollouts = []
+        for i in range(gen.tokens.shape[0]):
+            st = states[int(gen.prompt_index[i])]
+            rollouts.append(Rollout(
+                state_id=st.state_id, task_id=st.task_id, policy_version=version,
+                text=self.tokenizer.decode(gen.tokens[i, :gen.lengths[i]].tolist(),
+                                           skip_special_tokens=False)))
+        return StepRollouts(step, prompts, gen, rollouts, gen_seconds=gen_s,
+                            gen_tokens=int(gen.lengths.sum()))
+
+    def _execute(self, s: StepRollouts) -> None:
+        """Parses every completion and sends the valid actions of this process's share
+        (`multihost.my_share`; all of them on one host) to its sandbox pool (a hook: the ideator
+        trainer asks its implementer for the code)."""
+        mine = multihost.my_share(len(s.rollouts))
+        s.futures = []
+        for i, r in enumerate(s.rollouts):
+            r.action = agent.parse_action(r.text, max_code_chars=self.cfg.agent.max_code_chars)
+            s.futures.append(self.pool.submit(self.task_by_id[r.task_id], r.action.code)
+                             if r.action.valid and i in mine else None)
+
+    # ------------------------------------------------------------------ 5-7: learn on a step
+
+    def _wait_results(self, s: StepRollouts) -> float:
+        """Sets every rollout's result: this process's executions, then (multi-host) everyone's,
+        gathered so that every process holds the same results. Returns the seconds waited."""
+        t0 = time.perf_counter()
+        mine = multihost.my_share(len(s.rollouts))
+        own = [None if s.futures[i] is None else s.futures[i].result().to_dict() for i in mine]
+        if multihost.is_multi_process():
+            log.info("process %d of %d ran %d of the %d executions of step %d",
+                     jax.process_index(), jax.process_count(), len(own) - own.count(None),
+                     len(s.rollouts), s.step)
+        for r, d in zip(s.rollouts, multihost.allgather_json(own)):
+            r.result = None if d is None else ExecutionResult.from_dict(d)
+        return time.perf_counter() - t0
+
+    def _reward(self, s: StepRollouts) -> None:
+        reward_fn = rewards.get_reward(self.cfg.rl.reward)
+        for r in s.rollouts:
+            parent = self.buffer.get(r.state_id)
+            r.reward = reward_fn(action=r.action, result=r.result, current_score=parent.score,
+                                 targets=self.targets[r.task_id], cfg=self.cfg.rewards)
+
+    def _learn(self, s: StepRollouts) -> tuple[dict, float]:
+        """One GRPO update on the step's batch; the generator gets the new weights. Returns
+        (learner metrics, seconds)."""
+        t0 = time.perf_counter()
+        s.learner_version = int(self.learner.state.step)
+        batch = s.train_batch(prompt_bucket=self.cfg.sampling.prompt_bucket, pad_id=self.pad_id)
+        learn = self.learner.step(batch)
+        learn = {k: float(v) for k, v in jax.device_get(learn).items()}
+        self.generator.update_weights(self.learner.params)
+        return learn, time.perf_counter() - t0
+
+    def _grow_buffer(self, s: StepRollouts) -> None:
+        """Every execution becomes a child state; invalid-format completions count only in the
+        parent's group statistics (they have no code to start from)."""
+        g = self.cfg.rl.group_size
+        for b in range(len(s.rollouts) // g):
+            group = s.rollouts[b * g:(b + 1) * g]
+            parent = self.buffer.get(group[0].state_id)
+            children = [buffer_lib.Child(code=r.action.code, result=r.result, reward=r.reward,
+                                         action=agent.step_kind(parent))
+                        for r in group if r.result is not None]
+            extra = [r.reward for r in group if r.result is None]
+            self.buffer.add_children(parent.state_id, children, s.step + 1,
+                                     extra_rewards=extra)
+            for r in group:
+                if r.result is not None and r.result.status is Status.OK:
+                    tgt = self.targets[r.task_id]
+                    self.best_scores[r.task_id] = tgt.better(self.best_scores[r.task_id],
+                                                             r.result.dev_score)
+
+    def _log_rollouts(self, s: StepRollouts) -> None:
+        """Writes ``<workdir>/rollouts/<step>.jsonl``: every completion of the step with its
+        state, parsed action, status, dev score and reward (rewritten identically on resume)."""
+        if not self.is_writer:
+            return
+        d = pathlib.Path(self.workdir) / "rollouts"
+        d.mkdir(exist_ok=True)
+        rows = [json.dumps(self._rollout_record(s.step, r)) for r in s.rollouts]
+        tmp = d / f"{s.step:06d}.jsonl.tmp"
+        tmp.write_text("\n".join(rows) + "\n")
+        os.replace(tmp, d / f"{s.step:06d}.jsonl")
+
+    def _rollout_record(self, step: int, r: Rollout) -> dict:
+        """One line of ``<workdir>/rollouts/<step>.jsonl`` (a hook: subclasses add fields)."""
+        res = r.result
+        return dict(
+            step=step, state_id=r.state_id, task_id=r.task_id, text=r.text,
+            valid_format=r.action.valid,
+            invalid_reason=None if r.action.valid else r.action.reason.value,
+            status=None if res is None else res.status.value,
+            dev_score=None if res is None else res.dev_score,
+            stderr_tail=None if res is None else res.stderr[-300:],
+            reward=r.reward, policy_version=r.policy_version)
+
+    def _step_metrics(self, s: StepRollouts, learn: dict, wait_s: float, learn_s: float) -> dict:
+        rs = s.rollouts
+        n = len(rs)
+        rew = np.asarray([r.reward for r in rs])
+        valid = [r for r in rs if r.result is not None and r.result.status is Status.OK]
+        norm = [rewards.normalised_score(r.result.dev_score, self.targets[r.task_id],
+                                         clip_low=self.cfg.rewards.norm_clip_low,
+                                         clip_high=self.cfg.rewards.norm_clip_high) for r in valid]
+        m = {
+            "reward/mean": rew.mean(), "reward/std": rew.std(),
+            "rollout/valid_rate": len(valid) / n,
+            **root_child_metrics([self.buffer.get(r.state_id).depth == 0 for r in rs],
+                                 [r.result is not None and r.result.status is Status.OK
+                                  for r in rs]),
+            "rollout/format_valid_rate": sum(r.action.valid for r in rs) / n,
+            "score/dev_norm_mean": float(np.mean(norm)) if norm else 0.0,
+            # Failures count as the baseline (0): improves with validity AND quality.
+            "score/dev_norm_all": float(np.sum(norm)) / n,
+            "rollout/completion_tokens_mean": float(np.mean(s.gen.lengths)),
+            "rollout/prompt_truncated": float(s.truncated),
+            "perf/gen_tokens_per_s": s.gen_tokens / max(s.gen_seconds, 1e-9),
+            "perf/gen_seconds": s.gen_seconds, "perf/sandbox_wait_seconds": wait_s,
+            "perf/learn_seconds": learn_s,
+            "perf/learn_tokens_per_s": learn.get("tokens", 0.0) / max(learn_s, 1e-9),
+            "perf/sandbox_utilization": self.pool.utilization(),
+            "perf/staleness": float(s.staleness),
+            "buffer/size": len(self.buffer),
+        }
+        for status in Status:
+            m[f"rollout/status/{status.value}"] = sum(
+                r.result is not None and r.result.status is status for r in rs) / n
+        m["rollout/status/invalid_format"] = sum(not r.action.valid for r in rs) / n
+        m.update({f"grpo/{k}": v for k, v in learn.items()})
+        m["grpo/zero_var_frac"] = learn.get("frac_zero_variance_groups", 0.0)
+        temp, rho = learnability.schedule(s.step, self.sampler.spec)
+        m["lp/temperature"], m["lp/rho"] = float(temp), float(rho)
+        lp = np.asarray(learnability.potential(learnability.lp_inputs(self.buffer.stats),
+                                               self.sampler.spec))
+        live = np.asarray(self.buffer.stats.valid)
+        m["lp/mean"] = float(lp[live].mean()) if live.any() else 0.0
+        m["lp/max"] = float(lp[live].max()) if live.any() else 0.0
+        for task_id, best in self.best_scores.items():
+            if best is None:
+                continue
+            task = self.task_by_id[task_id]
+            m[metrics_lib.task_scalar(task_id, "best_dev_score")] = best
+            if task.has_leaderboard:
+                m[metrics_lib.task_scalar(task_id, "medal")] = medal_level(task.medal(best))
+        return m
+
+    # ------------------------------------------------------------------ 8: persist / resume
+
+    def _train_state(self) -> ckpt_lib.TrainState:
+        meta = {"learner_step": int(self.learner.state.step), "next_step": self.next_step,
+                "best_scores": self.best_scores,
+                "in_flight": [s.to_json() for s in self.in_flight]}
+        return ckpt_lib.TrainState(step=self.iteration, params=self.learner.params,
+                                   opt_state=self.learner.state.opt_state, rng=self.rng,
+                                   sampler_state=meta)
+
+    def _persist(self, *, final: bool = False) -> None:
+        """Checkpoint first, then the buffer commit, both tagged with the loop iteration; on the
+        iterations ``checkpoint.save_interval_steps`` divides (and the ``final`` one) only."""
+        self._commit_saved()      # the previous save's commit, once its checkpoint is on disk
+        if not self.checkpointer.save(self._train_state(), force=final):  # every process: its shards
+            return
+        # the buffer is identical on every process: one writer
+        if self.is_writer:
+            if self.async_save:   # committed when the checkpoint is complete (next iteration)
+                self._uncommitted = (self.iteration, copy.deepcopy(self.buffer),
+                                     self.sampler.state_dict())
+                self.buffer.export_delta()   # the copy carries these changes to its commit
+            else:
+                self._uncommitted = (self.iteration, self.buffer, self.sampler.state_dict())
+        if not self.async_save:
+            self._commit_saved()
+
+    def _commit_saved(self) -> None:
+        """Waits for the checkpoint being written, then commits the buffer of its iteration."""
+        self.checkpointer.wait_until_finished()
+        if self._uncommitted is not None:
+            iteration, buf, sampler_state = self._uncommitted
+            self._uncommitted = None
+            self.store.commit(buf, iteration, sampler_state)
 
     def _restore(self) -> bool:
-        """Restores checkpoint + buffer of the newest step present in both; False if none."""
+        """Restores checkpoint + buffer of the newest iteration present in both; False if none."""
         target = self._train_state()
         steps = self.checkpointer.all_steps()
         if not steps:
@@ -380,10 +437,10 @@ class Trainer:
         if info.sampler_state:
             self.sampler.load_state_dict(info.sampler_state)
         # Metrics lines exist for the RL steps already learned on; later lines are dropped.
-        finished = self.next_step - 1 - (self.pending is not None)
+        finished = self.next_step - 1 - len(self.in_flight)
         self.metrics.resume(finished)
-        log.info("resumed at step %d (buffer commit %d, %d states)", step, info.seq,
-                 len(self.buffer))
+        log.info("resumed at iteration %d (buffer commit %d, %d states, %d steps in flight)",
+                 step, info.seq, len(self.buffer), len(self.in_flight))
         return True
 
     def _install(self, state: ckpt_lib.TrainState) -> None:
@@ -395,295 +452,58 @@ class Trainer:
         self.iteration = int(state.step)
         self.next_step = int(meta.get("next_step", 0))
         self.best_scores.update(meta.get("best_scores", {}))
-        pending = meta.get("pending")
-        if pending:
-            self.pending = self._submit(int(pending["step"]),
-                                        [Rollout(**r) for r in pending["rollouts"]], 0.0, 0)
+        saved = meta.get("in_flight")
+        if saved is None:   # a checkpoint of an older version: at most one step, as "pending"
+            saved = [meta["pending"]] if meta.get("pending") else []
+        for d in saved:      # their executions are run again
+            s = StepRollouts.from_json(d, max_new_tokens=self.cfg.sampling.max_new_tokens,
+                                       pad_id=self.pad_id, eos_ids=self.eos_ids,
+                                       group_size=self.cfg.rl.group_size)
+            self._execute(s)
+            self.in_flight.append(s)
 
-    def _train_state(self) -> ckpt_lib.TrainState:
-        p = self.pending
-        meta = {"learner_step": int(self.learner.state.step), "next_step": self.next_step,
-                "best_scores": self.best_scores,
-                "pending": None if p is None else
-                {"step": p.step, "rollouts": [r.to_json() for r in p.rollouts]}}
-        return ckpt_lib.TrainState(step=self.iteration, params=self.learner.params,
-                                   opt_state=self.learner.state.opt_state, rng=self.rng,
-                                   sampler_state=meta)
+    # ------------------------------------------------------------------ warm start
 
-    def _persist(self) -> None:
-        """Checkpoint first, then the buffer commit, both tagged with the loop iteration."""
-        self.checkpointer.save(self._train_state(), force=True)   # every process: its shards
-        self.checkpointer.wait_until_finished()
-        if self.is_writer:   # the buffer is identical on every process: one writer
-            self.store.commit(self.buffer, self.iteration, self.sampler.state_dict())
+    def _seed_buffer(self) -> None:
+        """The states a fresh run starts from: an empty draft per task, the seed corpus's
+        reference solutions (``rl.seed_with_references``) and the valid attempts of earlier
+        evaluations (``rl.seed_solutions``, origin "evaluation")."""
+        cfg = self.cfg
+        self.buffer.seed(seeds.reference_solutions(self.tasks, cfg.tasks.seed)
+                         if cfg.rl.seed_with_references else ())
+        seeds.add_seed_states(self.buffer, self.evaluation_seeds)
 
-    def _warm_start(self) -> dict:
-        """Supervised warm start on the seed corpus (only when no checkpoint exists and the
-        weights do not come from another run's checkpoint)."""
-        if not self.cfg.sft.enabled or self.cfg.model.get("init_from_run", ""):
-            return {}
-        examples = self._sft_examples()
-        with self.placement.context():   # e.g. splash attention runs under shard_map on TPU
-            model, info = sft.train_sft(self.model, self.tokenizer, examples, self.cfg.sft,
-                                        progress=self.progress)
-        self.placement.place_params(model)
-        self.model = model
-        log.info("warm start: %d steps in %.0f s, loss %.3f -> %.3f", info["steps"],
-                 info["seconds"], info["first_loss"], info["final_loss"])
-        return {k: v for k, v in info.items() if k != "losses"}
+    def _tokenizer_texts(self) -> list[str]:
+        """Texts a tokenizer trained for this run sees besides the agent prompts and seed
+        scripts (a hook: the ideator adds its prompts and ideas)."""
+        return []
 
     def _sft_examples(self) -> list:
         """The warm start's (prompt, completion) examples (a hook: subclasses add their own)."""
         return sft.build_sft_examples(self.tasks, self.cfg.sft, self.cfg.agent)
 
-    # ------------------------------------------------------------------ one RL step
-
-    def _select(self, step: int) -> list[buffer_lib.State]:
-        slots = self.sampler.select(self.buffer.stats, step, self.cfg.rl.batch_states,
-                                    data_parallel_size=1)
-        ids = self.buffer.ids_for_slots(slots)
-        self.buffer.mark_sampled(ids, step)
-        return [self.buffer.get(i) for i in ids]
-
-    def _prompt_text(self, state) -> str:
-        """The policy's prompt for ``state`` (a hook: the ideator trainer renders its own)."""
-        return agent.render_prompt(state, self.task_by_id[state.task_id], self.cfg.agent)
-
-    def _prompt_tokens(self, state) -> tuple[list[int], bool]:
-        text = self._prompt_text(state)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        limit = self.cfg.rl.max_prompt_tokens
-        return (ids[-limit:], True) if len(ids) > limit else (ids, False)
-
-    def _generate(self, step: int) -> PendingStep:
-        states = self._select(step)
-        prompts, truncated = zip(*(self._prompt_tokens(s) for s in states))
-        self.rng, key = jax.random.split(self.rng)
-        t0 = time.perf_counter()
-        out = self.generator.generate(list(prompts), key)
-        tokens, logprobs, lengths = (multihost.host_value(out.tokens),
-                                     multihost.host_value(out.logprobs),
-                                     multihost.host_value(out.lengths))
-        gen_s = time.perf_counter() - t0
-        g = self.cfg.rl.group_size
-        version = int(self.learner.state.step)
-        rollouts = []
-        for i in range(tokens.shape[0]):
-            st = states[i // g]
-            comp = tokens[i, :lengths[i]].tolist()
-            rollouts.append(Rollout(
-                state_id=st.state_id, task_id=st.task_id, prompt=list(prompts[i // g]),
-                completion=comp, logprobs=logprobs[i, :lengths[i]].astype(float).tolist(),
-                text=self.tokenizer.decode(comp, skip_special_tokens=False),
-                policy_version=version))
-        pending = self._submit(step, rollouts, gen_s, int(lengths.sum()))
-        pending.truncated = int(sum(truncated))
-        return pending
-
-    def _submit(self, step: int, rollouts: list[Rollout], gen_s: float, gen_tokens: int
-                ) -> PendingStep:
-        """Parses every completion and sends the valid actions of this process's share
-        (`multihost.my_share`; all of them on one host) to its sandbox pool."""
-        mine = multihost.my_share(len(rollouts))
-        futures = []
-        for i, r in enumerate(rollouts):
-            r.action = agent.parse_action(r.text, max_code_chars=self.cfg.agent.max_code_chars)
-            futures.append(self.pool.submit(self.task_by_id[r.task_id], r.action.code)
-                           if r.action.valid and i in mine else None)
-        return PendingStep(step, rollouts, futures, gen_s, gen_tokens)
-
-    def _wait_results(self, p: PendingStep) -> None:
-        """Sets every rollout's result: this process's executions, then (multi-host) everyone's,
-        gathered so that every process holds the same results."""
-        mine = multihost.my_share(len(p.rollouts))
-        own = [None if p.futures[i] is None else p.futures[i].result().to_dict() for i in mine]
-        if multihost.is_multi_process():
-            log.info("process %d of %d ran %d of the %d executions of step %d",
-                     jax.process_index(), jax.process_count(), len(own) - own.count(None),
-                     len(p.rollouts), p.step)
-        for r, d in zip(p.rollouts, multihost.allgather_json(own)):
-            r.result = None if d is None else ExecutionResult.from_dict(d)
-
-    def _finish(self, p: PendingStep) -> dict[str, float]:
-        """Waits for the executions of ``p``, rewards them, learns, grows the buffer, logs."""
-        t0 = time.perf_counter()
-        self._wait_results(p)
-        wait_s = time.perf_counter() - t0
-        reward_fn = rewards.get_reward(self.cfg.rl.reward)
-        for r in p.rollouts:
-            parent = self.buffer.get(r.state_id)
-            r.reward = reward_fn(action=r.action, result=r.result, current_score=parent.score,
-                                 targets=self.targets[r.task_id], cfg=self.cfg.rewards)
-        t1 = time.perf_counter()
-        learn = self.learner.step(self._train_batch(p))
-        learn = {k: float(v) for k, v in jax.device_get(learn).items()}
-        self.generator.update_weights(self.learner.params)
-        learn_s = time.perf_counter() - t1
-        self._grow_buffer(p)
-        self._log_rollouts(p)
-        return self._step_metrics(p, learn, wait_s, learn_s)
-
-    def _log_rollouts(self, p: PendingStep) -> None:
-        """Writes ``<workdir>/rollouts/<step>.jsonl``: every completion of the step with its
-        state, parsed action, status, dev score and reward (rewritten identically on resume)."""
-        if not self.is_writer:
-            return
-        d = pathlib.Path(self.workdir) / "rollouts"
-        d.mkdir(exist_ok=True)
-        rows = [json.dumps(self._rollout_record(p.step, r)) for r in p.rollouts]
-        tmp = d / f"{p.step:06d}.jsonl.tmp"
-        tmp.write_text("\n".join(rows) + "\n")
-        os.replace(tmp, d / f"{p.step:06d}.jsonl")
-
-    def _rollout_record(self, step: int, r: Rollout) -> dict:
-        """One line of ``<workdir>/rollouts/<step>.jsonl`` (a hook: subclasses add fields)."""
-        res = r.result
-        return dict(
-            step=step, state_id=r.state_id, task_id=r.task_id, text=r.text,
-            valid_format=r.action.valid,
-            invalid_reason=None if r.action.valid else r.action.reason.value,
-            status=None if res is None else res.status.value,
-            dev_score=None if res is None else res.dev_score,
-            stderr_tail=None if res is None else res.stderr[-300:],
-            reward=r.reward, policy_version=r.policy_version)
-
-    def _train_batch(self, p: PendingStep) -> rollout_batch.TrainBatch:
-        g = self.cfg.rl.group_size
-        m = self.cfg.sampling.max_new_tokens
-        n = len(p.rollouts)
-        tokens = np.full((n, m), self.pad_id, np.int32)
-        logprobs = np.zeros((n, m), np.float32)
-        lengths = np.zeros((n,), np.int32)
-        for i, r in enumerate(p.rollouts):
-            tokens[i, :len(r.completion)] = r.completion
-            logprobs[i, :len(r.completion)] = r.logprobs
-            lengths[i] = len(r.completion)
-        gen = generate.GenerationResult(tokens, logprobs, lengths, np.zeros((n,), np.int32),
-                                        np.repeat(np.arange(n // g), g).astype(np.int32))
-        prompts = [p.rollouts[b * g].prompt for b in range(n // g)]
-        rew = np.asarray([r.reward for r in p.rollouts], np.float32)
-        return rollout_batch.make_train_batch(prompts, gen, rew,
-                                              prompt_bucket=self.cfg.sampling.prompt_bucket,
-                                              pad_id=self.pad_id)
-
-    def _grow_buffer(self, p: PendingStep) -> None:
-        """Every execution becomes a child state; invalid-format completions count only in the
-        parent's group statistics (they have no code to start from)."""
-        g = self.cfg.rl.group_size
-        for b in range(len(p.rollouts) // g):
-            group = p.rollouts[b * g:(b + 1) * g]
-            parent = self.buffer.get(group[0].state_id)
-            children = [buffer_lib.Child(code=r.action.code, result=r.result, reward=r.reward,
-                                         action=agent.step_kind(parent))
-                        for r in group if r.result is not None]
-            extra = [r.reward for r in group if r.result is None]
-            self.buffer.add_children(parent.state_id, children, p.step + 1,
-                                     extra_rewards=extra)
-            for r in group:
-                if r.result is not None and r.result.status is Status.OK:
-                    tgt = self.targets[r.task_id]
-                    self.best_scores[r.task_id] = tgt.better(self.best_scores[r.task_id],
-                                                             r.result.dev_score)
-
-    def _step_metrics(self, p: PendingStep, learn: dict, wait_s: float, learn_s: float) -> dict:
-        rs = p.rollouts
-        n = len(rs)
-        rew = np.asarray([r.reward for r in rs])
-        valid = [r for r in rs if r.result is not None and r.result.status is Status.OK]
-        norm = [rewards.normalised_score(r.result.dev_score, self.targets[r.task_id],
-                                         clip_low=self.cfg.rewards.norm_clip_low,
-                                         clip_high=self.cfg.rewards.norm_clip_high) for r in valid]
-        m = {
-            "reward/mean": rew.mean(), "reward/std": rew.std(),
-            "rollout/valid_rate": len(valid) / n,
-            **root_child_metrics([self.buffer.get(r.state_id).depth == 0 for r in rs],
-                                 [r.result is not None and r.result.status is Status.OK
-                                  for r in rs]),
-            "rollout/format_valid_rate": sum(r.action.valid for r in rs) / n,
-            "score/dev_norm_mean": float(np.mean(norm)) if norm else 0.0,
-            # Failures count as the baseline (0): improves with validity AND quality.
-            "score/dev_norm_all": float(np.sum(norm)) / n,
-            "rollout/completion_tokens_mean": float(np.mean([len(r.completion) for r in rs])),
-            "rollout/prompt_truncated": float(p.truncated),
-            "perf/gen_tokens_per_s": p.gen_tokens / max(p.gen_seconds, 1e-9),
-            "perf/gen_seconds": p.gen_seconds, "perf/sandbox_wait_seconds": wait_s,
-            "perf/learn_seconds": learn_s,
-            "perf/learn_tokens_per_s": learn.get("tokens", 0.0) / max(learn_s, 1e-9),
-            "perf/sandbox_utilization": self.pool.utilization(),
-            "perf/staleness": float(int(self.learner.state.step) - 1 - rs[0].policy_version),
-            "buffer/size": len(self.buffer),
-        }
-        for status in Status:
-            m[f"rollout/status/{status.value}"] = sum(
-                r.result is not None and r.result.status is status for r in rs) / n
-        m["rollout/status/invalid_format"] = sum(not r.action.valid for r in rs) / n
-        m.update({f"grpo/{k}": v for k, v in learn.items()})
-        m["grpo/zero_var_frac"] = learn.get("frac_zero_variance_groups", 0.0)
-        temp, rho = learnability.schedule(p.step, self.sampler.spec)
-        m["lp/temperature"], m["lp/rho"] = float(temp), float(rho)
-        lp = np.asarray(learnability.potential(learnability.lp_inputs(self.buffer.stats),
-                                               self.sampler.spec))
-        live = np.asarray(self.buffer.stats.valid)
-        m["lp/mean"] = float(lp[live].mean()) if live.any() else 0.0
-        m["lp/max"] = float(lp[live].max()) if live.any() else 0.0
-        for task_id, best in self.best_scores.items():
-            if best is None:
-                continue
-            task = self.task_by_id[task_id]
-            m[metrics_lib.task_scalar(task_id, "best_dev_score")] = best
-            if task.has_leaderboard:
-                m[metrics_lib.task_scalar(task_id, "medal")] = medal_level(task.medal(best))
-        return m
-
-    # ------------------------------------------------------------------ the loop
-
-    def run(self) -> dict[str, Any]:
-        """Warm start (if no checkpoint), then RL until ``rl.num_steps``; returns a summary."""
-        cfg = self.cfg
-        t_start = time.perf_counter()
-        self.pool = SandboxPool.from_config(cfg.sandbox)
-        self.learner = self._make_learner()
-        self.generator = generate.Generator(self.model, self.sampling, placement=self.placement)
-        warm = {}
-        if not self._restore():
-            warm = self._warm_start()
-            self.learner = self._make_learner()
-            self.generator.update_weights(self.learner.params)
-            self._seed_buffer()
-            self.metrics.write_config(cfg)
-            self._persist()
-        if self.is_writer:   # the GRPO mode, on the terminal at every start
-            print(grpo.describe(cfg.grpo), file=sys.stderr, flush=True)
-        last: dict = {}
-        while self.next_step < cfg.rl.num_steps or self.pending is not None:
-            step = self.next_step
-            t0 = time.perf_counter()
-            new = self._generate(step) if step < cfg.rl.num_steps else None
-            if cfg.rl.async_rollouts:
-                done, self.pending = self.pending, new
-            else:
-                done = new
-            if done is not None:
-                last = self._finish(done)
-                last["perf/step_seconds"] = time.perf_counter() - t0
-                self.metrics.write(done.step, last)
-            if new is not None:
-                self.next_step = step + 1
-            self.iteration += 1
-            self._persist()
-        return {"steps": cfg.rl.num_steps, "minutes": (time.perf_counter() - t_start) / 60,
-                "warm_start": warm, "last": last}
+    def _warm_start(self) -> dict:
+        """Supervised warm start on the seed corpus (only when no checkpoint exists and the
+        weights do not come from another run's checkpoint)."""
+        self.model, info = setup.warm_start(self.cfg, self.model, self.tokenizer,
+                                            self._sft_examples, self.placement,
+                                            progress=self.progress)
+        return info
 
     def _make_learner(self) -> learner_lib.Learner:
         return learner_lib.Learner.create(self.model, self.cfg.grpo, self.cfg.optim,
                                           group_size=self.cfg.rl.group_size,
-                                          placement=self.placement)
+                                          placement=self.placement,
+                                          temperature=self.cfg.sampling.temperature)
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
-        self.checkpointer.close()
-        self.metrics.close()
+        try:
+            self._commit_saved()   # a checkpoint written in the background gets its commit
+        finally:
+            self.checkpointer.close()
+            self.metrics.close()
 
 
 def root_child_metrics(is_root: Sequence[bool], valid: Sequence[bool]) -> dict[str, float]:

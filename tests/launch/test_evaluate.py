@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ace_jax.env import agent
-from ace_jax.eval import evaluation
+from ace_jax.eval import episodes, runner
 from sandbox import seed_corpus
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        step = int(body["seed"]) % evaluation.SEED_STRIDE
+        step = int(body["seed"]) % runner.SEED_STRIDE
         text = agent.completion_target(SCRIPT) if step == 1 else "No code this time."
         data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text},
                                         "finish_reason": "stop"}],
@@ -72,7 +72,7 @@ def test_cli_writes_json_markdown_and_plots(endpoint, tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     logs = sorted(p.name for p in (out / "episodes").iterdir())
     assert logs == ["iris-species__seed0.jsonl", "iris-species__seed1.jsonl"]
-    ep = evaluation.load_episode(out / "episodes" / logs[0])
+    ep = episodes.load_episode(out / "episodes" / logs[0])
     assert [s.status for s in ep.steps] == ["ok", "invalid_format"]
     assert len((out / "seed_solutions.jsonl").read_text().splitlines()) == 1  # same code, merged
 
@@ -102,7 +102,7 @@ def test_cli_against_our_own_server(tmp_path):
                     "--backend=process",
                     f"--cache_dir={tmp_path / 'tasks'}", "--no_progress"])
         assert res.returncode == 0, res.stderr[-2000:]
-        (episode,) = evaluation.load_episodes(out)
+        (episode,) = episodes.load_episodes(out)
         assert len(episode.steps) == 2
         assert all(s.completion_error is None for s in episode.steps)
         assert server.stats()["requests"] == 2

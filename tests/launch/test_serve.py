@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from ace_jax.policy import serving
+from ace_jax.policy import engines, openai_api, sample_stream, serving
 from ace_jax.policy.policy import Completion, JaxPolicy, OpenAIPolicy
 from tests.run_fixture import make_tiny_run
 
@@ -224,9 +224,9 @@ def test_the_engine_matches_the_generator_on_the_accelerator_cache_layout(served
     want = policy.generator.generate([policy.encode(c)[0] for c in CONVS[:3]],
                                      jax.random.key(5), sampling)
     tokens, lengths = np.asarray(want.tokens), np.asarray(want.lengths)
-    group = [serving._Pending(serving.ChatRequest(messages=c, max_tokens=MAX_TOKENS,
-                                                  temperature=1.0, n=2)) for c in CONVS[:3]]
-    for _ in serving.JaxEngine(policy, chunk_tokens=CHUNK).decode(
+    group = [engines.Pending(openai_api.ChatRequest(messages=c, max_tokens=MAX_TOKENS,
+                                                    temperature=1.0, n=2)) for c in CONVS[:3]]
+    for _ in engines.JaxEngine(policy, chunk_tokens=CHUNK).decode(
             group, seed=5, temperature=1.0, max_tokens=MAX_TOKENS):
         pass
     for i, p in enumerate(group):
@@ -246,9 +246,9 @@ def test_the_engine_hands_out_text_chunk_by_chunk(served, direct):
     """JaxEngine.decode yields after every chunk of CHUNK steps with the new text already on
     the requests' queues; a request abandoned on the way stops there, the others finish."""
     policy = served[1]
-    engine = serving.JaxEngine(policy, chunk_tokens=CHUNK)
-    group = [serving._Pending(serving.ChatRequest(messages=c, max_tokens=MAX_TOKENS,
-                                                  temperature=0.0)) for c in CONVS]
+    engine = engines.JaxEngine(policy, chunk_tokens=CHUNK)
+    group = [engines.Pending(openai_api.ChatRequest(messages=c, max_tokens=MAX_TOKENS,
+                                                    temperature=0.0)) for c in CONVS]
     chunks = engine.decode(group, seed=0, temperature=0.0, max_tokens=MAX_TOKENS)
     next(chunks)
     first = [_drain(p) for p in group]
@@ -312,7 +312,7 @@ def test_text_pieces_concatenate_to_the_text(served):
     tok = served[1].tokenizer
     ids = tok("héllo 日本 wörld", add_special_tokens=False)["input_ids"]
     text = tok.decode(ids)
-    pieces = serving.text_pieces(text, ids, tok)
+    pieces = sample_stream.text_pieces(text, ids, tok)
     assert "".join(pieces) == text and len(pieces) > 1
     assert all("\ufffd" not in p for p in pieces)
 

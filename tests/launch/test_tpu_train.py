@@ -12,22 +12,14 @@ import time
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TINY = [
-    "--config.model.overrides.hidden_size=32", "--config.model.overrides.intermediate_size=64",
-    "--config.model.overrides.moe_intermediate_size=32",
-    "--config.model.overrides.num_hidden_layers=2", "--config.model.overrides.num_attention_heads=2",
-    "--config.model.overrides.num_key_value_heads=1", "--config.model.overrides.head_dim=16",
-    "--config.sft.steps=3", "--config.sft.seconds=0",
-    "--config.sft.batch_size=4", "--config.sft.debug_per_task=0",
-    "--config.rl.num_steps=5", "--config.rl.batch_states=2", "--config.rl.group_size=2",
-    "--config.sampling.max_new_tokens=24", "--config.sandbox.backend=process",
-    "--config.tasks.ids=('iris-species','wine-cultivar')", "--no_progress",
-]
+# configs/local.py:smoke = the local run with a smaller model, 3 SFT steps, 5 RL steps of
+# 2 x 2 rollouts of 24 tokens on two tasks, process sandbox (tests/ace_jax/train/test_config.py).
+TINY = ["--config=configs/local.py:smoke", "--no_progress"]
 
 
 def _cmd(workdir, *extra):
-    return [sys.executable, str(REPO / "launch/tpu_train.py"), "--config=configs/local.py",
-            f"--config.workdir={workdir}", *TINY, *extra]
+    return [sys.executable, str(REPO / "launch/tpu_train.py"), *TINY[:1],
+            f"--config.workdir={workdir}", *TINY[1:], *extra]
 
 
 def _env():
@@ -61,12 +53,13 @@ def _rollouts(workdir):
 def _buffer_states(workdir):
     from ace_jax import config_utils
     from ace_jax.curriculum import buffer, buffer_store
-    from ace_jax.train import trainer
+    from ace_jax.env import rewards
+    from ace_jax.train import setup
 
     cfg = config_utils.load_config_file(str(REPO / "configs/local.py"))
     cfg.tasks.ids = ("iris-species", "wine-cultivar")
-    tasks = trainer.load_tasks(cfg)
-    buf = buffer.EvolvingBuffer(cfg.buffer, [trainer.task_targets(t) for t in tasks])
+    tasks = setup.load_tasks(cfg)
+    buf = buffer.EvolvingBuffer(cfg.buffer, [rewards.task_targets(t) for t in tasks])
     info = buffer_store.BufferStore(os.path.join(workdir, "buffer")).restore(buf)
     return info.step, sorted((s.state_id, s.parent_id, s.code) for s in buf.states.values())
 
@@ -76,6 +69,28 @@ def test_misspelt_override_lists_valid_keys(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "rl.grup_size" in out.stderr and "rl.group_size" in out.stderr
+
+
+def test_removed_and_misspelt_keys_are_refused_with_any_config_arg(tmp_path):
+    # optim.temperature is gone: the learner takes sampling.temperature
+    out = subprocess.run(_cmd(tmp_path, "--config.optim.temperature=0.5"), cwd=REPO, env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "optim.temperature: no such config key" in out.stderr, out.stderr[-2000:]
+    assert "Valid keys under optim:" in out.stderr and "optim.learning_rate" in out.stderr
+    out = subprocess.run([sys.executable, str(REPO / "launch/tpu_train.py"),
+                          "--config=configs/local.py:nope"], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown setting; valid: smoke" in out.stderr, out.stderr
+
+
+def test_a_config_that_cannot_work_is_refused_before_heavy_work(tmp_path):
+    out = subprocess.run(_cmd(tmp_path / "run", "--config.optim.microbatches=3"), cwd=REPO,
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "error: rows = rl.batch_states x rl.group_size = 4 is not divisible by " \
+           "optim.microbatches = 3" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_unwritable_workdir_fails_before_heavy_work(tmp_path):

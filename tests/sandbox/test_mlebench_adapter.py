@@ -464,7 +464,7 @@ def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
     and HumanRank as n/a; grading is unaffected."""
     from ace_jax.curriculum import buffer as buffer_lib
     from ace_jax.env import rewards
-    from ace_jax.eval import evaluation
+    from ace_jax.eval import harness, reports, runner, scoring
     from sandbox.pool import SandboxPool
 
     _write_competition(tmp_path, "nolb", "multi-class-log-loss", leaderboard=None)
@@ -499,18 +499,18 @@ def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
 
     good = AGENT_CODE.format(overrides={})
     with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3) as pool:
-        ep = evaluation.run_episode(FixedPolicy(good), task, pool, seed=0, max_steps=1)
+        ep = runner.run_episode(FixedPolicy(good), task, pool, seed=0, max_steps=1)
     out = ep.outcome
     assert out.valid and out.test_score == pytest.approx(base, rel=1e-9)
     assert [out.gold, out.silver, out.bronze, out.any_medal, out.above_median, out.human_rank] \
         == [None] * 6
-    tasks, overall, notes = evaluation.summarize([ep])
+    tasks, overall, notes = scoring.summarize([ep])
     assert any("nolb has no reference leaderboard: medals and HumanRank n/a" in n for n in notes)
-    result = evaluation.EvaluationResult(
+    result = harness.EvaluationResult(
         policy="fixed", config={"tasks": ["nolb"], "seeds": [0], "max_steps": 1,
                                 "time_budget_s": None, "stagnation_steps": 2, "advisor": None},
         episodes=[ep], tasks=tasks, overall=overall, notes=notes, wall_s=1.0)
-    row = next(l for l in evaluation.format_table(result).splitlines() if l.startswith("nolb"))
+    row = next(l for l in reports.format_table(result).splitlines() if l.startswith("nolb"))
     cells = row.split()
     assert cells[2] == "100" and cells[3:9] == ["n/a"] * 6, row  # valid %, then the six n/a
-    assert evaluation.format_markdown(result).count("n/a") >= 6
+    assert reports.format_markdown(result).count("n/a") >= 6

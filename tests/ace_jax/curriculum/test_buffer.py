@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ace_jax.curriculum import buffer as B
+from ace_jax.curriculum import buffer as B, state_stats
 from sandbox.result import ExecutionResult, Status
 
 TARGETS = [B.TaskTargets("hi", gold=0.9, median=0.7, baseline=0.5),
@@ -52,7 +52,7 @@ def test_seed_creates_drafts_and_reference_states():
     slots = buf.slots_for_ids(ids)
     np.testing.assert_allclose(buf.stats.headroom[slots], [1.0, 1.0, 0.5, 0.5])
     np.testing.assert_array_equal(buf.stats.task[slots], [0, 1, 0, 1])
-    assert (buf.stats.status[slots] == B.NO_STATUS).all()
+    assert (buf.stats.status[slots] == state_stats.NO_STATUS).all()
     assert buf.stats.valid.sum() == 4
     with pytest.raises(B.UnknownTaskError):
         buf.add_root("nope", "", None)
@@ -78,7 +78,7 @@ def test_add_children_records_every_execution_and_parent_stats():
     assert s.reward_mean[p] == pytest.approx(rewards.mean())
     assert s.reward_var[p] == pytest.approx(rewards.var())
     assert s.visits[p] == 1 and s.best_child_score[p] == pytest.approx(0.8) and s.last_active[p] == 3
-    assert s.status[buf.slot_of[ids[1]]] == B.STATUS_CODES.index("runtime_error")
+    assert s.status[buf.slot_of[ids[1]]] == state_stats.STATUS_CODES.index("runtime_error")
     # history is bounded: a grandchild keeps only the last history_len summaries
     g = buf.add_children(ids[0], [B.Child("e()", fail(), 0.0)], step=4)[0]
     g2 = buf.add_children(g, [B.Child("f()", ok(0.85), 1.0)], step=5)[0]
@@ -127,7 +127,7 @@ def test_mark_sampled_and_slot_mapping():
     buf.mark_sampled([ids[1]], 7)
     slot = buf.slot_of[ids[1]]
     assert buf.stats.last_sampled[slot] == 7 and buf.stats.last_active[slot] == 7
-    assert buf.stats.last_sampled[buf.slot_of[ids[0]]] == B.NEVER
+    assert buf.stats.last_sampled[buf.slot_of[ids[0]]] == state_stats.NEVER
     assert buf.ids_for_slots(np.array([slot])) == [ids[1]]
 
 
@@ -281,3 +281,24 @@ def test_extra_rewards_count_in_group_stats_without_states():
     # A group with no execution at all still updates the parent.
     assert buf.add_children(root, [], step=2, extra_rewards=[-1.0, -1.0]) == []
     assert buf.stats.visits[slot] == 2 and buf.stats.reward_var[slot] == 0.0
+
+
+def test_child_history_is_the_one_add_children_uses():
+    """``child_history`` (shared with the evaluation episodes) builds exactly the stored history."""
+    buf = make(history_len=3, stderr_tail_chars=5)
+    state = buf.get(buf.add_root("hi", "base()", 0.6))
+    for i, res in enumerate([fail(stderr="0123456789"), ok(0.8, stderr="warn"), ok(float("nan")),
+                             fail(Status.TIMEOUT, stderr="")]):
+        expected = B.child_history(state.history, "debug", res, history_len=3, stderr_tail_chars=5)
+        state = buf.get(buf.add_children(state.state_id, [B.Child(f"c{i}", res, 0.0, "debug")],
+                                         step=i + 1)[0])
+        assert state.history == expected and len(expected) == min(i + 1, 3)
+    assert [h.status for h in state.history] == ["ok", "ok", "timeout"]
+    assert [h.score for h in state.history] == [0.8, None, None]      # NaN is not a valid score
+    first = B.child_history([], "improve", fail(stderr="0123456789"), history_len=3,
+                            stderr_tail_chars=5)[-1]
+    assert first == B.StepSummary("improve", "runtime_error", None, "56789")
+    assert B.step_summary("draft", ok(0.7, stderr="abc"), 0).stderr_tail == ""
+    assert B.valid_dev_score(ok(0.7)) == 0.7 and B.valid_dev_score(fail()) is None
+    with pytest.raises(ValueError, match="history_len"):
+        B.child_history([], "draft", ok(0.7), history_len=0, stderr_tail_chars=5)

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy import stats as sps
 
-from ace_jax.curriculum import learnability as L
+from ace_jax.curriculum import learnability as L, state_stats
+from ace_jax.registry import UnknownNameError
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 N = 64  # fixed size: every property test reuses one compilation per spec
@@ -261,3 +262,61 @@ def test_pruned_states_are_never_chosen():
     for step in range(1, 6):
         chosen = buf.ids_for_slots(smp.select(buf.stats, step, 8))  # every live state, each step
         assert set(chosen) == set(buf.states) and not set(chosen) & removed
+
+
+def _pruning_tree(potential_fn=None):
+    """A buffer where the LP and ``default_potential`` disagree (every headroom is 1):
+
+    root (group rewards 0, 0: visited, std 0)
+      a: visited, group rewards 0, 0.8 -> std 0.4:  LP u = 0.4 / r_scale = 0.8, default 0.4
+        c, d: unvisited, prior std 0.4:              LP u = .25 + .75 * 0.8 = 0.85, default 1
+      b: unvisited child of a zero-variance group:   LP u = .25 (prior),          default 1
+    """
+    from ace_jax.curriculum import buffer as B
+    from sandbox.result import ExecutionResult, Status
+    cfg = B.default_config()
+    cfg.capacity = 16
+    buf = B.EvolvingBuffer(cfg, [B.TaskTargets("t", gold=0.9, median=0.7, baseline=0.5)],
+                           potential_fn=potential_fn)
+    fail = ExecutionResult(Status.RUNTIME_ERROR, exit_code=1)
+    root = buf.seed()[0]
+    a, b = buf.add_children(root, [B.Child("a", fail, 0.0), B.Child("b", fail, 0.0)], step=1)
+    c, d = buf.add_children(a, [B.Child("c", fail, 0.0), B.Child("d", fail, 0.8)], step=1)
+    return buf, dict(root=root, a=a, b=b, c=c, d=d)
+
+
+def test_pruning_follows_the_configured_lp():
+    from ace_jax.curriculum import buffer as B
+    lp_cfg = L.default_config()
+    fn = L.pruning_potential(lp_cfg)
+    buf, ids = _pruning_tree(fn)
+    pot = fn(buf.stats)                             # NumPy StateStats in, host float32 out
+    assert isinstance(pot, np.ndarray) and pot.dtype == np.float32 and pot.shape == (16,)
+    want = np.asarray(L.potential(L.lp_inputs(buf.stats), L.get_spec(lp_cfg)))
+    np.testing.assert_array_equal(pot, want)
+    slot = {k: buf.slot_of[i] for k, i in ids.items()}
+    np.testing.assert_allclose([pot[slot[k]] for k in "abcd"], [0.8, 0.25, 0.85, 0.85], rtol=1e-6)
+    dflt = state_stats.default_potential(buf.stats)
+    np.testing.assert_allclose([dflt[slot[k]] for k in "abcd"], [0.4, 1.0, 1.0, 1.0], rtol=1e-6)
+    assert pot[~buf.stats.valid].max() == 0
+
+    # One state must go (the root is protected): by the LP it is b (high default potential, low
+    # LP) and a (high LP, low default potential) stays; the default order does the opposite.
+    assert buf.prune(step=2, target_size=4, protect=[ids["root"]]) == [ids["b"]]
+    plain, ids2 = _pruning_tree()
+    assert plain.potential_fn is state_stats.default_potential
+    assert plain.prune(step=2, target_size=4, protect=[ids2["root"]]) == [ids2["a"]]
+
+    # A variant prunes by its own potential: headroom_only ignores the spread (all ties here,
+    # so the oldest unprotected state goes first).
+    ho, ids3 = _pruning_tree(L.pruning_potential(lp_cfg, "headroom_only"))
+    assert ho.prune(step=2, target_size=4, protect=[ids3["root"]]) == [ids3["a"]]
+
+
+def test_uniform_prunes_by_the_default_potential():
+    from ace_jax.curriculum import buffer as B
+    cfg = L.default_config()
+    cfg.sampler = "uniform"
+    assert L.pruning_potential(cfg) is state_stats.default_potential
+    with pytest.raises(UnknownNameError, match="valid names: headroom_only, lp"):
+        L.pruning_potential(cfg, "nope")

@@ -4,6 +4,7 @@ import pytest
 
 from ace_jax.curriculum.buffer import TaskTargets
 from ace_jax.env import rewards
+from ace_jax.registry import UnknownNameError
 from ace_jax.env.agent import Action, InvalidAction, InvalidReason
 from sandbox.result import ExecutionResult, Status
 
@@ -88,7 +89,7 @@ def test_normalised_score():
 
 def test_registry():
     assert {"acegrpo_step", "ideator_ternary"} <= set(rewards.list_rewards())
-    with pytest.raises(rewards.UnknownRewardError) as e:
+    with pytest.raises(UnknownNameError) as e:
         rewards.get_reward("nope")
     assert "nope" in str(e.value) and "acegrpo_step" in str(e.value) and "ideator_ternary" in str(e.value)
     with pytest.raises(ValueError, match="already registered"):
@@ -103,7 +104,7 @@ def test_compute_rewards_batch():
     assert r.dtype == np.float32 and r.tolist() == [-1.0, 0.0, 1.25]
     with pytest.raises(ValueError, match="differ in length"):
         rewards.compute_rewards("acegrpo_step", [BAD], [], [None], [LO])
-    with pytest.raises(rewards.UnknownRewardError):
+    with pytest.raises(UnknownNameError):
         rewards.compute_rewards("nope", [], [], [], [])
 
 

@@ -11,9 +11,10 @@ import threading
 import pytest
 
 from ace_jax.curriculum import buffer as buffer_lib
-from ace_jax.env import agent
+from ace_jax import config_utils
+from ace_jax.env import agent, tasks as tasks_lib
 from ace_jax.env.advice import Advice, SEEK_HELP_TAG
-from ace_jax.eval import evaluation
+from ace_jax.eval import episodes, harness, reports, run_config, runner, scoring
 from ace_jax.policy.policy import Completion
 from sandbox import seed_corpus
 from sandbox.result import ExecutionResult, Status
@@ -44,7 +45,7 @@ ERROR = object()  # the policy fails on this step (Completion.error)
 
 class ScriptedPolicy:
     """A deterministic ChatPolicy: the reply to step t (read from the seed, see
-    ``evaluation.step_seed``) is ``replies[t - 1]``: a seed script name (answered in the format
+    ``runner.step_seed``) is ``replies[t - 1]``: a seed script name (answered in the format
     the parser accepts), ``BROKEN`` code, raw text, or ``ERROR``. Records every call."""
 
     name = "scripted"
@@ -67,7 +68,7 @@ class ScriptedPolicy:
     def complete(self, conversations, *, seed=0):
         with self._lock:
             self.calls.append((conversations, seed))
-        return [self._reply(seed % evaluation.SEED_STRIDE) for _ in conversations]
+        return [self._reply(seed % runner.SEED_STRIDE) for _ in conversations]
 
 
 class TinyAdvisor:
@@ -112,8 +113,13 @@ def _copy(task: Task, cls=Task, **changes) -> Task:
 
 
 @pytest.fixture(scope="module")
-def iris(tmp_path_factory):
-    return registry.load_task(TASK_ID, tmp_path_factory.mktemp("tasks"), seed=0)
+def task_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tasks")
+
+
+@pytest.fixture(scope="module")
+def iris(task_cache):
+    return registry.load_task(TASK_ID, task_cache, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +141,7 @@ def main_episode(iris, pool, tmp_path_factory):
     task = _copy(iris, CountingTask)
     policy = ScriptedPolicy([GARBAGE, ERROR, "BROKEN", TREE, LOGREG, DUMMY])
     log = tmp_path_factory.mktemp("log") / "ep.jsonl"
-    ep = evaluation.run_episode(policy, task, pool, seed=3, max_steps=6, log_path=log)
+    ep = runner.run_episode(policy, task, pool, seed=3, max_steps=6, log_path=log)
     return ep, task, policy
 
 
@@ -207,17 +213,17 @@ def test_prompts_equal_the_trainers_buffer_states(main_episode):
 
 def test_log_replays_and_exports_seed_states(main_episode, iris):
     ep, task, _ = main_episode
-    replay = evaluation.load_episode(ep.log_path)
+    replay = episodes.load_episode(ep.log_path)
     assert replay.to_dict() == ep.to_dict()
     rows = [json.loads(x) for x in open(ep.log_path)]
     assert [r["type"] for r in rows] == ["header"] + ["step"] * 6 + ["final"]
     assert rows[1]["prompt"][-1]["role"] == "user" and rows[5]["completion"].startswith("Idea:")
 
-    sols = evaluation.episodes_to_seed_solutions([ep.log_path])
+    sols = episodes.episodes_to_seed_solutions([ep.log_path])
     assert [(s.task_id, s.score) for s in sols] == [(TASK_ID, ep.steps[i].dev_score)
                                                     for i in (3, 4, 5)]
     buf = buffer_lib.EvolvingBuffer(buffer_lib.default_config(), [_targets(task)])
-    ids = evaluation.episodes_to_seed_states(buf, [ep], step=7)
+    ids = episodes.episodes_to_seed_states(buf, [ep], step=7)
     states = [buf.get(i) for i in ids]
     assert [s.origin for s in states] == ["evaluation"] * 3
     assert [s.code for s in states] == [ep.steps[i].code for i in (3, 4, 5)]
@@ -225,8 +231,8 @@ def test_log_replays_and_exports_seed_states(main_episode, iris):
     other = buffer_lib.EvolvingBuffer(buffer_lib.default_config(),
                                       [dataclasses.replace(_targets(task), task_id="other")])
     with pytest.raises(buffer_lib.UnknownTaskError):
-        evaluation.episodes_to_seed_states(other, [ep])
-    assert evaluation.episodes_to_seed_states(other, [ep], skip_unknown_tasks=True) == []
+        episodes.episodes_to_seed_states(other, [ep])
+    assert episodes.episodes_to_seed_states(other, [ep], skip_unknown_tasks=True) == []
 
 
 # ------------------------------------------------------------------------------- advisor
@@ -235,7 +241,7 @@ def test_log_replays_and_exports_seed_states(main_episode, iris):
 def test_advisor_on_seek_help_and_on_stagnation(iris, pool):
     advisor = TinyAdvisor()
     policy = ScriptedPolicy([SEEK, LOGREG, GARBAGE, GARBAGE, GARBAGE])
-    ep = evaluation.run_episode(policy, iris, pool, seed=1, max_steps=5, advisor=advisor,
+    ep = runner.run_episode(policy, iris, pool, seed=1, max_steps=5, advisor=advisor,
                                 stagnation_steps=2)
     assert [s.status for s in ep.steps] == ["seek_help", "ok", "invalid_format",
                                            "invalid_format", "invalid_format"]
@@ -244,7 +250,7 @@ def test_advisor_on_seek_help_and_on_stagnation(iris, pool):
     # the last step.
     assert [r.reason for r in advisor.requests] == ["seek_help", "stagnation"]
     assert [s.advice_reason for s in ep.steps] == ["seek_help", None, None, "stagnation", None]
-    assert advisor.seeds == [evaluation.advice_seed(1, 1), evaluation.advice_seed(1, 4)]
+    assert advisor.seeds == [runner.advice_seed(1, 1), runner.advice_seed(1, 4)]
     assert ep.steps[0].advice == {"instruction": "ADVICE-1: try a random forest", "valid": True,
                                   "error": None, "category": "model_choice",
                                   "raw": "raw answer 1"}
@@ -270,16 +276,16 @@ class NoPool:
 
 
 def test_seek_help_without_advisor_is_an_invalid_step(iris):
-    ep = evaluation.run_episode(ScriptedPolicy([SEEK]), iris, NoPool(), max_steps=2)
+    ep = runner.run_episode(ScriptedPolicy([SEEK]), iris, NoPool(), max_steps=2)
     assert [s.status for s in ep.steps] == ["invalid_format", "invalid_format"]
     assert ep.steps[0].seek_help and ep.steps[0].advice is None
-    assert ep.final.status == evaluation.NO_VALID and not ep.outcome.valid
+    assert ep.final.status == episodes.NO_VALID and not ep.outcome.valid
     assert ep.outcome.never_valid and ep.outcome.human_rank == 0.0
 
 
 def test_a_failing_advisor_is_recorded_and_the_episode_goes_on(iris):
     advisor = TinyAdvisor(fail=True)
-    ep = evaluation.run_episode(ScriptedPolicy([SEEK]), iris, NoPool(), max_steps=3,
+    ep = runner.run_episode(ScriptedPolicy([SEEK]), iris, NoPool(), max_steps=3,
                                 advisor=advisor, stagnation_steps=0)
     assert len(ep.steps) == 3 and len(advisor.requests) == 2
     assert ep.steps[0].advice["valid"] is False
@@ -288,26 +294,26 @@ def test_a_failing_advisor_is_recorded_and_the_episode_goes_on(iris):
 
 
 def test_time_budget_and_harness_errors(iris):
-    ep = evaluation.run_episode(ScriptedPolicy([LOGREG]), iris, NoPool(), max_steps=3,
+    ep = runner.run_episode(ScriptedPolicy([LOGREG]), iris, NoPool(), max_steps=3,
                                 time_budget_s=0.0)
     assert ep.steps == [] and ep.stopped_by == "time_budget" and not ep.outcome.valid
     # A pool that raises (a harness bug) aborts that episode only, with the reason recorded.
-    ep = evaluation.run_episode(ScriptedPolicy([LOGREG]), iris, NoPool(), max_steps=3)
+    ep = runner.run_episode(ScriptedPolicy([LOGREG]), iris, NoPool(), max_steps=3)
     assert ep.stopped_by == "error" and "AssertionError" in ep.error
     assert ep.outcome.valid is False and ep.outcome.human_rank == 0.0
 
 
 def test_broken_grader_is_recorded_and_the_evaluation_carries_on(iris, pool, tmp_path):
     broken = _copy(iris, BrokenGraderTask, task_id="iris-broken-grader")
-    result = evaluation.evaluate(ScriptedPolicy([LOGREG]), [broken, iris], pool, seeds=[0],
+    result = harness.evaluate(ScriptedPolicy([LOGREG]), [broken, iris], pool, seeds=[0],
                                  max_steps=1, out_dir=tmp_path)
     bad, good = result.episodes
     assert bad.steps[0].status == "grader_error" and "corrupt" in bad.steps[0].error
-    assert bad.final.status == evaluation.NO_VALID and bad.outcome.grader_errors == 1
+    assert bad.final.status == episodes.NO_VALID and bad.outcome.grader_errors == 1
     assert good.final.status == "ok" and good.outcome.valid
     assert [t.grader_errors for t in result.tasks] == [1, 0]
     assert any("iris-broken-grader" in n and "grader" in n for n in result.notes)
-    assert "iris-broken-grader" in evaluation.format_table(result)
+    assert "iris-broken-grader" in reports.format_table(result)
     assert sorted(p.name for p in (tmp_path / "episodes").iterdir()) == [
         "iris-broken-grader__seed0.jsonl", "iris-species__seed0.jsonl"]
 
@@ -323,16 +329,16 @@ def _episode(task, seed, first_valid, test_score):
     steps = []
     for n in range(1, (first_valid or 2) + 1):
         valid = first_valid is not None and n == first_valid
-        steps.append(evaluation.EpisodeStep(
+        steps.append(episodes.EpisodeStep(
             step=n, kind="draft", prompt=[], policy_seed=n, code="x = 1\n",
             status="ok" if valid else "runtime_error", dev_score=0.5 if valid else None,
             best_dev_so_far=0.5 if valid else None))
-    final = evaluation.FinalSubmission(
-        step=first_valid, status="ok" if test_score is not None else evaluation.NO_VALID,
+    final = episodes.FinalSubmission(
+        step=first_valid, status="ok" if test_score is not None else episodes.NO_VALID,
         test_score=test_score)
-    ep = evaluation.Episode(task_id=task.task_id, seed=seed, policy="p", metric=task.metric,
+    ep = episodes.Episode(task_id=task.task_id, seed=seed, policy="p", metric=task.metric,
                             lower_is_better=True, steps=steps, final=final)
-    ep.outcome = evaluation.score_episode(ep, task)
+    ep.outcome = scoring.score_episode(ep, task)
     return ep
 
 
@@ -351,7 +357,7 @@ def test_humanrank_medals_and_mean_se_by_hand(iris, tmp_path):
              for e in eps]
     assert flags == [(False, True, False, True), (False, False, False, True),
                      (False, False, False, False), (True, False, False, True)]
-    s = evaluation.summarize_task(task.task_id, eps)
+    s = scoring.summarize_task(task.task_id, eps)
     st = s.stats
     # HumanRank: mean 0.625; deviations .275 -.025 -.625 .375 -> ss .6075 / 3 = .2025, sd .45,
     # SE = .45 / 2.
@@ -364,15 +370,15 @@ def test_humanrank_medals_and_mean_se_by_hand(iris, tmp_path):
             st["steps_to_first_valid"].n) == pytest.approx((2.0, 1 / math.sqrt(3), 3))
     assert st["never_valid"].mean == 0.25
     assert st["test_score"].mean == pytest.approx((0.2 + 0.35 + 0.05) / 3)
-    assert evaluation.mean_se([0.7]) == evaluation.Stat(0.7, None, 1)
-    assert evaluation.mean_se([None]) == evaluation.Stat(None, None, 0)
+    assert scoring.mean_se([0.7]) == scoring.Stat(0.7, None, 1)
+    assert scoring.mean_se([None]) == scoring.Stat(None, None, 0)
 
     # Overall: per seed the mean over tasks, then mean and SE over seeds.
     other = _copy(task, task_id="other-task")
     two = [eps[0], eps[1], _episode(other, 0, 1, 0.45), _episode(other, 1, None, None)]
     # other: 0.45 -> 5 entries better -> p = 6 -> 0.5; invalid -> 0.
     assert two[2].outcome.human_rank == pytest.approx(0.5)
-    tasks, overall, _ = evaluation.summarize(two)
+    tasks, overall, _ = scoring.summarize(two)
     assert [t.task_id for t in tasks] == [task.task_id, "other-task"]
     # seed 0: (0.9 + 0.5) / 2 = 0.7; seed 1: (0.6 + 0) / 2 = 0.3 -> mean 0.5, SE 0.2 / sqrt(2)...
     # sd of (0.7, 0.3) = 0.2828, SE = 0.2.
@@ -382,14 +388,14 @@ def test_humanrank_medals_and_mean_se_by_hand(iris, tmp_path):
     assert (overall.stats["valid"].mean, overall.stats["valid"].se) == pytest.approx((0.75, 0.25))
     assert "test_score" not in overall.stats
 
-    result = evaluation.EvaluationResult(
+    result = harness.EvaluationResult(
         policy="p", config={"tasks": [task.task_id, "other-task"], "seeds": [0, 1],
                             "max_steps": 3, "time_budget_s": None, "stagnation_steps": 2,
                             "advisor": None},
         episodes=two, tasks=tasks, overall=overall, notes=[], wall_s=1.0)
-    table = evaluation.format_table(result)
+    table = reports.format_table(result)
     assert "overall" in table and "0.500±0.200" in table and "75±25" in table
-    paths = evaluation.write_reports(result, tmp_path)
+    paths = reports.write_reports(result, tmp_path)
     data = json.loads(open(paths["json"]).read())
     assert data["overall"]["stats"]["human_rank"]["mean"] == pytest.approx(0.5)
     assert "| **overall** |" in open(paths["markdown"]).read()
@@ -401,36 +407,49 @@ def test_a_task_without_leaderboard_has_no_medals(iris):
     task = _copy(iris, leaderboard=[])
     ep = _episode(task, 0, 1, 0.3)
     assert ep.outcome.valid and ep.outcome.human_rank is None and ep.outcome.gold is None
-    s = evaluation.summarize_task(task.task_id, [ep])
+    s = scoring.summarize_task(task.task_id, [ep])
     assert s.stats["human_rank"].n == 0 and "no reference leaderboard" in s.notes[0]
 
 
 # ------------------------------------------------------------------------------- specs
 
 
-def test_policy_specs():
-    parse = evaluation.parse_policy_spec
-    assert parse("run:runs/local") == ("run", {"workdir": "runs/local", "step": None})
-    assert parse("run:runs/a@b/x@200") == ("run", {"workdir": "runs/a@b/x", "step": 200})
-    assert parse("hf:/m/Qwen3") == ("hf", {"path": "/m/Qwen3"})
-    assert parse("openai:http://h:8000/v1#qwen") == (
-        "openai", {"base_url": "http://h:8000/v1", "model": "qwen"})
-    assert parse("openai:https://h/v1")[1]["model"] == "default"
-    for bad in ("", "runs/local", "gpt:x", "openai:h/v1#m"):
-        with pytest.raises(evaluation.EvaluationError):
-            parse(bad)
-    p = evaluation.policy_from_spec("openai:http://127.0.0.1:9/v1#m", max_new_tokens=7,
-                                    temperature=0.3)
-    assert (p.model, p.max_tokens, p.temperature) == ("m", 7, 0.3)
+def test_run_config_sections_refuse_unknown_keys(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(
+        {"model": {}, "agent": {"show_system": False}, "buffer": {"history_len": 2}}))
+    assert run_config.run_agent_config(run).show_system is False
+    assert run_config.run_buffer_config(run).history_len == 2
+    (run / "config.json").write_text(json.dumps({"model": {}, "agent": {"show_sytem": False}}))
+    with pytest.raises(config_utils.ConfigKeyError, match="agent.show_sytem") as info:
+        run_config.run_agent_config(run)
+    assert "agent.show_system" in str(info.value)  # the valid keys are listed
+    (run / "config.json").write_text(json.dumps({"model": {}, "buffer": {"history_len": "x"}}))
+    with pytest.raises(config_utils.ConfigError, match="buffer.history_len"):
+        run_config.run_buffer_config(run)
+
+
+def test_run_tasks_default_to_the_runs(iris, task_cache):
+    run_cfg = {"tasks": {"ids": [TASK_ID], "cache_dir": str(task_cache)},
+               "sandbox": {"max_time_limit_s": 1.5}}
+    (task,) = run_config.run_tasks([], run_cfg)
+    assert task.task_id == TASK_ID and task.time_limit_s == 1.5
+    (task,) = run_config.run_tasks([TASK_ID], run_cfg, exec_time_limit_s=0.5)
+    assert task.time_limit_s == 0.5
+    with pytest.raises(tasks_lib.TaskLoadError, match="available"):
+        run_config.run_tasks(["no-such-task"], run_cfg)
 
 
 def test_missing_ideator_module_is_a_clear_error(monkeypatch):
     import ace_jax
 
     monkeypatch.delattr(ace_jax, "ideator", raising=False)
-    monkeypatch.setitem(sys.modules, "ace_jax.ideator.ideator", None)
-    with pytest.raises(evaluation.EvaluationError, match="ace_jax/ideator/ideator.py"):
-        evaluation.advisor_from_spec("openai:http://127.0.0.1:9/v1#m")
+    if "ace_jax.ideator" in sys.modules:   # imported by an earlier test: hide its submodule too
+        monkeypatch.delattr(sys.modules["ace_jax.ideator"], "advisor", raising=False)
+    monkeypatch.setitem(sys.modules, "ace_jax.ideator.advisor", None)
+    with pytest.raises(harness.EvaluationError, match="ace_jax/ideator/advisor.py"):
+        run_config.advisor_from_spec("openai:http://127.0.0.1:9/v1#m")
 
 
 # ------------------------------------------------------------------------------- end to end
@@ -443,14 +462,14 @@ def test_jax_policy_from_a_run_dir_end_to_end(iris, pool, tmp_path):
     make_tiny_run(str(tmp_path / "run"))
     policy = JaxPolicy.from_run(str(tmp_path / "run"), max_new_tokens=16, temperature=1.0,
                                 max_prompt_tokens=512)
-    agent_cfg = evaluation.run_agent_config(str(tmp_path / "run"))
+    agent_cfg = run_config.run_agent_config(str(tmp_path / "run"))
     assert agent_cfg.show_system is False  # the run's agent section (configs/local.py)
-    result = evaluation.evaluate(policy, [iris], pool, seeds=[0], max_steps=2,
+    result = harness.evaluate(policy, [iris], pool, seeds=[0], max_steps=2,
                                  agent_cfg=agent_cfg, out_dir=tmp_path / "out")
     (ep,) = result.episodes
     assert ep.error is None and len(ep.steps) == 2
     assert all(s.status != "ok" and s.completion_error is None for s in ep.steps)
     assert ep.steps[0].prompt[0]["role"] == "user"  # no system turn, as in that run's training
-    assert ep.final.status == evaluation.NO_VALID and not ep.outcome.valid
+    assert ep.final.status == episodes.NO_VALID and not ep.outcome.valid
     assert result.overall.stats["valid"].mean == 0.0
-    assert evaluation.load_episode(ep.log_path).to_dict() == ep.to_dict()
+    assert episodes.load_episode(ep.log_path).to_dict() == ep.to_dict()

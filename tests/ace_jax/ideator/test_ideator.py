@@ -1,11 +1,12 @@
-"""Tests of ace_jax.ideator.ideator: the prompt, the strict idea format, the category classifier, the
-Advisor over a scripted ChatPolicy, and the warm-start examples. No JAX model is involved."""
+"""Tests of ace_jax/ideator (ideator, prompts, advisor, sft_examples): the prompt, the strict
+idea format, the category classifier, the Advisor over a scripted ChatPolicy, and the warm-start
+examples. No JAX model is involved."""
 import pytest
 
 from ace_jax.curriculum.buffer import State, StepSummary
 from ace_jax.env import agent
 from ace_jax.env.advice import Advice, AdviceRequest, Attempt
-from ace_jax.ideator import ideator
+from ace_jax.ideator import advisor, ideator, prompts, sft_examples
 from ace_jax.ideator.ideator import IdeaError
 from ace_jax.policy.policy import Completion
 from sandbox.tasks.base import Task
@@ -158,7 +159,7 @@ def test_category_prose_outvotes_quoted_code_and_falls_back_to_rationale():
 
 
 def test_render_ideator_messages(task):
-    msgs = ideator.render_ideator_messages(request(task))
+    msgs = prompts.render_ideator_messages(request(task))
     assert [m["role"] for m in msgs] == ["system", "user"]
     assert "ONE idea" in msgs[0]["content"]
     user = msgs[1]["content"]
@@ -168,41 +169,41 @@ def test_render_ideator_messages(task):
     assert "NameError: name 'np' is not defined" in user
     assert "Current script:\n```python\nimport pandas as pd\nmodel = LogisticRegression()\n```" in user
     assert "The implementer's score stopped improving." in user
-    assert user.endswith(ideator.FORMAT_INSTRUCTIONS)     # last: survives a left cut
+    assert user.endswith(prompts.FORMAT_INSTRUCTIONS)     # last: survives a left cut
     assert user.index("Task:") < user.index("Goal:") < user.index("attempts") < user.index("Current script")
 
 
 def test_render_options_and_an_empty_request(task):
     cfg = ideator.default_config()
     cfg.show_system, cfg.max_attempts, cfg.description = False, 1, "full"
-    msgs = ideator.render_ideator_messages(request(task, reason="seek_help"), cfg)
+    msgs = prompts.render_ideator_messages(request(task, reason="seek_help"), cfg)
     assert len(msgs) == 1
     user = msgs[0]["content"]
     assert user.startswith("# Toy flowers") and "1. draft" not in user and "2. improve" in user
     assert "The implementer asked for help." in user
-    empty = ideator.render_ideator_messages(request(task, attempts=[], current_score=None,
+    empty = prompts.render_ideator_messages(request(task, attempts=[], current_score=None,
                                                     current_code=""))[1]["content"]
     assert "Current best score: none." in empty and "Current script: none yet." in empty
     assert "attempts" not in empty
     cfg.description = "nope"
     with pytest.raises(agent.AgentError):
-        ideator.render_ideator_messages(request(task), cfg)
+        prompts.render_ideator_messages(request(task), cfg)
 
 
 def test_request_from_state_and_the_implementer_prompt(task):
     st = State(3, "toy-flowers", None, 2, "model = A()\n",
                [StepSummary("draft", "ok", 0.5, ""), StepSummary("improve", "timeout", None, "killed")],
                0.5, "rollout", 0)
-    req = ideator.request_from_state(st, task)
+    req = prompts.request_from_state(st, task)
     assert req.current_code == "model = A()\n" and req.current_score == 0.5
     assert [(a.kind, a.status, a.dev_score) for a in req.attempts] == [
         ("draft", "ok", 0.5), ("improve", "timeout", None)]
     assert req.reason == "stagnation"
     idea = ideator.parse_idea(GOOD)
-    msgs = ideator.implementer_prompt_with_idea(st, task, idea)
+    msgs = prompts.implementer_prompt_with_idea(st, task, idea)
     assert msgs == agent.render_messages(st, task, advice=idea.action)
     assert f"Advice from an expert (follow it in this step):\n{idea.action}" in msgs[-1]["content"]
-    assert ideator.implementer_prompt_with_idea(st, task, "Use trees.") == \
+    assert prompts.implementer_prompt_with_idea(st, task, "Use trees.") == \
         agent.render_messages(st, task, advice="Use trees.")
 
 
@@ -241,13 +242,13 @@ def test_ideator_advise_valid_invalid_and_errors(task):
         Completion(text="", error="timeout after 30 s", finish_reason="error"),
         Completion(text=GOOD[:60], finish_reason="length"),
     ])
-    adv = ideator.Ideator(pol)
+    adv = advisor.Ideator(pol)
     a = adv.advise(request(task), seed=7)
     assert isinstance(a, Advice) and a.valid and a.error is None
     assert a.instruction == ideator.parse_idea(GOOD).action
     assert a.category == "model_choice" and a.raw == GOOD
     convs, seed = pol.calls[0]
-    assert seed == 7 and convs == [ideator.render_ideator_messages(request(task))]
+    assert seed == 7 and convs == [prompts.render_ideator_messages(request(task))]
 
     bad = adv.advise(request(task))
     assert not bad.valid and bad.instruction is None and bad.category is None
@@ -257,7 +258,7 @@ def test_ideator_advise_valid_invalid_and_errors(task):
     cut = adv.advise(request(task))
     assert not cut.valid and cut.error.startswith("format: truncated")
 
-    down = ideator.Ideator(BrokenPolicy()).advise(request(task))
+    down = advisor.Ideator(BrokenPolicy()).advise(request(task))
     assert not down.valid and "ConnectionError: endpoint down" in down.error
 
 
@@ -265,14 +266,14 @@ def test_ideator_batch_and_advice_text(task):
     cfg = ideator.default_config()
     cfg.advice_text = "action_rationale"
     pol = ScriptedPolicy([GOOD, "nope"])
-    out = ideator.Ideator(pol, cfg).advise_batch([request(task), request(task)], seed=3)
+    out = advisor.Ideator(pol, cfg).advise_batch([request(task), request(task)], seed=3)
     assert len(pol.calls) == 1 and len(pol.calls[0][0]) == 2     # one batched call
     assert out[0].instruction.endswith("\nWhy: " + ideator.parse_idea(GOOD).rationale)
     assert not out[1].valid
-    assert ideator.Ideator(pol).advise_batch([]) == []
+    assert advisor.Ideator(pol).advise_batch([]) == []
     cfg.advice_text = "all"
     with pytest.raises(ValueError):
-        ideator.Ideator(pol, cfg)
+        advisor.Ideator(pol, cfg)
 
 
 # ------------------------------------------------------------------------------------ warm start
@@ -289,7 +290,7 @@ def iris(tmp_path_factory):
 def test_sft_examples_parse_and_follow_the_trainer_rendering(iris):
     from models.tokenizer import render_chat
 
-    exs = ideator.build_ideator_sft_examples([iris])
+    exs = sft_examples.build_ideator_sft_examples([iris])
     kinds = [e.kind for e in exs]
     n = kinds.count("idea")
     assert n >= 3 and kinds.count("idea_revert") == n and kinds.count("advised_improve") == n
@@ -304,25 +305,25 @@ def test_sft_examples_parse_and_follow_the_trainer_rendering(iris):
         assert idea.verb == ("revert" if e.kind == "idea_revert" else "refine")
         assert idea.action.startswith(("Switch the model", "Tune the", "Add StandardScaler"))
         assert e.prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-        assert ideator.FORMAT_INSTRUCTIONS in e.prompt
+        assert prompts.FORMAT_INSTRUCTIONS in e.prompt
     # The prompt is exactly what the ideator trainer renders for such a state.
     first = exs[kinds.index("idea")]
     code = first.prompt.split("```python\n", 1)[1].split("\n```", 1)[0]
     score = float(first.prompt.split("Current best score: ", 1)[1].split(".\n", 1)[0])
     st = State(0, "iris-species", None, 1, code + "\n", [StepSummary("draft", "ok", score, "")],
                score, "seed", 0)
-    want = render_chat(ideator.render_ideator_messages(ideator.request_from_state(st, iris)),
+    want = render_chat(prompts.render_ideator_messages(prompts.request_from_state(st, iris)),
                        add_generation_prompt=True, enable_thinking=False)
     assert first.prompt == want
-    only = ideator.build_ideator_sft_examples([iris], kinds=("idea",))
+    only = sft_examples.build_ideator_sft_examples([iris], kinds=("idea",))
     assert {e.kind for e in only} == {"idea"}
     with pytest.raises(ValueError):
-        ideator.build_ideator_sft_examples([iris], kinds=("essay",))
+        sft_examples.build_ideator_sft_examples([iris], kinds=("essay",))
 
 
 def test_synthesise_idea_needs_one_model_line():
-    assert ideator.synthesise_idea("x = 1\n", "model = A()\n", 0.1, 0.2) is None
-    text = ideator.synthesise_idea("import a\nmodel = A(k=1)\n", "import a\nfrom b import B\n"
+    assert sft_examples.synthesise_idea("x = 1\n", "model = A()\n", 0.1, 0.2) is None
+    text = sft_examples.synthesise_idea("import a\nmodel = A(k=1)\n", "import a\nfrom b import B\n"
                                    "model = B(k=2)\n", 0.1, 0.2)
     idea = ideator.parse_idea(text)
     assert idea.verb == "refine" and "`from b import B`" in idea.action

@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 from ace_jax import config_utils
-from ace_jax.ideator import ideator, ideator_trainer
+from ace_jax.ideator import ideator, ideator_trainer, sft_examples
 from ace_jax.policy.policy import Completion
 from ace_jax.runtime import generate
 from ace_jax.train.trainer import SetupError
@@ -71,7 +71,7 @@ def test_config_loads_and_overrides():
     assert c.mode == "ideator" and c.rl.reward == "ideator_ternary"
     assert c.ideator.implementer == "self" and c.rl.seed_with_references
     assert c.ideator.stagnation_steps >= 1 and c.ideator.reason == "stagnation"
-    assert set(c.ideator.sft_kinds) == set(ideator.IDEATOR_SFT_KINDS)
+    assert set(c.ideator.sft_kinds) == set(sft_examples.IDEATOR_SFT_KINDS)
     for key in ideator.default_config().keys():   # the prompt / parse keys are all there
         assert key in c.ideator
     # The local base is unchanged where the ideator does not differ.

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from ace_jax.policy.policy import Completion, JaxPolicy, load_run_model, OpenAIPolicy, PolicyError
+from ace_jax.policy.policy import (Completion, JaxPolicy, load_run_model, OpenAIPolicy, PolicyError,
+                                   read_run_config)
 from ace_jax.runtime import checkpoint as ckpt_lib
 from models.qwen3 import flat_params
 from tests.run_fixture import make_tiny_run
@@ -65,6 +66,11 @@ def test_missing_run_dir_and_config_raise_policy_error(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(PolicyError, match="unreadable"):
         JaxPolicy.from_run(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"agent": {}}')
+    with pytest.raises(PolicyError, match="no 'model' section"):
+        read_run_config(tmp_path)
+    (tmp_path / "config.json").write_text('{"model": {"d": 1}, "agent": {}}')
+    assert read_run_config(tmp_path) == {"model": {"d": 1}, "agent": {}}
 
 
 def test_no_checkpoint_or_absent_step_raises_policy_error(tiny_run, tmp_path):
@@ -289,8 +295,36 @@ def test_openai_policy_complete_keeps_order_and_seeds_under_concurrency(stub):
 def test_policy_spec_errors_are_typed():
     from ace_jax.policy import policy
 
-    assert policy.parse_policy_spec("run:runs/a@7") == ("run", {"workdir": "runs/a", "step": 7})
+    parse = policy.parse_policy_spec
+    assert parse("run:runs/a@7") == ("run", {"workdir": "runs/a", "step": 7})
+    assert parse("run:runs/local") == ("run", {"workdir": "runs/local", "step": None})
+    assert parse("run:runs/a@b/x@200") == ("run", {"workdir": "runs/a@b/x", "step": 200})
+    assert parse("hf:/m/Qwen3") == ("hf", {"path": "/m/Qwen3"})
+    assert parse("openai:http://h:8000/v1#qwen") == (
+        "openai", {"base_url": "http://h:8000/v1", "model": "qwen"})
+    assert parse("openai:https://h/v1")[1]["model"] == "default"
     for bad in ("", "runs/local", "gpt:x", "openai:h/v1#m", "hf:"):
         with pytest.raises(policy.PolicySpecError, match="policy") as info:
-            policy.parse_policy_spec(bad)
+            parse(bad)
         assert isinstance(info.value, ValueError) and isinstance(info.value, policy.PolicyError)
+        with pytest.raises(policy.PolicySpecError):
+            policy.policy_from_spec(bad)
+
+
+def test_policy_from_spec_builds_an_openai_policy_with_the_given_sampling():
+    from ace_jax.policy import policy
+
+    p = policy.policy_from_spec("openai:http://127.0.0.1:9/v1#m", max_new_tokens=7,
+                                temperature=0.3)
+    assert isinstance(p, OpenAIPolicy)
+    assert (p.model, p.max_tokens, p.temperature) == ("m", 7, 0.3)
+
+
+def test_policy_from_spec_of_a_run_takes_the_runs_sampling(tiny_run):
+    from ace_jax.policy import policy
+
+    workdir = tiny_run[0]
+    cfg = read_run_config(workdir)
+    p = policy.policy_from_spec(f"run:{workdir}", temperature=0.5)
+    assert isinstance(p, JaxPolicy) and p.sampling.temperature == 0.5
+    assert p.sampling.max_new_tokens == cfg["sampling"]["max_new_tokens"]

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ace_jax.policy import serving
+from ace_jax.policy import batching, openai_api, sample_stream
 from ace_jax.policy.policy import Completion
 from models import tokenizer as tok_lib
 from tests.run_fixture import CORPUS
@@ -28,7 +28,7 @@ def _ids(tokenizer, text):
 def _stream(tokenizer, ids, **kw):
     """(stream, pieces popped after each push)."""
     kw.setdefault("max_tokens", 1000)
-    s = serving.SampleStream(tokenizer, **kw)
+    s = sample_stream.SampleStream(tokenizer, **kw)
     pieces = []
     for t in ids:
         s.push(t)
@@ -39,8 +39,8 @@ def _stream(tokenizer, ids, **kw):
 # -- parse_chat_request ----------------------------------------------------------------------------
 
 def _parse(**fields):
-    return serving.parse_chat_request(json.dumps(dict(messages=CONV, **fields)).encode(),
-                                      max_new_tokens=32, max_n=8)
+    return openai_api.parse_chat_request(json.dumps(dict(messages=CONV, **fields)).encode(),
+                                         max_new_tokens=32, max_n=8)
 
 
 def test_parse_defaults():
@@ -53,7 +53,7 @@ def test_parse_defaults():
 
 def test_max_tokens_above_the_limit_is_refused_not_clamped():
     for key in ("max_tokens", "max_completion_tokens"):
-        with pytest.raises(serving.RequestError, match=f"{key} is too large: 33.*at most 32") as e:
+        with pytest.raises(openai_api.RequestError, match=f"{key} is too large: 33.*at most 32") as e:
             _parse(**{key: 33})
         assert e.value.status == 400 and e.value.param == key
     assert _parse(max_tokens=32).max_tokens == 32
@@ -61,7 +61,7 @@ def test_max_tokens_above_the_limit_is_refused_not_clamped():
 
 @pytest.mark.parametrize("n", [0, -1, 9, "2", 2.0, True])
 def test_bad_n_is_refused(n):
-    with pytest.raises(serving.RequestError, match="'n' must be an integer from 1 to 8") as e:
+    with pytest.raises(openai_api.RequestError, match="'n' must be an integer from 1 to 8") as e:
         _parse(n=n)
     assert e.value.param == "n"
 
@@ -119,7 +119,7 @@ def test_the_budget_ends_the_sample_with_length(tokenizer):
     assert s.finish_reason == "length" and s.token_ids == ids[:3]
     assert "".join(pieces) == s.text == tokenizer.decode(ids[:3])
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
-        serving.SampleStream(tokenizer, max_tokens=0)
+        sample_stream.SampleStream(tokenizer, max_tokens=0)
 
 
 def test_pieces_never_split_a_character(tokenizer):
@@ -152,14 +152,14 @@ class _RecordingEngine:
 
 
 def _request(n):
-    return serving.ChatRequest(messages=CONV, max_tokens=4, temperature=0.0, n=n)
+    return openai_api.ChatRequest(messages=CONV, max_tokens=4, temperature=0.0, n=n)
 
 
 def test_batches_hold_at_most_max_batch_size_samples():
     engine = _RecordingEngine()
     engine.gate.set()
     # A long window: every batch below ends because the next request does not fit, not by time.
-    batcher = serving.Batcher(None, window_s=30.0, max_batch_size=4, engine=engine)
+    batcher = batching.Batcher(None, window_s=30.0, max_batch_size=4, engine=engine)
     try:
         pending = [batcher.submit(_request(n)) for n in (1, 2, 1, 3, 4)]
         for p in pending:
@@ -167,7 +167,7 @@ def test_batches_hold_at_most_max_batch_size_samples():
             assert [e[0] for e in events] == ["finish"] * p.request.n + ["done"]
         assert engine.groups == [[1, 2, 1], [3], [4]]
         assert batcher.stats() == {"batches": 3, "requests": 5, "samples": 11, "max_batch": 3}
-        with pytest.raises(serving.RequestError, match="at most 4 samples"):
+        with pytest.raises(openai_api.RequestError, match="at most 4 samples"):
             batcher.submit(_request(5))
     finally:
         batcher.close()
@@ -175,7 +175,7 @@ def test_batches_hold_at_most_max_batch_size_samples():
 
 def test_close_answers_what_was_queued_and_refuses_what_comes_later():
     engine = _RecordingEngine()
-    batcher = serving.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)
+    batcher = batching.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)
     running = batcher.submit(_request(1))
     assert engine.entered.wait(30)
     queued = batcher.submit(_request(2))
@@ -189,7 +189,7 @@ def test_close_answers_what_was_queued_and_refuses_what_comes_later():
 
 def test_close_fails_the_queue_when_the_engine_is_stuck():
     engine = _RecordingEngine()
-    batcher = serving.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)
+    batcher = batching.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)
     running = batcher.submit(_request(1))
     assert engine.entered.wait(30)
     queued = batcher.submit(_request(2))

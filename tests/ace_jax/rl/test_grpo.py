@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ace_jax.registry import Registry, UnknownNameError
 from ace_jax.rl import grpo
 from tests.numerics import assert_close
 
@@ -78,7 +79,7 @@ def test_advantage_input_errors():
         grpo.compute_advantages(np.ones(6), cfg, group_size=4)
     with pytest.raises(ValueError, match="need group_size"):
         grpo.compute_advantages(np.ones(6), cfg)
-    with pytest.raises(grpo.UnknownNameError, match="drgrpo, grpo, rloo"):
+    with pytest.raises(UnknownNameError, match="drgrpo, grpo, rloo"):
         grpo.compute_advantages(REWARDS, cfg_with(advantage_estimator="ppo"))
 
 
@@ -117,7 +118,7 @@ def test_aggregation_all_masked_is_zero_and_errors():
     assert float(z) == 0.0
     with pytest.raises(ValueError, match="max_completion_length > 0"):
         grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), "seq_mean_token_sum_norm")
-    with pytest.raises(grpo.UnknownNameError, match="seq_mean_token_mean, seq_mean_token_sum_norm"):
+    with pytest.raises(UnknownNameError, match="seq_mean_token_mean, seq_mean_token_sum_norm"):
         grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), "seq_sum")
     with pytest.raises(ValueError, match=r"\[N, T\]"):
         grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 4)), "token_mean")
@@ -401,7 +402,7 @@ def test_config_validation_and_describe():
     assert "kl=k3 beta=0.04" in grpo.describe(cfg_with(beta=0.04))
     with pytest.raises(ValueError, match="max_completion_length"):
         grpo.validate_config(cfg_with(loss_agg_mode="seq_mean_token_sum_norm"))
-    with pytest.raises(grpo.UnknownNameError, match="k1, k2, k3, low_var_kl"):
+    with pytest.raises(UnknownNameError, match="k1, k2, k3, low_var_kl"):
         grpo.validate_config(cfg_with(beta=0.1, kl_estimator="k4"))
     with pytest.raises(ValueError, match="epsilon_low"):
         grpo.validate_config(cfg_with(epsilon_low=1.5))
@@ -416,7 +417,7 @@ def test_config_validation_and_describe():
 
 
 def test_registering_a_variant_and_duplicate_names():
-    reg = grpo.Registry("thing")
+    reg = Registry("thing")
     reg.register("a", aliases=("b",))(lambda: 1)
     assert reg.names() == ["a", "b"] and reg.get("b")() == 1
     with pytest.raises(ValueError, match="already registered"):

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from ace_jax.runtime import tpu_compile
-from ace_jax.train import dry_run
+from ace_jax.train import dry_run, dry_run_analytic, dry_run_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -74,7 +74,7 @@ def test_reduced_config_memory_matches_hand_computation():
     for name in ("learner_step", "generate_rollout"):
         assert report["lowering"][name]["ok"], report["lowering"][name]
         assert report["lowering"][name]["hlo_chars"] > 1000
-    text = dry_run.format_report(report)
+    text = dry_run_report.format_report(report)
     assert "learner_step       ok" in text and "TOTAL" in text
 
 
@@ -114,7 +114,7 @@ def test_full_30b_config_lowers_and_matches_spec():
     train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
     assert 122.13e9 / 64 <= train["params (master, float32)"] <= 1.01 * 122.13e9 / 64
     assert report["time"]["train_s"] > 0 and report["time"]["decode_s"] > 0
-    assert "cross-checks" in dry_run.format_report(report)
+    assert "cross-checks" in dry_run_report.format_report(report)
 
 
 def test_spec_formulas_reproduce_section_5():
@@ -122,17 +122,17 @@ def test_spec_formulas_reproduce_section_5():
     mc = configs.get_model_config("qwen3_30b_a3b", dtype="bfloat16")
     n_act = 3_041_865_728
     # 5.4: 61.7 GFLOP/token at S = 36,864; 512 rollouts -> 1.165e18 FLOP.
-    f = dry_run.training_flops(mc, n_act, 512, 36_864)
+    f = dry_run_analytic.training_flops(mc, n_act, 512, 36_864)
     assert f / (512 * 36_864) == pytest.approx(61.7e9, rel=2e-3)
     assert f == pytest.approx(1.165e18, rel=2e-3)
     # 5.5: v5p-128 (64 chips x 459 TFLOP/s) at 40% MFU: 99 s.
     assert f / (64 * 459e12 * 0.4) == pytest.approx(99, rel=0.01)
     # 5.3: 96 KiB of KV per token.
-    assert dry_run.kv_bytes_per_token(mc) == 98_304
+    assert dry_run_analytic.kv_bytes_per_token(mc) == 98_304
     # 5.5: P = 32k, 512 rollouts, 4,096 new tokens, 8 replicas on v5p-128 at 50% BW: ~104 s.
-    t = dry_run.decode_seconds(steps=4096, rows=512, context_start=32_768, weight_bytes=61.06e9,
-                               kv_per_token=98_304, replicas=8, chips=64, hbm_bw_gbps=2765,
-                               efficiency=0.5)
+    t = dry_run_analytic.decode_seconds(steps=4096, rows=512, context_start=32_768,
+                                        weight_bytes=61.06e9, kv_per_token=98_304, replicas=8,
+                                        chips=64, hbm_bw_gbps=2765, efficiency=0.5)
     assert t == pytest.approx(104, rel=0.01)
 
 
@@ -191,7 +191,7 @@ def test_reduced_config_compiled_by_the_tpu_compiler_fits():
     cfg = reduced_config()
     cfg.dry_run.topology = "v5p:2x2x2"
     report = dry_run.run_dry_run(cfg)
-    s = dry_run.summary(report)
+    s = dry_run_report.summary(report)
     assert s["compiled"] and s["topology"] == "v5p:2x2x2" and s["chips"] == 8, s
     assert 90 < s["hbm_gb"] < 110, s                    # v5p: 95.74 GiB per chip
     assert (s["prompt_tokens"], s["new_tokens"]) == (64, 16)
@@ -207,11 +207,11 @@ def test_reduced_config_compiled_by_the_tpu_compiler_fits():
     state = train["params (master, float32)"] + train["optimizer state (AdamW mu, nu)"]
     assert state < learner["argument_bytes"] < 8 * (state + train["batch (TrainBatch)"])
     assert learner["alias_bytes"] >= state            # the donated state is updated in place
-    text = dry_run.format_report(report)
+    text = dry_run_report.format_report(report)
     assert "compiled by XLA's TPU compiler for v5p:2x2x2" in text and "PEAK" in text
 
     report["max_hbm_fraction"] = 1e-6                  # a budget nothing fits in
-    s = dry_run.summary(report)
+    s = dry_run_report.summary(report)
     assert not s["fits"] and not s["learner_fits"] and not s["rollout_fits"], s
 
 
@@ -233,6 +233,6 @@ def test_without_libtpu_nothing_is_compiled_and_the_report_says_so(monkeypatch):
     cfg.dry_run.lower = False
     report = dry_run.run_dry_run(cfg)
     assert report["compiled"] == {} and "libtpu is not installed" in report["not_compiled"]
-    s = dry_run.summary(report)
+    s = dry_run_report.summary(report)
     assert s["compiled"] is False and s["topology"] is None
-    assert "pip install" in dry_run.format_report(report)
+    assert "pip install" in dry_run_report.format_report(report)

@@ -163,10 +163,20 @@ def test_sft_errors(tok):
 
 
 def test_warm_start_end_to_end(tasks, tmp_path):
-    cfg = tiny_cfg(kinds=("draft",), steps=2, buckets=(1536,), vocab_size=300)  # a 300-token BPE: long
-    acfg = agent.default_config()
-    acfg.show_system = False
-    model, tok, m = sft.warm_start(tiny_model(max_positions=2048), tasks[:1], str(tmp_path / "tok"), cfg, acfg, progress=False)
-    assert (tmp_path / "tok" / "tokenizer.json").is_file() and len(tok) <= 300
+    """The trainer's warm start: its tokenizer (trained into <workdir>/tokenizer), then SFT."""
+    from ace_jax import config_utils
+    from ace_jax.runtime import placement as placement_lib
+    from ace_jax.train import setup
+
+    cfg = config_utils.load_config_file("configs/local.py")
+    cfg.sft.update(dict(tiny_cfg(kinds=("draft",), steps=2, buckets=(1536,), vocab_size=300)))
+    cfg.agent.show_system = False
+    tok = setup.load_tokenizer(cfg, str(tmp_path), tasks[:1])
+    assert (tmp_path / "tokenizer" / "tokenizer.json").is_file() and len(tok) <= 300
+    model, m = setup.warm_start(cfg, tiny_model(max_positions=2048), tok,
+                                lambda: sft.build_sft_examples(tasks[:1], cfg.sft, cfg.agent),
+                                placement_lib.Placement.from_config(cfg.mesh), progress=False)
     assert m["steps"] == 2 and m["examples"] == len(seed_corpus.list_scripts(TASK_IDS[0]))
-    assert np.isfinite(m["final_loss"])
+    assert np.isfinite(m["final_loss"]) and "losses" not in m
+    cfg.sft.enabled = False
+    assert setup.warm_start(cfg, model, tok, None, None) == (model, {})

@@ -3,7 +3,7 @@ import pytest
 
 from ace_jax import config_utils
 from ace_jax.curriculum import seeds
-from ace_jax.train import trainer
+from ace_jax.train import config as train_config, trainer
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def test_unknown_task_is_refused_with_the_available_ones(cfg):
 
 def test_unknown_reward_and_bad_group_size(cfg):
     cfg.rl.reward = "nope"
-    with pytest.raises(KeyError, match="acegrpo_step"):
+    with pytest.raises(trainer.SetupError, match="rl.reward.*acegrpo_step"):
         trainer.Trainer(cfg, progress=False)
     cfg.rl.reward = "acegrpo_step"
     cfg.rl.group_size = 1
@@ -147,3 +147,126 @@ def test_bad_seed_solutions_are_setup_errors(cfg, tmp_path, content, match):
     cfg.tasks.ids = ("iris-species",)
     with pytest.raises(trainer.SetupError, match=match):
         trainer.Trainer(cfg, progress=False)
+
+
+# ------------------------------------------------------------------ the loop, end to end (tiny)
+
+TINY = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    """A task cache and a small BPE shared by the end-to-end runs of this module."""
+    from sandbox import seed_corpus
+    from sandbox.tasks import registry
+
+    from ace_jax.train import sft
+
+    root = tmp_path_factory.mktemp("tiny")
+    task = registry.load_task("iris-species", root / "tasks", prepare_if_missing=True)
+    sft.build_tokenizer([task], seed_corpus.list_scripts("iris-species"), 400,
+                        str(root / "tok"))
+    return root
+
+
+def tiny_loop_cfg(tiny_setup, workdir, **rl):
+    c = config_utils.load_config_file("configs/local.py")
+    c.workdir = str(workdir)
+    c.tasks.cache_dir = str(tiny_setup / "tasks")
+    c.tasks.ids = ("iris-species",)
+    c.model.tokenizer_path = str(tiny_setup / "tok")
+    c.model.overrides.update(TINY)
+    c.sft.enabled = False
+    c.rl.update(dict(dict(num_steps=3, batch_states=1, group_size=2), **rl))
+    c.sampling.max_new_tokens = 8
+    c.sandbox.backend = "process"
+    return c
+
+
+def run_loop(cfg, stop_after_iteration=None):
+    """Runs a Trainer; ``stop_after_iteration``: dies (as if killed) right after that
+    iteration's persist. Returns what the run left: per-step metrics (no perf/), rollout rows
+    and buffer states."""
+    import json
+    import pathlib
+
+    class Killed(Exception):
+        pass
+
+    t = trainer.Trainer(cfg, progress=False)
+    persist = t._persist
+
+    def dying_persist(**kw):
+        persist(**kw)
+        if t.iteration == stop_after_iteration:
+            raise Killed
+    t._persist = dying_persist
+    try:
+        t.run()
+    except Killed:
+        pass
+    finally:
+        t.close()
+    wd = pathlib.Path(cfg.workdir)
+    metrics = [{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")
+                and k not in ("time", "wall_time", "timestamp")} | {"staleness": json.loads(x)["perf/staleness"]}
+               for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    rollouts = {p.name: [json.loads(x) for x in p.read_text().splitlines()]
+                for p in sorted((wd / "rollouts").glob("*.jsonl"))}
+    from ace_jax.curriculum import buffer, buffer_store
+
+    buf = buffer.EvolvingBuffer(cfg.buffer, list(t.targets.values()))
+    info = buffer_store.BufferStore(str(wd / "buffer")).restore(buf)
+    states = sorted((s.state_id, s.parent_id, s.code) for s in buf.states.values())
+    return dict(metrics=metrics, rollouts=rollouts, buffer=(info.step, states))
+
+
+def test_max_staleness_knob():
+    c = config_utils.load_config_file("configs/local.py")
+    assert trainer.max_staleness(c) == c.rl.max_staleness == 1   # the default: today's overlap
+    c.rl.max_staleness = 3
+    assert trainer.max_staleness(c) == 3
+    c.rl.async_rollouts = False
+    assert trainer.max_staleness(c) == 0
+    c.rl.async_rollouts = True
+    c.rl.max_staleness = -1
+    with pytest.raises(config_utils.ConfigError, match="max_staleness"):
+        train_config.validate(c)
+
+
+@pytest.fixture(scope="module")
+def k1_run(tiny_setup, tmp_path_factory):
+    """k = 1 (today's overlap), checkpoints every 2 iterations, written in the background."""
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path_factory.mktemp("k1") / "run", max_staleness=1)
+    cfg.checkpoint.save_interval_steps = 2
+    cfg.checkpoint.async_save = True
+    return run_loop(cfg)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_each_batch_is_learned_at_most_k_updates_after_it_was_generated(
+        k, k1_run, tiny_setup, tmp_path):
+    got = k1_run if k == 1 else run_loop(tiny_loop_cfg(tiny_setup, tmp_path / "run",
+                                                       max_staleness=k))
+    assert [m["step"] for m in got["metrics"]] == [0, 1, 2]
+    # learner version when step t is learned on: t (one update per step); generated by:
+    versions = [max(t - k, 0) for t in range(3)]
+    assert [m["staleness"] for m in got["metrics"]] == [t - v for t, v in enumerate(versions)]
+    assert all(m["staleness"] <= k for m in got["metrics"])
+    for t, name in enumerate(sorted(got["rollouts"])):
+        assert {r["policy_version"] for r in got["rollouts"][name]} == {versions[t]}
+
+
+def test_resume_replays_from_the_last_checkpoint(k1_run, tiny_setup, tmp_path):
+    """Checkpoints every 2 iterations (written in the background): killed after iteration 3
+    (saved: 0 and 2), the same command resumes at 2, replays 3 and ends as the straight run."""
+    import os
+
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=1)
+    cfg.checkpoint.save_interval_steps = 2
+    cfg.checkpoint.async_save = True
+    run_loop(cfg, stop_after_iteration=3)
+    assert sorted(int(p) for p in os.listdir(tmp_path / "run" / "checkpoints")
+                  if p.isdigit()) == [0, 2]
+    assert run_loop(cfg) == k1_run

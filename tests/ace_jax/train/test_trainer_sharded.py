@@ -48,11 +48,22 @@ def _flags(workdir, mesh: dict) -> list[str]:
     return flags
 
 
+# A persistent compilation cache shared by this module's runs, in process and launched (a fresh
+# directory per session): a launched 8-device run loads the programs the in-process run of the
+# same config compiled, a resumed run those of its killed predecessor (the same programs: the
+# cache key is the program, its compile options, devices and backend) instead of compiling them
+# again. Set by the `_compile_cache` fixture.
+_CACHE_DIR: list[str] = []
+
+
 def _env(devices: int) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     if devices > 1:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    if _CACHE_DIR:
+        env["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR[0]
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     return env
 
 
@@ -80,10 +91,12 @@ def _results(workdir) -> dict:
 def _buffer_states(workdir):
     """(step of the last buffer commit, sorted (state id, parent id, code) of every state)."""
     from ace_jax.curriculum import buffer, buffer_store
+    from ace_jax.env import rewards
+    from ace_jax.train import setup
 
     cfg = config_utils.load_config_file(str(REPO / "configs/local.py"))
     cfg.tasks.ids = TASKS
-    targets = [trainer.task_targets(t) for t in trainer.load_tasks(cfg)]
+    targets = [rewards.task_targets(t) for t in setup.load_tasks(cfg)]
     buf = buffer.EvolvingBuffer(cfg.buffer, targets)
     info = buffer_store.BufferStore(os.path.join(workdir, "buffer")).restore(buf)
     return info.step, sorted((s.state_id, s.parent_id, s.code) for s in buf.states.values())
@@ -109,12 +122,62 @@ def _eight_devices():
         pytest.skip("needs 8 simulated devices (tests/conftest.py)")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    from jax.experimental.compilation_cache import compilation_cache
+
+    _CACHE_DIR[:] = [str(tmp_path_factory.mktemp("jax_cache"))]
+    before = {k: getattr(jax.config, k) for k in (
+        "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()         # re-read the settings at the next compile
+    yield
+    for k, v in before.items():              # the rest of the session compiles as before
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()
+    _CACHE_DIR.clear()
+
+
+class _Launched:
+    """A run started in the background (the command of `_launch`); ``results()`` waits for it.
+
+    The 1-device reference runs in its own process while this one runs the sharded trainer:
+    either is mostly one busy thread (compiling, Python), so on 2 cores the two overlap."""
+
+    def __init__(self, workdir, mesh, devices, timeout=900):
+        self.workdir, self.timeout, self._results = workdir, timeout, None
+        self.log = open(pathlib.Path(workdir).parent / "launch.log", "w+")
+        self.proc = subprocess.Popen(_cmd(workdir, mesh), cwd=REPO, env=_env(devices),
+                                     stdout=subprocess.DEVNULL, stderr=self.log,
+                                     start_new_session=True)
+
+    def results(self) -> dict:
+        if self._results is None:
+            try:
+                code = self.proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                raise
+            self.log.seek(0)
+            assert code == 0, self.log.read()[-3000:]
+            self._results = _results(self.workdir)
+        return self._results
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
-    """The reference: the same run as a user on a 1-device machine would start it."""
-    workdir = tmp_path_factory.mktemp("one_device") / "run"
-    _launch(workdir, {}, devices=1)
-    return _results(workdir)
+    """The reference: the same run as a user on a 1-device machine would start it (started at
+    once, in the background; ``one_device.results()`` waits for it)."""
+    run = _Launched(tmp_path_factory.mktemp("one_device") / "run", {}, devices=1)
+    yield run
+    run.stop()
 
 
 def _run_in_process(workdir, name):
@@ -170,7 +233,8 @@ def _same_run(got: dict, ref: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MESHES))
 def test_sharded_trainer_equals_one_device(name, one_device, sharded_runs):
-    _same_run(sharded_runs(name), one_device)
+    got = sharded_runs(name)            # in this process, while the reference runs in its own
+    _same_run(got, one_device.results())
 
 
 @pytest.mark.slow

@@ -1,0 +1,222 @@
+"""The run's config schema: which sections a run has, who owns each, and the cross-checks.
+
+Every section is the ``default_config()`` of the module that reads it, so each constant is
+documented next to its use; `default_config` assembles them into the whole run config (the one
+place that lists the sections) and ``configs/*.py`` state only what differs from it:
+
+  =============  ==============================================  ==============================
+  section        owner                                           what
+  =============  ==============================================  ==============================
+  (top level)    `default_config`                                name, workdir, seed
+  ``model``      `model_config`                                  the policy
+  ``mesh``       ``ace_jax.runtime.sharding.default_config``     device mesh and sharding rules
+  ``rl``         `rl_config`                                     the RL loop
+  ``sampling``   ``ace_jax.runtime.generate.default_config``     rollout sampling
+  ``grpo``       ``ace_jax.rl.grpo.default_config``              the GRPO loss
+  ``optim``      ``ace_jax.rl.learner.default_config``           optimizer and schedule
+  ``buffer``     ``ace_jax.curriculum.buffer.default_config``    the Evolving Data Buffer
+  ``lp``         ``ace_jax.curriculum.learnability...``          the LP sampler
+  ``sandbox``    ``sandbox.pool.default_config``                 execution pool
+  ``agent``      ``ace_jax.env.agent.default_config``            prompts and actions
+  ``rewards``    ``ace_jax.env.rewards.default_config``          reward shaping constants
+  ``sft``        ``ace_jax.train.sft.default_config``            the warm start
+  ``tasks``      `tasks_config`                                  which tasks
+  ``checkpoint`` ``ace_jax.runtime.checkpoint.default_config``   Orbax checkpoints
+  =============  ==============================================  ==============================
+
+Optional sections, added by the configs that use them: ``dry_run``
+(``ace_jax.train.dry_run.default_config``, what ``--dry_run`` projects onto; ``configs/ace30b.py``)
+and, with ``mode = "ideator"``, ``ideator`` (``ace_jax.ideator.ideator_trainer.default_config``;
+``configs/ideator.py``).
+
+`validate` holds the checks that read more than one key (batch / group sizes, the mesh against
+the devices, the context length against the model, ...); it raises
+``config_utils.ConfigError`` whose message names the keys.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import ml_collections
+
+from ace_jax.config_utils import ConfigError
+from ace_jax.curriculum import buffer, learnability
+from ace_jax.env import agent, rewards
+from ace_jax.registry import UnknownNameError
+from ace_jax.rl import grpo, learner
+from ace_jax.runtime import checkpoint, generate, sharding
+from ace_jax.train import sft
+from sandbox import pool
+
+__all__ = ["ConfigError", "SECTIONS", "OPTIONAL_SECTIONS", "MODES", "default_config",
+           "model_config", "rl_config", "tasks_config", "validate", "check_context"]
+
+# The sections of `default_config`, in its order, and the optional ones (see the module doc).
+SECTIONS = ("model", "mesh", "rl", "sampling", "grpo", "optim", "buffer", "lp", "sandbox",
+            "agent", "rewards", "sft", "tasks", "checkpoint")
+OPTIONAL_SECTIONS = ("dry_run", "ideator")
+# ``mode`` (top level, optional): which trainer launch/tpu_train.py builds.
+MODES = ("acegrpo", "ideator")
+TASK_SOURCES = ("offline", "mlebench")
+
+
+def model_config() -> ml_collections.ConfigDict:
+    """The ``model`` section: the policy (read by ``ace_jax.train.trainer``)."""
+    c = ml_collections.ConfigDict()
+    c.preset = "tiny_moe"             # a models.configs preset (used when hf_path is empty)
+    c.hf_path = ""                    # a local or gs:// HF directory to load instead of a preset
+    c.tokenizer_path = ""             # "" = train a BPE on the task suite into <workdir>/tokenizer
+    # A run directory whose newest checkpoint (and tokenizer) start this run instead of a fresh
+    # init + warm start; e.g. a warm-start-only run (--config.rl.num_steps=0) shared by ablations.
+    c.init_from_run = ""
+    # With hf_path: keyword arguments of models.hf_mapping.load_hf_model, applied on top of the
+    # directory's config.json (dtype, param_dtype, remat_policy, moe_dispatch, ...).
+    c.runtime = ml_collections.ConfigDict(dict(dtype="float32"))
+    # Without hf_path: models.configs.ModelConfig fields applied to the preset (the vocabulary
+    # size is the tokenizer's).
+    c.overrides = ml_collections.ConfigDict()
+    return c
+
+
+def rl_config() -> ml_collections.ConfigDict:
+    """The ``rl`` section: the RL loop (read by ``ace_jax.train.trainer``)."""
+    c = ml_collections.ConfigDict()
+    c.num_steps = 20
+    c.batch_states = 4                # B states sampled by the LP sampler per step
+    c.group_size = 4                  # G completions per state (GRPO compares within a group)
+    c.async_rollouts = True           # sandbox of step t overlaps generation / learning of t+1
+    c.max_staleness = 1               # policy versions a rollout may lag behind the learner
+    c.reward = "acegrpo_step"         # a name in ace_jax.env.rewards
+    c.max_prompt_tokens = 768         # longer prompts keep their last tokens (counted in metrics)
+    # The buffer starts from one empty draft per task; True also seeds the reference solutions
+    # of the seed corpus as improvable states (as on MLE-bench, which ships none).
+    c.seed_with_references = False
+    # Comma-separated seed_solutions.jsonl files of earlier evaluations (launch/evaluate.py
+    # --out; gs:// too): their valid attempts on this run's tasks become root states (origin
+    # "evaluation").
+    c.seed_solutions = ""
+    return c
+
+
+def tasks_config() -> ml_collections.ConfigDict:
+    """The ``tasks`` section: which tasks the run trains on (read by ``ace_jax.train.trainer``)."""
+    c = ml_collections.ConfigDict()
+    c.source = "offline"              # offline (the bundled suite) | mlebench
+    c.ids = ()                        # () = every task of the source
+    c.cache_dir = "cache/tasks"       # offline: where the suite is prepared
+    c.data_dir = ""                   # mlebench: the directory of prepared competitions
+    c.seed = 0                        # the seed the tasks are prepared with
+    return c
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The whole run config: every section's owner default (see the module doc). A config file
+    starts from this and sets what differs; ``name`` and ``workdir`` it must set."""
+    c = ml_collections.ConfigDict()
+    c.name = ""                       # the run's name
+    c.workdir = ""                    # checkpoints, buffer, metrics, tokenizer (local or gs://)
+    c.seed = 0
+    c.model = model_config()
+    c.mesh = sharding.default_config()
+    c.rl = rl_config()
+    c.sampling = generate.default_config()
+    c.grpo = grpo.default_config()
+    c.optim = learner.default_config()
+    c.buffer = buffer.default_config()
+    c.lp = learnability.default_config()
+    c.sandbox = pool.default_config()
+    c.agent = agent.default_config()
+    c.rewards = rewards.default_config()
+    c.sft = sft.default_config()
+    c.tasks = tasks_config()
+    c.checkpoint = checkpoint.default_config()
+    return c
+
+
+# ------------------------------------------------------------------------------------ checks
+
+def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = None,
+             num_processes: Optional[int] = None) -> None:
+    """Checks what can be checked of a run config before any heavy work; raises ConfigError.
+
+    Checks: ``workdir`` is set; ``mode``; ``grpo`` (``grpo.validate_config``); ``rl.reward`` is
+    registered; ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``
+    (with ``rl.async_rollouts``); ``optim.microbatches``
+    divides the rows of a step; the ``sampling`` values; ``tasks.source``; the ``mesh`` against
+    the devices; and, for a preset model (no ``model.hf_path`` / ``model.init_from_run``), the
+    context length against its ``max_position_embeddings`` (`check_context`; call it again once
+    a loaded model's config is known).
+
+    Args:
+      cfg: a run config (`default_config` plus the config file's changes and overrides).
+      num_devices / num_processes: what the mesh must cover; None: ``jax.device_count()`` /
+        ``jax.process_count()`` (call it after ``sharding.maybe_initialize_distributed``).
+    """
+    if not cfg.get("workdir"):
+        raise ConfigError("workdir is empty: set it in the config file or with --config.workdir")
+    mode = cfg.get("mode", "acegrpo")
+    if mode not in MODES:
+        raise ConfigError(f"config mode={mode!r}; valid: {', '.join(MODES)}")
+    try:
+        grpo.validate_config(cfg.grpo)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        rewards.get_reward(cfg.rl.reward)
+    except UnknownNameError as e:
+        raise ConfigError(f"rl.reward: {e}") from None
+    rl = cfg.rl
+    if rl.batch_states < 1 or rl.group_size < 2:
+        raise ConfigError(f"rl.batch_states must be >= 1 and rl.group_size >= 2 (GRPO compares "
+                          f"within a group), got {rl.batch_states}, {rl.group_size}")
+    k = rl.get("max_staleness", 1)
+    if rl.get("async_rollouts", True) and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise ConfigError(f"rl.max_staleness must be an int >= 0, got {k!r}")
+    rows, k = rl.batch_states * rl.group_size, cfg.optim.microbatches
+    if k < 1 or rows % k:
+        raise ConfigError(f"rows = rl.batch_states x rl.group_size = {rows} is not divisible by "
+                          f"optim.microbatches = {k}")
+    try:
+        generate.SamplingConfig(group_size=rl.group_size, **cfg.sampling.to_dict())
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"sampling: {e}") from None
+    if cfg.tasks.source not in TASK_SOURCES:
+        raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(TASK_SOURCES)}")
+    _check_mesh(cfg.mesh, num_devices, num_processes)
+    if not cfg.model.get("hf_path", "") and not cfg.model.get("init_from_run", ""):
+        from models import configs as model_configs
+
+        try:
+            mc = model_configs.get_model_config(cfg.model.preset, **dict(cfg.model.overrides))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"model: {e}") from None
+        check_context(cfg, mc.max_position_embeddings)
+
+
+def check_context(cfg: ml_collections.ConfigDict, max_position_embeddings: int) -> None:
+    """ConfigError unless a prompt plus its completion fit the model's positions."""
+    ctx = cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens
+    if ctx > max_position_embeddings:
+        raise ConfigError(f"rl.max_prompt_tokens + sampling.max_new_tokens = {ctx} exceeds the "
+                          f"model's max_position_embeddings ({max_position_embeddings})")
+
+
+def _check_mesh(mesh: ml_collections.ConfigDict, num_devices: Optional[int],
+                num_processes: Optional[int]) -> None:
+    if num_devices is None or num_processes is None:
+        import jax
+
+        num_devices = jax.device_count() if num_devices is None else num_devices
+        num_processes = jax.process_count() if num_processes is None else num_processes
+    try:
+        if mesh.distributed not in ("auto", "always", "never"):
+            raise sharding.MeshConfigError(f"mesh.distributed must be auto | always | never, "
+                                           f"got {mesh.distributed!r}")
+        if mesh.axis_types not in ("auto", "explicit"):
+            raise sharding.MeshConfigError(f"mesh.axis_types must be one of "
+                                           f"['auto', 'explicit'], got {mesh.axis_types!r}")
+        sharding.resolve_mesh_shape(mesh, num_devices)
+        sharding.rules_from_config(mesh.rules)
+    except (sharding.MeshConfigError, ValueError, TypeError) as e:
+        raise ConfigError(f"mesh: {e} (jax sees {num_devices} devices in {num_processes} "
+                          f"processes)") from None

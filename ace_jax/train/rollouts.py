@@ -1,0 +1,141 @@
+"""The rollouts of one RL step, from generation to the learner.
+
+``StepRollouts`` keeps the generator's arrays as they came back (host numpy: tokens, behaviour
+log-probs, lengths, finish reasons, prompt index) next to the B prompts that were generated from;
+the learner's ``TrainBatch`` is built from them directly (``train_batch``). ``Rollout`` is the
+per-completion record the environment fills in: its text, parsed action, sandbox result, reward.
+Rows are prompt-major: row ``b * G + g`` is sample g of state b.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ace_jax.rl import rollout_batch
+from ace_jax.runtime import generate
+from sandbox.result import ExecutionResult
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One completion of one state and, once executed, its outcome.
+
+    Attributes:
+      state_id / task_id: where it started.
+      text: decoded completion; action: what the environment parsed from it (an
+        ``agent.Action`` / ``agent.InvalidAction`` for the code agent).
+      policy_version: learner step of the params that generated it.
+      result: the sandbox's ExecutionResult (None when nothing ran).
+      reward: from the reward registry.
+    """
+
+    state_id: int
+    task_id: str
+    text: str
+    policy_version: int
+    action: Any = None
+    result: Optional[ExecutionResult] = None
+    reward: float = 0.0
+
+
+@dataclasses.dataclass
+class StepRollouts:
+    """The B * G rollouts of RL step ``step``, their generation arrays and, while their
+    executions run, the sandbox futures (one per row; None where nothing was submitted).
+
+    Attributes:
+      prompts: the B prompts (token ids, after the ``rl.max_prompt_tokens`` cut).
+      gen: the generator's result as host numpy arrays (``generate.GenerationResult``).
+      rollouts: one ``Rollout`` per row.
+      gen_seconds / gen_tokens: generation time and completion tokens (perf metrics).
+      truncated: prompts cut to ``rl.max_prompt_tokens``.
+      learner_version: the learner's step when it learned on these rollouts (None before).
+    """
+
+    step: int
+    prompts: list[list[int]]
+    gen: generate.GenerationResult
+    rollouts: list[Rollout]
+    gen_seconds: float = 0.0
+    gen_tokens: int = 0
+    truncated: int = 0
+    futures: list = dataclasses.field(default_factory=list)
+    learner_version: Optional[int] = None
+
+    @property
+    def policy_version(self) -> int:
+        return self.rollouts[0].policy_version
+
+    @property
+    def staleness(self) -> int:
+        """Learner updates between the policy that generated these rollouts and the one that
+        learned on them (at most ``rl.max_staleness``)."""
+        return self.learner_version - self.policy_version
+
+    def completion(self, i: int) -> np.ndarray:
+        """Row i's completion token ids (its true length)."""
+        return self.gen.tokens[i, :self.gen.lengths[i]]
+
+    def cut_by_budget(self, i: int) -> bool:
+        """Row i ran out of ``max_new_tokens`` (no EOS / stop sequence ended it)."""
+        return int(self.gen.finish_reason[i]) == int(generate.FinishReason.LENGTH)
+
+    def rewards(self) -> np.ndarray:
+        return np.asarray([r.reward for r in self.rollouts], np.float32)
+
+    def train_batch(self, *, prompt_bucket: int, pad_id: int) -> rollout_batch.TrainBatch:
+        """The learner's batch: the prompts left-padded as the sampler padded them, followed by
+        the generated arrays, and the rewards."""
+        return rollout_batch.make_train_batch(self.prompts, self.gen, self.rewards(),
+                                              prompt_bucket=prompt_bucket, pad_id=pad_id)
+
+    # ------------------------------------------------------------------ in a checkpoint
+
+    def to_json(self) -> dict:
+        """The generation of this step (not its execution: resubmitted on resume)."""
+        n = len(self.rollouts)
+        return dict(step=self.step, prompts=[list(map(int, p)) for p in self.prompts],
+                    completions=[self.completion(i).tolist() for i in range(n)],
+                    logprobs=[self.gen.logprobs[i, :self.gen.lengths[i]].astype(float).tolist()
+                              for i in range(n)],
+                    finish_reason=self.gen.finish_reason.tolist(),
+                    prompt_index=self.gen.prompt_index.tolist(),
+                    rollouts=[dict(state_id=r.state_id, task_id=r.task_id, text=r.text,
+                                   policy_version=r.policy_version) for r in self.rollouts],
+                    gen_seconds=self.gen_seconds, gen_tokens=self.gen_tokens,
+                    truncated=self.truncated)
+
+    @classmethod
+    def from_json(cls, d: dict, *, max_new_tokens: int, pad_id: int,
+                  eos_ids: Sequence[int] = (), group_size: int = 1) -> "StepRollouts":
+        """Inverse of ``to_json``; also reads the older per-rollout form (``rollouts`` holding
+        ``prompt`` / ``completion`` / ``logprobs``, no finish reasons: EOS when the last token
+        is one of ``eos_ids``)."""
+        rows = d["rollouts"]
+        if "completions" in d:
+            comps, lps, reason = d["completions"], d["logprobs"], d["finish_reason"]
+            prompts, index = d["prompts"], d["prompt_index"]
+        else:   # older checkpoints
+            comps = [r["completion"] for r in rows]
+            lps = [r["logprobs"] for r in rows]
+            reason = [int(generate.FinishReason.EOS if c and c[-1] in set(eos_ids)
+                          else generate.FinishReason.LENGTH) for c in comps]
+            prompts = [rows[b * group_size]["prompt"] for b in range(len(rows) // group_size)]
+            index = [i // group_size for i in range(len(rows))]
+        n, m = len(rows), max_new_tokens
+        tokens = np.full((n, m), pad_id, np.int32)
+        logprobs = np.zeros((n, m), np.float32)
+        lengths = np.zeros((n,), np.int32)
+        for i, (c, lp) in enumerate(zip(comps, lps)):
+            tokens[i, :len(c)] = c
+            logprobs[i, :len(c)] = lp
+            lengths[i] = len(c)
+        gen = generate.GenerationResult(tokens, logprobs, lengths, np.asarray(reason, np.int32),
+                                        np.asarray(index, np.int32))
+        rollouts = [Rollout(state_id=r["state_id"], task_id=r["task_id"], text=r["text"],
+                            policy_version=r["policy_version"]) for r in rows]
+        return cls(int(d["step"]), [list(p) for p in prompts], gen, rollouts,
+                   gen_seconds=float(d.get("gen_seconds", 0.0)),
+                   gen_tokens=int(d.get("gen_tokens", 0)), truncated=int(d.get("truncated", 0)))
