@@ -4,9 +4,10 @@
   python launch/tpu_train.py --config=configs/ideator.py --config.ideator.implementer=run:runs/local
 
 The same trainer as AceGRPO (``configs/local.py``, which this file starts from); ``mode = "ideator"``
-makes ``launch/tpu_train.py`` build ``ace_jax.ideator.ideator_trainer.IdeatorTrainer``: the trained policy
-writes ideas (``Analysis / Action / Rationale``) for buffer states, a FROZEN implementer turns each
-valid idea into one script, the sandbox grades it, and ``ideator_ternary`` rewards the idea (+1 the
+makes ``launch/tpu_train.py`` plug in the ideator's environment
+(``ace_jax.ideator.ideator_trainer.make_trainer``): the trained policy writes ideas
+(``Analysis / Action / Rationale``) for buffer states, a FROZEN implementer turns each valid idea
+into one script, the sandbox grades it, and ``ideator_ternary`` rewards the idea (+1 the
 script beats the state's score, 0 not / failed, -1 malformed idea).
 
 The implementer (``ideator.implementer``) defaults to ``"self"``: a frozen copy of this run's own
@@ -29,7 +30,7 @@ def get_config():
     c = config_utils.load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                    "local.py"))
     c.name = "ideator"
-    c.mode = "ideator"                 # launch/tpu_train.py builds the IdeatorTrainer
+    c.mode = "ideator"                 # launch/tpu_train.py builds the ideator environment
     c.workdir = "runs/ideator"
 
     c.rl.reward = "ideator_ternary"

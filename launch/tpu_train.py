@@ -48,7 +48,7 @@ def main(argv):
     if mode == "ideator":  # MLE-Ideator: the trained policy is the ideator (configs/ideator.py)
         from ace_jax.ideator import ideator_trainer
 
-        t = ideator_trainer.IdeatorTrainer(cfg, progress=not _NO_PROGRESS.value)
+        t = ideator_trainer.make_trainer(cfg, progress=not _NO_PROGRESS.value)
     elif mode == "acegrpo":
         t = trainer.Trainer(cfg, progress=not _NO_PROGRESS.value)
     else:

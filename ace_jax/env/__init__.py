@@ -3,5 +3,4 @@ another model (`advice`), rewards from graded executions (`rewards`) and the tas
 loaded for training and evaluation (`tasks`).
 
 Imports: `curriculum` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`);
-checked by tests/test_layout.py."""
+`sandbox`); checked by tests/test_layout.py."""

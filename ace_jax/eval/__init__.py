@@ -4,5 +4,4 @@ episode (`runner`), metrics and their aggregation (`scoring`), the harness over 
 training run (`run_config`).
 
 Imports: `runtime`, `curriculum`, `env`, `policy`, `train`, `ideator` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`);
-checked by tests/test_layout.py."""
+`sandbox`); checked by tests/test_layout.py."""

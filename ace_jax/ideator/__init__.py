@@ -1,7 +1,6 @@
 """MLE-Ideator: ideas, their parsing and categories (`ideator`), the ideator's prompt (`prompts`),
-the advisor over a policy (`advisor`), warm-start examples (`sft_examples`) and the ideator's GRPO
-run (`ideator_trainer`).
+the advisor over a policy (`advisor`), warm-start examples (`sft_examples`) and the ideator's
+environment for the one training loop (`ideator_trainer`: `IdeatorEnv`, `make_trainer`).
 
-Imports: `runtime`, `rl`, `curriculum`, `env`, `policy`, `train` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`);
-checked by tests/test_layout.py."""
+Imports: `runtime`, `rl`, `curriculum`, `env`, `policy`, `train` (and `ace_jax.config_utils`,
+`ace_jax.registry`, `models`, `sandbox`); checked by tests/test_layout.py."""

@@ -1,8 +1,9 @@
 """MLE-Ideator training with the AceGRPO trainer: the trained policy is the IDEATOR.
 
-A variant is a config (``configs/ideator.py``: ``mode = "ideator"``), not a fork: ``IdeatorTrainer``
-subclasses ``ace_jax.train.trainer.Trainer`` and keeps its loop, asynchrony, checkpointing, exact resume,
-metrics and Evolving Data Buffer. What differs, per RL step:
+A variant is a config (``configs/ideator.py``: ``mode = "ideator"``), not a fork: ``IdeatorEnv`` is
+an environment (``ace_jax.train.environment``) plugged into the one ``Trainer`` loop
+(``make_trainer``), which keeps its asynchrony, checkpointing, exact resume, metrics and Evolving
+Data Buffer. What the environment changes, per RL step:
 
   LP sampler -> B buffer states (task, the implementer's code + history, its best score)
   -> the IDEATOR prompt of each state (``prompts.render_ideator_messages`` of
@@ -24,7 +25,7 @@ The implementer is chosen by ``ideator.implementer``:
 * ``"openai:<base_url>#<model>"``: ``policy.OpenAIPolicy`` (vLLM, ``launch/serve.py``, an API);
   the key comes from ``OPENAI_API_KEY``.
 
-Tests (and notebooks) may pass any ``ChatPolicy`` as ``IdeatorTrainer(cfg, implementer=...)``.
+Tests (and notebooks) may pass any ``ChatPolicy`` as ``make_trainer(cfg, implementer=...)``.
 
 Per-step metrics added to the trainer's: ``ideator/format_valid_rate``,
 ``ideator/category/<name>`` (share of the valid ideas in each of ``ideator.CATEGORIES``),
@@ -54,7 +55,8 @@ from ace_jax.ideator import ideator, prompts, sft_examples
 from ace_jax.runtime import checkpoint as ckpt_lib
 from ace_jax.train import sft
 from ace_jax.train.rollouts import Rollout, StepRollouts
-from ace_jax.train.trainer import SetupError, Trainer
+from ace_jax.train.setup import SetupError
+from ace_jax.train.trainer import Trainer
 from models import tokenizer as tok_lib
 
 log = logging.getLogger("ace_jax.ideator.ideator_trainer")
@@ -138,17 +140,26 @@ class IdeatorAction:
         return a.code if a is not None and a.valid else None
 
 
-class IdeatorTrainer(Trainer):
-    """The AceGRPO trainer with the ideator as the trained policy (see the module docstring).
+def make_trainer(cfg: ml_collections.ConfigDict, *, progress: bool = True,
+                 implementer: Any = None) -> Trainer:
+    """The AceGRPO trainer with the ideator environment (``cfg.mode == "ideator"``)."""
+    return Trainer(cfg, progress=progress, env=IdeatorEnv(cfg, implementer=implementer))
+
+
+class IdeatorEnv:
+    """MLE-Ideator's environment (see the module docstring): the trained policy writes an idea
+    for a buffer state, a frozen implementer turns it into one script, the sandbox runs it.
 
     Args:
       cfg: a full config with an ``ideator`` section (``configs/ideator.py``).
-      progress: terminal progress bars.
       implementer: a ``policy.ChatPolicy`` to use instead of ``cfg.ideator.implementer``.
+
+    Raises:
+      SetupError: a bad ``ideator`` section, here before any heavy work, or (``bind``) an
+        implementer context the model cannot hold / an implementer that cannot be loaded.
     """
 
-    def __init__(self, cfg: ml_collections.ConfigDict, *, progress: bool = True,
-                 implementer: Any = None):
+    def __init__(self, cfg: ml_collections.ConfigDict, *, implementer: Any = None):
         if "ideator" not in cfg:
             raise SetupError("an ideator run needs an 'ideator' config section "
                              "(see configs/ideator.py)")
@@ -160,23 +171,27 @@ class IdeatorTrainer(Trainer):
         if unknown:
             raise SetupError(f"ideator.sft_kinds has unknown kinds {sorted(unknown)}; valid: "
                              f"{sft_examples.IDEATOR_SFT_KINDS}")
+        self.cfg = cfg
         self.impl_kind, self.impl_args = (("injected", {}) if implementer is not None
                                           else parse_implementer_spec(icfg.implementer))
         impl_dir = self.impl_args.get("workdir") or self.impl_args.get("path")
         if impl_dir and "://" not in impl_dir and not os.path.isdir(impl_dir):
             raise SetupError(f"ideator.implementer: {impl_dir!r} is not a directory")
-        super().__init__(cfg, progress=progress)
         self.impl_max_new = int(icfg.implementer_max_new_tokens or cfg.sampling.max_new_tokens)
         self.impl_max_prompt = int(icfg.implementer_max_prompt_tokens or cfg.rl.max_prompt_tokens)
-        if self.impl_kind == "self":
-            ctx = self.impl_max_new + self.impl_max_prompt
-            if ctx > self.model.config.max_position_embeddings:
-                raise SetupError(f"ideator implementer prompt + new tokens = {ctx} exceed the "
-                                 f"model's max_position_embeddings "
-                                 f"({self.model.config.max_position_embeddings})")
         self.implementer = implementer
+        self.trainer: Any = None
         self._impl_seconds: dict[int, float] = {}
         self._warm_started = False   # this process ran the warm start (a fresh run)
+
+    def bind(self, trainer) -> None:
+        self.trainer = trainer
+        if self.impl_kind == "self":
+            ctx = self.impl_max_new + self.impl_max_prompt
+            max_pos = trainer.model.config.max_position_embeddings
+            if ctx > max_pos:
+                raise SetupError(f"ideator implementer prompt + new tokens = {ctx} exceed the "
+                                 f"model's max_position_embeddings ({max_pos})")
         if self.implementer is None and self.impl_kind in ("run", "hf", "openai"):
             self.implementer = self._build_external_implementer()
 
@@ -185,7 +200,7 @@ class IdeatorTrainer(Trainer):
     @property
     def snapshot_dir(self) -> str:
         """Where the "self" implementer's frozen weights are kept."""
-        return os.path.join(self.workdir, "implementer")
+        return os.path.join(self.trainer.workdir, "implementer")
 
     def _jax_policy_kwargs(self) -> dict:
         return dict(max_new_tokens=self.impl_max_new,
@@ -215,7 +230,7 @@ class IdeatorTrainer(Trainer):
         """Saves the current (warm-started) weights as the frozen "self" implementer."""
         with ckpt_lib.Checkpointer(self.snapshot_dir, keep=1, async_save=False) as c:
             c.delete_after(-1)   # a warm start that crashed before its first commit left one
-            c.save(ckpt_lib.TrainState(step=0, params=nnx.state(self.model, nnx.Param),
+            c.save(ckpt_lib.TrainState(step=0, params=nnx.state(self.trainer.model, nnx.Param),
                                        opt_state={"unused": jnp.zeros(())},
                                        rng=jax.random.key(0),
                                        sampler_state={"what": "frozen ideator implementer"}),
@@ -223,8 +238,8 @@ class IdeatorTrainer(Trainer):
 
     def _self_implementer(self):
         """The frozen "self" implementer: the saved snapshot if there is one (a resumed run),
-        else the current weights (a fresh run: ``self.model`` is the warm-started policy; the
-        learner trains a copy of it)."""
+        else the current weights (a fresh run: the trainer's model is the warm-started policy;
+        the learner trains a copy of it)."""
         from ace_jax.policy import policy
 
         model = None
@@ -232,15 +247,15 @@ class IdeatorTrainer(Trainer):
             with ckpt_lib.Checkpointer(self.snapshot_dir, keep=None, async_save=False) as c:
                 steps = c.all_steps()
                 if steps:
-                    graphdef, params = nnx.split(self.model, nnx.Param)
+                    graphdef, params = nnx.split(self.trainer.model, nnx.Param)
                     model = nnx.merge(graphdef, c.restore_params(steps[-1], params))
         if model is None:
             if not self._warm_started:  # resumed, but the run never saved a frozen copy
                 raise SetupError(f"ideator.implementer='self' but {self.snapshot_dir} holds no "
                                  "frozen implementer: this run was started with another "
                                  "implementer; resume it with that one")
-            model = self.model
-        return policy.JaxPolicy(model, self.tokenizer, name="implementer:self",
+            model = self.trainer.model
+        return policy.JaxPolicy(model, self.trainer.tokenizer, name="implementer:self",
                                 **self._jax_policy_kwargs())
 
     def _get_implementer(self):
@@ -251,53 +266,52 @@ class IdeatorTrainer(Trainer):
     def _implementer_seed(self, step: int) -> int:
         return (int(self.cfg.seed) * 1_000_003 + int(step)) % (2 ** 31 - 1)
 
-    # ------------------------------------------------------------------ hooks of the trainer
+    # ------------------------------------------------------------------ the environment
 
-    def _tokenizer_texts(self) -> list[str]:
+    def tokenizer_texts(self, cfg, tasks) -> list[str]:
         """A tokenizer trained here also sees ideator prompts and ideas."""
         return [ex.prompt + ex.completion for ex in sft_examples.build_ideator_sft_examples(
-            self.tasks, self.cfg.agent, self.cfg.ideator, kinds=("idea", "idea_revert"),
-            seed_corpus_seed=self.cfg.tasks.seed)]
+            tasks, cfg.agent, cfg.ideator, kinds=("idea", "idea_revert"),
+            seed_corpus_seed=cfg.tasks.seed)]
 
-    def _sft_examples(self) -> list:
+    def sft_examples(self) -> list:
+        tasks, cfg = self.trainer.tasks, self.cfg
         examples = []
-        if tuple(self.cfg.sft.kinds):
-            examples += sft.build_sft_examples(self.tasks, self.cfg.sft, self.cfg.agent)
-        if tuple(self.cfg.ideator.sft_kinds):
+        if tuple(cfg.sft.kinds):
+            examples += sft.build_sft_examples(tasks, cfg.sft, cfg.agent)
+        if tuple(cfg.ideator.sft_kinds):
             examples += sft_examples.build_ideator_sft_examples(
-                self.tasks, self.cfg.agent, self.cfg.ideator, kinds=tuple(self.cfg.ideator.sft_kinds),
-                seed_corpus_seed=self.cfg.tasks.seed)
+                tasks, cfg.agent, cfg.ideator, kinds=tuple(cfg.ideator.sft_kinds),
+                seed_corpus_seed=cfg.tasks.seed)
         if not examples:
             raise SetupError("sft.enabled but neither sft.kinds nor ideator.sft_kinds gives "
                              "an example")
         return examples
 
-    def _warm_start(self) -> dict:
-        info = super()._warm_start()
+    def after_warm_start(self) -> None:
         self._warm_started = True
         if self.impl_kind == "self":
             self._save_snapshot()
-        return info
 
-    def _prompt_text(self, state) -> str:
-        task = self.task_by_id[state.task_id]
+    def prompt_text(self, state) -> str:
+        task = self.trainer.task_by_id[state.task_id]
         request = prompts.request_from_state(state, task, reason=self.cfg.ideator.reason)
         return tok_lib.render_chat(prompts.render_ideator_messages(request, self.cfg.ideator),
                                    add_generation_prompt=True, enable_thinking=False)
 
-    def _execute(self, s: StepRollouts) -> None:
+    def execute(self, s: StepRollouts) -> None:
         """Parses every idea, lets the frozen implementer take one step for each valid one (one
         batched call) and sends the scripts it wrote to the sandbox pool."""
-        step, rollouts = s.step, s.rollouts
+        step, rollouts, t = s.step, s.rollouts, self.trainer
         icfg = self.cfg.ideator
         asks: list[tuple[int, list[dict]]] = []
         for i, r in enumerate(rollouts):
             parsed = ideator.parse_idea(r.text, icfg, truncated=s.cut_by_budget(i))
-            state = self.buffer.get(r.state_id)
+            state = t.buffer.get(r.state_id)
             r.action = IdeatorAction(parsed=parsed, current_score=state.score)
             if parsed.valid:
                 asks.append((i, prompts.implementer_prompt_with_idea(
-                    state, self.task_by_id[r.task_id], parsed, self.cfg.agent,
+                    state, t.task_by_id[r.task_id], parsed, self.cfg.agent,
                     advice_text=icfg.advice_text)))
         t0 = time.perf_counter()
         if asks:
@@ -311,7 +325,7 @@ class IdeatorTrainer(Trainer):
                     a.implementer = agent.parse_action(
                         c.text, max_code_chars=self.cfg.agent.max_code_chars)
         self._impl_seconds[step] = time.perf_counter() - t0
-        s.futures = [self.pool.submit(self.task_by_id[r.task_id], r.action.code)
+        s.futures = [t.pool.submit(t.task_by_id[r.task_id], r.action.code)
                      if r.action.code is not None else None for r in rollouts]
 
     def _ask_implementer(self, conversations: list, step: int) -> list:
@@ -336,20 +350,18 @@ class IdeatorTrainer(Trainer):
                                      finish_reason="error") for _ in range(n)]
         return out
 
-    def _rollout_record(self, step: int, r: Rollout) -> dict:
-        rec = super()._rollout_record(step, r)
+    def record(self, r: Rollout) -> dict:
         a: IdeatorAction = r.action
         p = a.parsed
-        rec.update(
+        return dict(
             idea_valid=p.valid, idea_error=None if p.valid else str(p),
             verb=p.verb if p.valid else None, idea_action=p.action if p.valid else None,
             category=a.category, implementer_text=a.implementer_text,
             implementer_valid=None if a.implementer is None else a.implementer.valid,
             implementer_error=a.implementer_error, current_score=a.current_score)
-        return rec
 
-    def _step_metrics(self, p: StepRollouts, learn: dict, wait_s: float, learn_s: float) -> dict:
-        m = super()._step_metrics(p, learn, wait_s, learn_s)
+    def metrics(self, p: StepRollouts) -> dict[str, float]:
+        m = {}
         acts: list[IdeatorAction] = [r.action for r in p.rollouts]
         n = len(acts)
         valid = [a for a in acts if a.valid]
@@ -368,7 +380,7 @@ class IdeatorTrainer(Trainer):
             new = rewards.valid_score(r.result)
             if new is None:
                 continue
-            tgt = self.targets[r.task_id]
+            tgt = self.trainer.targets[r.task_id]
             cur = tgt.baseline if r.action.current_score is None else r.action.current_score
             improved += (new < cur) if tgt.lower_is_better else (new > cur)
         m["ideator/improve_rate"] = improved / n

@@ -4,5 +4,4 @@ OpenAI-compatible server itself: its HTTP server (`serving`), request and reply 
 (`sample_stream`); and Hugging Face export (`export`).
 
 Imports: `runtime` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`);
-checked by tests/test_layout.py."""
+`sandbox`); checked by tests/test_layout.py."""

@@ -2,5 +2,4 @@
 rollout's training arrays (`rollout_batch`) and the jitted learner step (`learner`).
 
 Imports: `runtime` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`);
-checked by tests/test_layout.py."""
+`sandbox`); checked by tests/test_layout.py."""

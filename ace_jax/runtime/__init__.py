@@ -3,5 +3,4 @@ shardings (`sharding`, `placement`), multi-host helpers (`multihost`), Orbax che
 (`checkpoint`) and XLA's TPU compiler without a TPU (`tpu_compile`).
 
 Imports: no other room (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`);
-checked by tests/test_layout.py."""
+`sandbox`); checked by tests/test_layout.py."""

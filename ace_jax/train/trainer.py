@@ -2,7 +2,10 @@
 update -> buffer children -> metrics, checkpoint and buffer commit.
 
 Building a run (output folder, tasks, tokenizer, model, warm start) is ``ace_jax.train.setup``;
-this module is the loop. One iteration is ``Trainer.step()``, which reads top to bottom:
+this module is the loop. What completions mean (prompts, execution, extra logs and metrics) is
+the environment's (``ace_jax.train.environment``: the code agent by default, the MLE-Ideator's
+ideator -> frozen implementer with ``mode = "ideator"``). One iteration is ``Trainer.step()``,
+which reads top to bottom:
 
   1. select B states (LP sampler)         4. execute: parse the actions, submit them to the sandbox
   2. render their prompts                 -- the step is now IN FLIGHT --
@@ -50,7 +53,7 @@ from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner as learner_lib
 from ace_jax.runtime import (checkpoint as ckpt_lib, generate, multihost,
                              placement as placement_lib)
-from ace_jax.train import config as train_config, metrics as metrics_lib, setup, sft
+from ace_jax.train import config as train_config, environment, metrics as metrics_lib, setup
 from ace_jax.train.rollouts import Rollout, StepRollouts
 from ace_jax.train.setup import (SetupError, check_writable, load_evaluation_seeds,
                                  load_tasks)
@@ -68,14 +71,17 @@ def max_staleness(cfg: ml_collections.ConfigDict) -> int:
 
 
 class Trainer:
-    """Wires the parts of one AceGRPO run from a config (``configs/*.py``) and runs it.
+    """Wires the parts of one AceGRPO run from a config (``configs/*.py``) and runs it; ``env``:
+    the environment the policy acts in (default ``environment.CodeAgentEnv()``).
 
     Everything that can be wrong with the setup (paths, tasks, tokenizer / model mismatch, reward
     name, GRPO mode) is checked in ``__init__``, before any heavy work.
     """
 
-    def __init__(self, cfg: ml_collections.ConfigDict, *, progress: bool = True):
+    def __init__(self, cfg: ml_collections.ConfigDict, *, progress: bool = True,
+                 env: Optional[environment.Environment] = None):
         self.cfg = cfg
+        self.env = env if env is not None else environment.CodeAgentEnv()
         self.workdir = cfg.workdir
         check_writable(self.workdir)
         try:   # every check of the config alone (config.validate), before any heavy work
@@ -87,7 +93,8 @@ class Trainer:
         self.task_by_id = {t.task_id: t for t in self.tasks}
         self.targets = {t.task_id: rewards.task_targets(t) for t in self.tasks}
         self.evaluation_seeds = load_evaluation_seeds(cfg.rl.seed_solutions, self.task_by_id)
-        self.tokenizer = setup.load_tokenizer(cfg, self.workdir, self.tasks, self._tokenizer_texts)
+        self.tokenizer = setup.load_tokenizer(
+            cfg, self.workdir, self.tasks, lambda: self.env.tokenizer_texts(cfg, self.tasks))
         # one mesh over every process's devices, one Placement for every sharding
         self.placement = placement_lib.Placement.from_config(cfg.mesh)
         self.model = setup.build_model(cfg, self.tokenizer, self.placement)
@@ -134,6 +141,7 @@ class Trainer:
         self.in_flight: collections.deque[StepRollouts] = collections.deque()
         self._uncommitted: Optional[tuple] = None   # (iteration, buffer copy, sampler state)
         self.best_scores: dict[str, Optional[float]] = {t: None for t in self.task_by_id}
+        self.env.bind(self)
 
     # ------------------------------------------------------------------ the loop
 
@@ -177,7 +185,7 @@ class Trainer:
             prompts, truncated = self._prompts(states)                   # 2. prompts
             out = self._generate(step, states, prompts)                  # 3. generate
             out.truncated = truncated
-            self._execute(out)                                           # 4. execute
+            self.env.execute(out)                                           # 4. execute
             self.in_flight.append(out)
             self.next_step = step + 1
         metrics = None
@@ -204,17 +212,13 @@ class Trainer:
         self.buffer.mark_sampled(ids, step)
         return [self.buffer.get(i) for i in ids]
 
-    def _prompt_text(self, state) -> str:
-        """The policy's prompt for ``state`` (a hook: the ideator trainer renders its own)."""
-        return agent.render_prompt(state, self.task_by_id[state.task_id], self.cfg.agent)
-
     def _prompts(self, states: Sequence[buffer_lib.State]) -> tuple[list[list[int]], int]:
         """The states' prompt token ids, each keeping its last ``rl.max_prompt_tokens``; and
         how many were cut."""
         limit = self.cfg.rl.max_prompt_tokens
         prompts, cut = [], 0
         for s in states:
-            ids = self.tokenizer(self._prompt_text(s), add_special_tokens=False)["input_ids"]
+            ids = self.tokenizer(self.env.prompt_text(s), add_special_tokens=False)["input_ids"]
             cut += len(ids) > limit
             prompts.append(ids[-limit:] if len(ids) > limit else ids)
         return prompts, cut
@@ -238,17 +242,6 @@ class Trainer:
                                            skip_special_tokens=False)))
         return StepRollouts(step, prompts, gen, rollouts, gen_seconds=gen_s,
                             gen_tokens=int(gen.lengths.sum()))
-
-    def _execute(self, s: StepRollouts) -> None:
-        """Parses every completion and sends the valid actions of this process's share
-        (`multihost.my_share`; all of them on one host) to its sandbox pool (a hook: the ideator
-        trainer asks its implementer for the code)."""
-        mine = multihost.my_share(len(s.rollouts))
-        s.futures = []
-        for i, r in enumerate(s.rollouts):
-            r.action = agent.parse_action(r.text, max_code_chars=self.cfg.agent.max_code_chars)
-            s.futures.append(self.pool.submit(self.task_by_id[r.task_id], r.action.code)
-                             if r.action.valid and i in mine else None)
 
     # ------------------------------------------------------------------ 5-7: learn on a step
 
@@ -316,7 +309,7 @@ class Trainer:
         os.replace(tmp, d / f"{s.step:06d}.jsonl")
 
     def _rollout_record(self, step: int, r: Rollout) -> dict:
-        """One line of ``<workdir>/rollouts/<step>.jsonl`` (a hook: subclasses add fields)."""
+        """One line of ``<workdir>/rollouts/<step>.jsonl`` (the environment adds its fields)."""
         res = r.result
         return dict(
             step=step, state_id=r.state_id, task_id=r.task_id, text=r.text,
@@ -325,7 +318,7 @@ class Trainer:
             status=None if res is None else res.status.value,
             dev_score=None if res is None else res.dev_score,
             stderr_tail=None if res is None else res.stderr[-300:],
-            reward=r.reward, policy_version=r.policy_version)
+            reward=r.reward, policy_version=r.policy_version, **self.env.record(r))
 
     def _step_metrics(self, s: StepRollouts, learn: dict, wait_s: float, learn_s: float) -> dict:
         rs = s.rollouts
@@ -375,6 +368,7 @@ class Trainer:
             m[metrics_lib.task_scalar(task_id, "best_dev_score")] = best
             if task.has_leaderboard:
                 m[metrics_lib.task_scalar(task_id, "medal")] = medal_level(task.medal(best))
+        m.update(self.env.metrics(s))
         return m
 
     # ------------------------------------------------------------------ 8: persist / resume
@@ -459,7 +453,7 @@ class Trainer:
             s = StepRollouts.from_json(d, max_new_tokens=self.cfg.sampling.max_new_tokens,
                                        pad_id=self.pad_id, eos_ids=self.eos_ids,
                                        group_size=self.cfg.rl.group_size)
-            self._execute(s)
+            self.env.execute(s)
             self.in_flight.append(s)
 
     # ------------------------------------------------------------------ warm start
@@ -473,21 +467,13 @@ class Trainer:
                          if cfg.rl.seed_with_references else ())
         seeds.add_seed_states(self.buffer, self.evaluation_seeds)
 
-    def _tokenizer_texts(self) -> list[str]:
-        """Texts a tokenizer trained for this run sees besides the agent prompts and seed
-        scripts (a hook: the ideator adds its prompts and ideas)."""
-        return []
-
-    def _sft_examples(self) -> list:
-        """The warm start's (prompt, completion) examples (a hook: subclasses add their own)."""
-        return sft.build_sft_examples(self.tasks, self.cfg.sft, self.cfg.agent)
-
     def _warm_start(self) -> dict:
         """Supervised warm start on the seed corpus (only when no checkpoint exists and the
         weights do not come from another run's checkpoint)."""
         self.model, info = setup.warm_start(self.cfg, self.model, self.tokenizer,
-                                            self._sft_examples, self.placement,
+                                            self.env.sft_examples, self.placement,
                                             progress=self.progress)
+        self.env.after_warm_start()
         return info
 
     def _make_learner(self) -> learner_lib.Learner:

@@ -103,17 +103,17 @@ def test_setup_errors_come_before_heavy_work(tmp_path):
     c.workdir = str(tmp_path / "run")
     c.ideator.implementer = "run:" + str(tmp_path / "absent")
     with pytest.raises(SetupError, match="not a directory"):
-        ideator_trainer.IdeatorTrainer(c, progress=False)
+        ideator_trainer.make_trainer(c, progress=False)
     c.ideator.implementer = "nonsense"
     with pytest.raises(SetupError, match="expected 'self' or a policy spec"):
-        ideator_trainer.IdeatorTrainer(c, progress=False)
+        ideator_trainer.make_trainer(c, progress=False)
     c.ideator.implementer = "self"
     c.ideator.sft_kinds = ("poems",)
     with pytest.raises(SetupError, match="poems"):
-        ideator_trainer.IdeatorTrainer(c, progress=False)
+        ideator_trainer.make_trainer(c, progress=False)
     del c["ideator"]
     with pytest.raises(SetupError, match="ideator"):
-        ideator_trainer.IdeatorTrainer(c, progress=False)
+        ideator_trainer.make_trainer(c, progress=False)
 
 
 # ------------------------------------------------------------------------------------ scripted
@@ -174,7 +174,7 @@ def scripted_generator(tokenizer, texts):
 def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, monkeypatch):
     cfg = tiny_cfg(tmp_path, tasks_dir)
     impl = ScriptedImplementer()
-    t = ideator_trainer.IdeatorTrainer(cfg, progress=False, implementer=impl)
+    t = ideator_trainer.make_trainer(cfg, progress=False, implementer=impl)
     monkeypatch.setattr(generate, "Generator", scripted_generator(t.tokenizer, [IDEA, JUNK]))
     try:
         summary = t.run()
@@ -236,10 +236,10 @@ def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, mon
 
     # The "self" implementer: a snapshot of the policy, restored from disk (as on a resume).
     monkeypatch.undo()
-    t._save_snapshot()
+    t.env._save_snapshot()
     saved = [np.asarray(x) for x in jax.tree.leaves(nnx.state(t.model, nnx.Param))]
     t.model = qwen3.Qwen3ForCausalLM(t.model.config, rngs=nnx.Rngs(123))  # not what was saved
-    frozen = t._self_implementer()
+    frozen = t.env._self_implementer()
     assert frozen.name == "implementer:self"
     restored = [np.asarray(x) for x in jax.tree.leaves(frozen.generator.params)]
     assert all(np.array_equal(a, b) for a, b in zip(saved, restored))
@@ -247,9 +247,9 @@ def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, mon
     assert c.ok and 1 <= c.completion_tokens <= cfg.ideator.implementer_max_new_tokens
     # A resumed run (no warm start in this process) without a saved copy is refused.
     shutil.rmtree(workdir / "implementer")
-    t._warm_started = False
+    t.env._warm_started = False
     with pytest.raises(SetupError, match="no frozen implementer"):
-        t._self_implementer()
+        t.env._self_implementer()
 
 
 # ------------------------------------------------------------------------------------ launch
