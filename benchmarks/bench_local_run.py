@@ -10,6 +10,12 @@ valid-submission rate (``rollout/valid_rate``) and mean normalised dev score
 failures counted as the baseline, so it rises with validity and with quality). It writes the
 learning curves to ``<workdir>/curves.png``. Last line: one JSON object with ``steps``,
 ``minutes``, ``valid_first5``, ``valid_last5``, ``score_first5``, ``score_last5`` and more.
+
+Speed of the RL loop (warm start excluded), from the per-step ``perf/step_seconds`` and
+``perf/compile_seconds`` (XLA compile time inside the step, jax's own compile events):
+``rl_steps_per_min`` (steps / minutes of RL steps, compiling excluded), ``compile_s`` (total
+compile seconds inside RL steps, reported apart), ``rl_steps_per_min_with_compile`` and
+``compiling_steps`` (steps that compiled for more than a second: a new prompt bucket).
 """
 from __future__ import annotations
 
@@ -22,6 +28,20 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def loop_speed(rows: list[dict]) -> dict:
+    """RL steps per minute with compile time apart, from the metrics rows that have timings."""
+    timed = [r for r in rows if "perf/step_seconds" in r]
+    if not timed:
+        return {}
+    step_s = sum(r["perf/step_seconds"] for r in timed)
+    compile_s = sum(r.get("perf/compile_seconds", 0.0) for r in timed)
+    return {"rl_steps_per_min": round(60 * len(timed) / max(step_s - compile_s, 1e-9), 3),
+            "rl_steps_per_min_with_compile": round(60 * len(timed) / max(step_s, 1e-9), 3),
+            "compile_s": round(compile_s, 1),
+            "compiling_steps": [r["step"] for r in timed
+                                if r.get("perf/compile_seconds", 0.0) > 1.0]}
 
 
 def main() -> None:
@@ -68,6 +88,7 @@ def main() -> None:
         "valid_child_first5": mean(col("rollout/valid_rate_child", first)),
         "valid_child_last5": mean(col("rollout/valid_rate_child", last)),
         "curves": str(workdir / "curves.png"),
+        **loop_speed(rows),
     }
     result["learns"] = (result["valid_last5"] > result["valid_first5"]
                         and result["score_last5"] > result["score_first5"])

@@ -82,6 +82,39 @@ DEFAULT_CURVES: tuple[str, ...] = (
 )
 
 
+class CompileClock:
+    """Seconds this process has spent in XLA compilation since ``start()``, from jax's own
+    backend-compile events (``jax.monitoring``; a persistent-cache hit is not a compile).
+
+    The trainer reads ``total`` around each loop iteration, so ``perf/compile_seconds`` says how
+    much of ``perf/step_seconds`` was compiling (a new prompt bucket, the first step)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.total = 0.0
+        self._listening = False
+
+    def _on_event(self, event: str, duration_secs: float, **_: Any) -> None:
+        if event == self.EVENT:
+            self.total += float(duration_secs)
+
+    def start(self) -> "CompileClock":
+        import jax.monitoring
+
+        if not self._listening:
+            jax.monitoring.register_event_duration_secs_listener(self._on_event)
+            self._listening = True
+        return self
+
+    def stop(self) -> None:
+        import jax.monitoring
+
+        if self._listening:
+            jax.monitoring.unregister_event_duration_listener(self._on_event)
+            self._listening = False
+
+
 def task_scalar(task_id: str, name: str) -> str:
     """The scalar name ``task/<task_id>/<name>`` for a per-task metric; both parts must be
     non-empty and free of ``/``."""

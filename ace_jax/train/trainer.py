@@ -131,6 +131,7 @@ class Trainer:
             self.workdir, progress_total=cfg.rl.num_steps, progress=progress,
             tensorboard=self.is_writer, jsonl=self.is_writer)
         self.progress = progress
+        self.compile_clock = metrics_lib.CompileClock()   # started by run()
         self.pool: Optional[SandboxPool] = None
         self.learner: Optional[learner_lib.Learner] = None
         self.generator: Optional[generate.Generator] = None
@@ -150,6 +151,7 @@ class Trainer:
         cfg = self.cfg
         t_start = time.perf_counter()
         self.pool = SandboxPool.from_config(cfg.sandbox)
+        self.compile_clock.start()
         self.learner = self._make_learner()
         self.generator = generate.Generator(self.model, self.sampling, placement=self.placement)
         warm = {}
@@ -177,7 +179,7 @@ class Trainer:
         """One loop iteration: a new RL step goes out (1-4), the oldest step in flight is learned
         on once more than k are in flight or none is left to generate (5-7), then 8. Returns the
         metrics of the step learned on (None if none was)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), self.compile_clock.total
         k = self.max_staleness
         if self.next_step < self.cfg.rl.num_steps and len(self.in_flight) <= k:
             step = self.next_step
@@ -185,7 +187,7 @@ class Trainer:
             prompts, truncated = self._prompts(states)                   # 2. prompts
             out = self._generate(step, states, prompts)                  # 3. generate
             out.truncated = truncated
-            self.env.execute(out)                                           # 4. execute
+            self.env.execute(out)                                        # 4. execute
             self.in_flight.append(out)
             self.next_step = step + 1
         metrics = None
@@ -198,6 +200,7 @@ class Trainer:
             self._log_rollouts(done)
             metrics = self._step_metrics(done, learn, wait_s, learn_s)
             metrics["perf/step_seconds"] = time.perf_counter() - t0
+            metrics["perf/compile_seconds"] = self.compile_clock.total - c0
             self.metrics.write(done.step, metrics)
         self.iteration += 1
         self._persist(final=self.done)                                   # 8. persist
@@ -483,6 +486,7 @@ class Trainer:
                                           temperature=self.cfg.sampling.temperature)
 
     def close(self) -> None:
+        self.compile_clock.stop()
         if self.pool is not None:
             self.pool.close()
         try:

@@ -257,3 +257,18 @@ def test_remote_workdir_uploads_and_resumes(tmp_path):
     recs = [json.loads(x) for x in fs.cat_file(f"{root}/{metrics.METRICS_FILE}").decode().splitlines()]
     assert [(r["step"], r["reward/mean"]) for r in recs] == [(1, 1.0), (2, 2.0), (3, 30.0)]
     fs.rm(url[len("memory://"):].split("/")[0], recursive=True)
+
+
+def test_compile_clock_counts_xla_compiles_only_while_started():
+    import jax
+    import jax.numpy as jnp
+
+    clock = metrics.CompileClock().start()
+    try:
+        jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.25)(jnp.arange(7.0)).block_until_ready()
+        assert clock.total > 0.0
+    finally:
+        clock.stop()
+    stopped = clock.total
+    jax.jit(lambda x: jnp.cos(x) - 0.5)(jnp.arange(5.0)).block_until_ready()
+    assert clock.total == stopped

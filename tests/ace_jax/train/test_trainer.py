@@ -187,7 +187,7 @@ def tiny_loop_cfg(tiny_setup, workdir, **rl):
 def run_loop(cfg, stop_after_iteration=None):
     """Runs a Trainer; ``stop_after_iteration``: dies (as if killed) right after that
     iteration's persist. Returns what the run left: per-step metrics (no perf/), rollout rows
-    and buffer states."""
+    and buffer states, and apart the perf/ timings."""
     import json
     import pathlib
 
@@ -209,9 +209,11 @@ def run_loop(cfg, stop_after_iteration=None):
     finally:
         t.close()
     wd = pathlib.Path(cfg.workdir)
-    metrics = [{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")
-                and k not in ("time", "wall_time", "timestamp")} | {"staleness": json.loads(x)["perf/staleness"]}
-               for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    metrics = [{k: v for k, v in r.items() if not k.startswith("perf/")
+                and k not in ("time", "wall_time", "timestamp")} | {"staleness": r["perf/staleness"]}
+               for r in rows]
+    perf = [{k: v for k, v in r.items() if k.startswith("perf/")} for r in rows]
     rollouts = {p.name: [json.loads(x) for x in p.read_text().splitlines()]
                 for p in sorted((wd / "rollouts").glob("*.jsonl"))}
     from ace_jax.curriculum import buffer, buffer_store
@@ -219,7 +221,7 @@ def run_loop(cfg, stop_after_iteration=None):
     buf = buffer.EvolvingBuffer(cfg.buffer, list(t.targets.values()))
     info = buffer_store.BufferStore(str(wd / "buffer")).restore(buf)
     states = sorted((s.state_id, s.parent_id, s.code) for s in buf.states.values())
-    return dict(metrics=metrics, rollouts=rollouts, buffer=(info.step, states))
+    return dict(metrics=metrics, rollouts=rollouts, buffer=(info.step, states), perf=perf)
 
 
 def test_max_staleness_knob():
@@ -256,6 +258,9 @@ def test_each_batch_is_learned_at_most_k_updates_after_it_was_generated(
     assert all(m["staleness"] <= k for m in got["metrics"])
     for t, name in enumerate(sorted(got["rollouts"])):
         assert {r["policy_version"] for r in got["rollouts"][name]} == {versions[t]}
+    # The first step compiled the generator and the learner; compiling is part of the step.
+    first = got["perf"][0]
+    assert 0 < first["perf/compile_seconds"] <= first["perf/step_seconds"]
 
 
 def test_resume_replays_from_the_last_checkpoint(k1_run, tiny_setup, tmp_path):
@@ -269,4 +274,5 @@ def test_resume_replays_from_the_last_checkpoint(k1_run, tiny_setup, tmp_path):
     run_loop(cfg, stop_after_iteration=3)
     assert sorted(int(p) for p in os.listdir(tmp_path / "run" / "checkpoints")
                   if p.isdigit()) == [0, 2]
-    assert run_loop(cfg) == k1_run
+    untimed = lambda run: {k: v for k, v in run.items() if k != "perf"}  # noqa: E731
+    assert untimed(run_loop(cfg)) == untimed(k1_run)
