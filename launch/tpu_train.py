@@ -44,15 +44,12 @@ def main(argv):
     except config_utils.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    mode = cfg.get("mode", "acegrpo")
-    if mode == "ideator":  # MLE-Ideator: the trained policy is the ideator (configs/ideator.py)
+    if cfg.get("mode", "acegrpo") == "ideator":   # MLE-Ideator (configs/ideator.py)
         from ace_jax.ideator import ideator_trainer
 
         t = ideator_trainer.make_trainer(cfg, progress=not _NO_PROGRESS.value)
-    elif mode == "acegrpo":
+    else:   # "acegrpo" (validate refused any other mode)
         t = trainer.Trainer(cfg, progress=not _NO_PROGRESS.value)
-    else:
-        raise app.UsageError(f"config mode={mode!r}; valid: acegrpo, ideator")
     try:
         summary = t.run()
     finally:

@@ -41,7 +41,7 @@ import ml_collections
 
 from ace_jax.config_utils import ConfigError
 from ace_jax.curriculum import buffer, learnability
-from ace_jax.env import agent, rewards
+from ace_jax.env import agent, rewards, tasks
 from ace_jax.registry import UnknownNameError
 from ace_jax.rl import grpo, learner
 from ace_jax.runtime import checkpoint, generate, sharding
@@ -57,7 +57,6 @@ SECTIONS = ("model", "mesh", "rl", "sampling", "grpo", "optim", "buffer", "lp", 
 OPTIONAL_SECTIONS = ("dry_run", "ideator")
 # ``mode`` (top level, optional): which trainer launch/tpu_train.py builds.
 MODES = ("acegrpo", "ideator")
-TASK_SOURCES = ("offline", "mlebench")
 
 
 def model_config() -> ml_collections.ConfigDict:
@@ -180,8 +179,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
         generate.SamplingConfig(group_size=rl.group_size, **cfg.sampling.to_dict())
     except (TypeError, ValueError) as e:
         raise ConfigError(f"sampling: {e}") from None
-    if cfg.tasks.source not in TASK_SOURCES:
-        raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(TASK_SOURCES)}")
+    if cfg.tasks.source not in tasks.SOURCES:
+        raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(tasks.SOURCES)}")
     _check_mesh(cfg.mesh, num_devices, num_processes)
     if not cfg.model.get("hf_path", "") and not cfg.model.get("init_from_run", ""):
         from models import configs as model_configs
