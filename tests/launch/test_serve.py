@@ -36,7 +36,7 @@ def served(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("serve") / "run")
     make_tiny_run(workdir)
     policy = JaxPolicy.from_run(workdir, max_new_tokens=MAX_TOKENS)
-    server, thread, url = serving.start_server(policy, "127.0.0.1", 0, batch_window_ms=300,
+    server, thread, url = serving.start_server(policy, "127.0.0.1", 0, batch_window_ms=1000,
                                                decode_chunk_tokens=CHUNK)
     yield workdir, policy, server, url
     serving.shutdown(server, thread)
