@@ -26,8 +26,9 @@ class Batcher:
     """Collects requests for ``window_s`` after the first one and decodes them in groups.
 
     A batch holds at most ``max_batch_size`` samples (the sum of the requests' ``n``). Counters
-    (``stats()``): ``batches`` (engine calls), ``requests`` (requests answered), ``samples``
-    (choices answered), ``max_batch`` (the most requests decoded together).
+    (``stats()``): ``batches`` (engine calls), ``requests`` (requests answered, counted before
+    their client sees "done"), ``samples`` (choices answered), ``max_batch`` (the most requests
+    decoded together).
     """
 
     def __init__(self, policy, *, window_s: float = 0.02, max_batch_size: int = 32,
@@ -135,8 +136,20 @@ class Batcher:
                     seed = next(self._seeds)
                 self._decode(group, seed=seed, temperature=temperature, max_tokens=max_tokens)
 
+    def _answered(self, p: Pending) -> None:
+        """Counts ``p`` as answered (called by ``p`` just before its "done" goes out)."""
+        if not p.cancelled:
+            with self._lock:
+                self._stats["requests"] += 1
+                self._stats["samples"] += p.request.n
+
     def _decode(self, group: list[Pending], *, seed: int, temperature: float,
                 max_tokens: int) -> None:
+        with self._lock:
+            self._stats["batches"] += 1
+            self._stats["max_batch"] = max(self._stats["max_batch"], len(group))
+        for p in group:
+            p.on_done = self._answered
         try:
             for _ in self.engine.decode(group, seed=seed, temperature=temperature,
                                         max_tokens=max_tokens):
@@ -147,10 +160,3 @@ class Batcher:
                                type="server_error")
             for p in group:
                 p.put("error", err)
-            return
-        answered = [p for p in group if not p.cancelled]
-        with self._lock:
-            self._stats["batches"] += 1
-            self._stats["requests"] += len(answered)
-            self._stats["samples"] += sum(p.request.n for p in answered)
-            self._stats["max_batch"] = max(self._stats["max_batch"], len(group))

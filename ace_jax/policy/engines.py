@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import queue
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from ace_jax.policy.openai_api import ChatRequest, RequestError
 from ace_jax.policy.sample_stream import SampleStream, apply_stop, text_pieces
@@ -24,7 +24,9 @@ class Pending:
     """One queued request and the events of its reply, in order, on ``events``:
 
     ("delta", choice index, text piece), ("finish", choice index, Completion), then ("done",)
-    or ("error", RequestError). ``cancelled`` is set when the client went away.
+    or ("error", RequestError). ``cancelled`` is set when the client went away. ``on_done``
+    (if set) is called just before "done" is put, so whoever counts replies has counted this one
+    before its client can see it.
     """
 
     def __init__(self, request: ChatRequest):
@@ -32,11 +34,14 @@ class Pending:
         self.events: "queue.Queue[tuple]" = queue.Queue()
         self.cancelled = False
         self.closed = False   # "done" or "error" was put
+        self.on_done: Optional[Callable[["Pending"], None]] = None
 
     def put(self, *event) -> None:
         if self.closed:
             return
         self.closed = event[0] in ("done", "error")
+        if event[0] == "done" and self.on_done is not None:
+            self.on_done(self)
         self.events.put(event)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import socket
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -49,6 +50,11 @@ def check_gcs_credentials(path: str) -> None:
                          f"account ({e})") from e
 
 
+def _probe_name() -> str:
+    """A probe file name no other process writes (the hosts of one run probe the same folder)."""
+    return f".write_probe.{socket.gethostname()}.{os.getpid()}"
+
+
 def check_writable(path: str) -> None:
     """Fails early (SetupError) when ``path`` (local or gs://) cannot be written."""
     if path.startswith("gs://"):
@@ -58,7 +64,7 @@ def check_writable(path: str) -> None:
 
             fs, root = fsspec.core.url_to_fs(path)
             fs.makedirs(root, exist_ok=True)
-            probe = root.rstrip("/") + "/.write_probe"
+            probe = root.rstrip("/") + "/" + _probe_name()
             fs.pipe(probe, b"ok")
             fs.rm(probe)
         except Exception as e:  # noqa: BLE001 - reported with the path and the reason
@@ -67,7 +73,7 @@ def check_writable(path: str) -> None:
     p = pathlib.Path(path)
     try:
         p.mkdir(parents=True, exist_ok=True)
-        probe = p / ".write_probe"
+        probe = p / _probe_name()
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:

@@ -107,13 +107,14 @@ def test_concurrent_requests_are_batched(served, direct):
         t.start()
     for t in threads:
         t.join(300)
+    assert not any(t.is_alive() for t in threads), "a request got no reply in 300 s"
     after = server.stats()
-    assert after["requests"] - before["requests"] == 4
-    assert after["batches"] - before["batches"] < 4, (before, after)
-    assert after["max_batch"] >= 2
     for (status, body, _), want in zip(results, direct):
         assert status == 200, body
         assert json.loads(body)["choices"][0]["message"]["content"] == want.text
+    assert after["requests"] - before["requests"] == 4
+    assert after["batches"] - before["batches"] < 4, (before, after)
+    assert after["max_batch"] >= 2
 
 
 def _stream(url, body):

@@ -173,6 +173,28 @@ def test_batches_hold_at_most_max_batch_size_samples():
         batcher.close()
 
 
+def test_a_reply_is_counted_before_its_client_sees_done():
+    """The counters are read by whoever got a reply: they already include it, even while the
+    engine has not returned yet (here: it stays inside decode after putting "done")."""
+    engine, leave = _RecordingEngine(), threading.Event()
+    engine.gate.set()
+    inner = engine.decode
+
+    def decode(group, **kw):
+        yield from inner(group, **kw)
+        leave.wait(30)                # still decoding after every request got "done"
+
+    engine.decode = decode
+    batcher = batching.Batcher(None, window_s=0.0, max_batch_size=4, engine=engine)
+    try:
+        p = batcher.submit(_request(2))
+        assert [p.events.get(timeout=30)[0] for _ in range(3)] == ["finish", "finish", "done"]
+        assert batcher.stats() == {"batches": 1, "requests": 1, "samples": 2, "max_batch": 1}
+    finally:
+        leave.set()
+        batcher.close()
+
+
 def test_close_answers_what_was_queued_and_refuses_what_comes_later():
     engine = _RecordingEngine()
     batcher = batching.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)

@@ -63,7 +63,16 @@ def test_mesh_config_errors():
         sh.resolve_mesh_shape(mesh_cfg(expert=0), 8)
 
 
-def test_maybe_initialize_distributed():
+@pytest.fixture
+def _restore_cpu_collectives():
+    """`maybe_initialize_distributed` switches the CPU collectives to gloo; the rest of the
+    session keeps what it had."""
+    before = jax.config.jax_cpu_collectives_implementation
+    yield
+    jax.config.update("jax_cpu_collectives_implementation", before)
+
+
+def test_maybe_initialize_distributed(_restore_cpu_collectives):
     calls = []
     cfg = sh.default_config()
     assert not sh.maybe_initialize_distributed(cfg, environ={}, initialize=calls.append)
