@@ -16,6 +16,9 @@ Speed of the RL loop (warm start excluded), from the per-step ``perf/step_second
 ``rl_steps_per_min`` (steps / minutes of RL steps, compiling excluded), ``compile_s`` (total
 compile seconds inside RL steps, reported apart), ``rl_steps_per_min_with_compile`` and
 ``compiling_steps`` (steps that compiled for more than a second: a new prompt bucket).
+Programs compiled by an earlier run come from XLA's persistent cache (``compile_cache_dir``), so
+``compile_s`` is that of a first run only on a cold cache: add ``--config.compile_cache_dir=``
+to measure one.
 """
 from __future__ import annotations
 

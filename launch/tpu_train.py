@@ -33,10 +33,11 @@ def main(argv):
     cfg = _CONFIG.value
     if _DRY_RUN.value:
         return _dry_run(cfg)
-    from ace_jax.runtime import sharding
+    from ace_jax.runtime import compile_cache, sharding
     from ace_jax.train import trainer
 
     sharding.maybe_initialize_distributed(cfg.mesh)
+    compile_cache.enable(cfg.get("compile_cache_dir", ""))
     from ace_jax.train import config as run_config
 
     try:

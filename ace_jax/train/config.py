@@ -7,7 +7,7 @@ place that lists the sections) and ``configs/*.py`` state only what differs from
   =============  ==============================================  ==============================
   section        owner                                           what
   =============  ==============================================  ==============================
-  (top level)    `default_config`                                name, workdir, seed
+  (top level)    `default_config`                                name, workdir, seed, XLA cache
   ``model``      `model_config`                                  the policy
   ``mesh``       ``ace_jax.runtime.sharding.default_config``     device mesh and sharding rules
   ``rl``         `rl_config`                                     the RL loop
@@ -44,7 +44,7 @@ from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards, tasks
 from ace_jax.registry import UnknownNameError
 from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, generate, sharding
+from ace_jax.runtime import checkpoint, compile_cache, generate, sharding
 from ace_jax.train import sft
 from sandbox import pool
 
@@ -115,6 +115,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.name = ""                       # the run's name
     c.workdir = ""                    # checkpoints, buffer, metrics, tokenizer (local or gs://)
     c.seed = 0
+    # XLA's persistent compilation cache (ace_jax.runtime.compile_cache), enabled by the
+    # launchers: later runs of the same setting (a resume, the next seed) skip compiling. "" = off.
+    c.compile_cache_dir = compile_cache.DEFAULT_DIR
     c.model = model_config()
     c.mesh = sharding.default_config()
     c.rl = rl_config()

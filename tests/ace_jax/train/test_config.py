@@ -39,7 +39,7 @@ def cfg(tmp_path):
 
 def test_default_config_is_every_owners_default():
     c = run_config.default_config()
-    assert set(c.keys()) == {"name", "workdir", "seed", *run_config.SECTIONS}
+    assert set(c.keys()) == {"name", "workdir", "seed", "compile_cache_dir", *run_config.SECTIONS}
     assert set(OWNERS) == set(run_config.SECTIONS)
     for name, owner in OWNERS.items():
         assert c[name].to_dict() == owner().to_dict(), name

@@ -1,0 +1,46 @@
+"""XLA's persistent compilation cache: compiled programs are written to a folder and reused by
+every later process that compiles the same program (a resumed run, the next seed of a study, the
+five samplers of an ablation, a benchmark run again), so only the first run of a setting pays
+for compiling.
+
+The key of an entry is the program, the compile options, the devices and the jax / XLA
+versions, so a hit gives the executable a fresh compile would give (the same results). Writes
+are atomic: processes of one machine (or the hosts of a pod, on a shared ``gs://`` folder) may
+share one folder.
+
+The launchers enable it from the run config's top-level ``compile_cache_dir`` (``""`` = off).
+It is process-wide jax state, so library code never calls `enable`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DIR = "~/.cache/ace_jax/xla"
+"""The default of ``compile_cache_dir``: one cache per user, shared by all of their runs."""
+
+MIN_COMPILE_SECONDS = 0.5
+"""Programs that compile faster than this are not written (reading them back saves nothing)."""
+
+MAX_BYTES = 2 << 30
+"""A local cache beyond this drops its least recently used entries."""
+
+
+def enable(path: str, *, min_compile_seconds: float = MIN_COMPILE_SECONDS) -> str | None:
+    """Turns the cache on in ``path`` (``~`` expanded; a local folder is created); returns the
+    folder, or None when ``path`` is empty (the cache stays off). Programs that compiled in less
+    than ``min_compile_seconds`` are not written."""
+    if not path:
+        return None
+    if "://" not in path:
+        path = os.path.abspath(os.path.expanduser(path))
+        os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    logger.info("XLA compilation cache: %s", path)
+    return path

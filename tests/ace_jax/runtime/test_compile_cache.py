@@ -1,0 +1,46 @@
+"""XLA's persistent compilation cache (ace_jax/runtime/compile_cache.py): a second process that
+compiles the same program reads it from the folder the first one wrote, and gets the same
+result. Each process is a fresh interpreter: the cache is process-wide jax state."""
+import json
+import os
+import subprocess
+import sys
+
+from ace_jax.runtime import compile_cache
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+SCRIPT = r"""
+import json, sys
+import jax, jax.numpy as jnp
+from ace_jax.runtime import compile_cache
+
+hits = []
+jax.monitoring.register_event_listener(
+    lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits" else None)
+compile_cache.enable(sys.argv[1], min_compile_seconds=0)
+f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum(axis=0) * 3.0)
+out = f(jnp.arange(64.0).reshape(8, 8) / 64)
+print(json.dumps({"hits": len(hits), "out": [float(v) for v in out]}))
+"""
+
+
+def _run(cache_dir) -> dict:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(cache_dir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_reads_what_the_first_compiled(tmp_path):
+    cache = tmp_path / "xla cache"            # created by enable, a space in the path
+    first = _run(cache)
+    assert first["hits"] == 0
+    assert any(cache.iterdir()), "nothing was written"
+    second = _run(cache)
+    assert second["hits"] >= 1
+    assert second["out"] == first["out"]
+
+
+def test_an_empty_path_leaves_the_cache_off():
+    assert compile_cache.enable("") is None
