@@ -48,7 +48,19 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.aux_loss_coef = 0.0         # router load-balancing loss coefficient
     cfg.logprob_chunk_tokens = DEFAULT_CHUNK_TOKENS  # completion positions per lm_head chunk:
     #                                 the fp32 [rows, M, vocab] logits are never formed whole
+    # Run each group's prompt once, not G times (its G completions attend to one KV cache, as
+    # in sampling): same values, 1/G of the prompt work. Needs microbatches = 1 (a microbatch
+    # takes every k-th row, splitting groups) and aux_loss_coef = 0 (the router statistics then
+    # come from two calls).
+    cfg.share_prompts = False
     return cfg
+
+
+def check_share_prompts(cfg: ml_collections.ConfigDict) -> None:
+    """ValueError when ``cfg.share_prompts`` is set with microbatches or the router aux loss."""
+    if cfg.get("share_prompts", False) and (cfg.microbatches != 1 or cfg.aux_loss_coef):
+        raise ValueError(f"optim.share_prompts needs optim.microbatches = 1 and "
+                         f"optim.aux_loss_coef = 0, got {cfg.microbatches} and {cfg.aux_loss_coef}")
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
@@ -173,14 +185,15 @@ class Learner:
         return metrics
 
 
-def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, params, mb: TrainBatch,
-                     advantages, sequence_mask, loss_denominator):
+def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, group_size, params,
+                     mb: TrainBatch, advantages, sequence_mask, loss_denominator):
     """This microbatch's share of the full-batch loss (its numerator over the batch's
     denominator), plus its share of the router aux loss."""
     model = nnx.merge(graphdef, params)
     logprobs, entropy, aux = completion_logprobs(
         model, mb, temperature,
-        chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS))
+        chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS),
+        group_size=group_size if optim_cfg.get("share_prompts", False) else 1)
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
         advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
@@ -213,8 +226,9 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
         keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
 
     grad_fn = jax.value_and_grad(
-        lambda p, mb, adv, sm: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, p,
-                                                mb, adv, sm, den_total), has_aux=True)
+        lambda p, mb, adv, sm: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature,
+                                                group_size, p, mb, adv, sm, den_total),
+        has_aux=True)
 
     def accumulate(carry, xs):
         grads, loss = carry

@@ -71,14 +71,45 @@ def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationR
     )
 
 
-def _completion_hidden(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
+def _completion_hidden(model, batch: TrainBatch, group_size: int = 1
+                       ) -> tuple[jax.Array, jax.Array]:
     """(final-normed hidden states [N, M, H] at the M positions that predict the completion
-    tokens, router aux loss scalar): one policy forward with no logits formed."""
+    tokens, router aux loss scalar): one policy forward with no logits formed.
+
+    ``group_size`` G > 1: the rows come in groups of G consecutive rows with one prompt (the
+    sampler's layout), and each prompt runs once instead of G times (`_shared_prompt_hidden`)."""
+    if group_size > 1:
+        return _shared_prompt_hidden(model, batch, group_size)
     out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
                 compute_logits=False)
     p = batch.prompt_len
     m = batch.completion_mask.shape[1]
     return out.hidden_states[:, p - 1:p - 1 + m, :], out.aux_loss
+
+
+def _shared_prompt_hidden(model, batch: TrainBatch, g: int) -> tuple[jax.Array, jax.Array]:
+    """`_completion_hidden` with each group's prompt run once, as the sampler runs it: the N/G
+    prompts [N/G, P] go through the policy into a KV cache, the cache is repeated G times
+    (``generate.share_cache``) and the completions [N, M-1] attend to it and to themselves. The
+    values are those of the full-row forward (other summation order); the work on prompt tokens
+    is 1/G of it. The aux loss returned is the completions' (the router statistics of one call;
+    the trainer uses this path only with ``optim.aux_loss_coef = 0``)."""
+    n, s = batch.input_ids.shape
+    p = batch.prompt_len
+    if n % g:
+        raise ValueError(f"{n} rows do not split into groups of {g}")
+    prompt = lambda x: x[::g, :p]          # every group's first row: the group's prompt
+    out_p = model(prompt(batch.input_ids), prompt(batch.positions),
+                  attention_mask=prompt(batch.attention_mask),
+                  cache=model.init_cache(n // g, s), cache_index=0, compute_logits=False)
+    last = jnp.repeat(out_p.hidden_states[:, -1:, :], g, axis=0)     # predicts completion token 0
+    if s - p == 1:
+        return last, out_p.aux_loss
+    rest = lambda x: x[:, p:s - 1]          # completion tokens 0..M-2 predict tokens 1..M-1
+    out_c = model(rest(batch.input_ids), rest(batch.positions),
+                  attention_mask=rest(batch.attention_mask),
+                  cache=generate.share_cache(out_p.cache, g), cache_index=p, compute_logits=False)
+    return jnp.concatenate([last, out_c.hidden_states], axis=1), out_c.aux_loss
 
 
 def completion_logits(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
@@ -126,7 +157,7 @@ DEFAULT_CHUNK_TOKENS = 1024
 
 
 def completion_logprobs(model, batch: TrainBatch, temperature: float, *,
-                        chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS
+                        chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS, group_size: int = 1
                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``token_logprobs`` and ``token_entropy`` of the completion tokens straight from the policy:
     returns (logprobs float32 [N, M], entropy float32 [N, M], router aux loss scalar).
@@ -138,12 +169,13 @@ def completion_logprobs(model, batch: TrainBatch, temperature: float, *,
     gradient once, as ``g * (onehot - p) - g_H * p * (logp + H)``, instead of through autodiff of
     log_softmax, the one-hot gather and the entropy sum (several full-vocabulary passes and a
     scatter). Chunks run along M, not across rows, so each keeps the rows' (batch) sharding.
+    ``group_size`` > 1: each group's prompt runs once (see `_completion_hidden`).
 
     Raises:
       ValueError: ``chunk_tokens`` is neither None nor a positive int (before the policy runs).
     """
     _check_chunk_tokens(chunk_tokens)
-    h, aux = _completion_hidden(model, batch)
+    h, aux = _completion_hidden(model, batch, group_size)
     cfg = model.config
     if cfg.tie_word_embeddings:
         w = model.embed_tokens.embedding[...]

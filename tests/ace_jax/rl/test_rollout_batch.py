@@ -186,3 +186,44 @@ def test_chunks_keep_row_and_vocab_sharding():
     temp = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile().memory_analysis()
     chunk_logits_per_device = (n // 4) * chunk * (v // 2) * 4
     assert temp.temp_size_in_bytes < 4 * chunk_logits_per_device, temp.temp_size_in_bytes
+
+
+@pytest.mark.parametrize("moe_dispatch", ["ragged", "dense"])
+def test_shared_prompts_give_the_full_row_values_and_gradients(moe_dispatch):
+    """``group_size`` = G: each group's prompt runs once into a KV cache its G completions attend
+    to. A real grouped batch (prompts of 3 lengths left-padded to a bucket, completions of
+    different lengths, one of length 1): the log-probs, the entropy and the gradient of the
+    policy equal those of the full rows (G = 1) to fp32 rounding."""
+    from ace_jax.runtime import generate
+
+    model = qwen3.Qwen3ForCausalLM(configs.tiny_moe(moe_dispatch=moe_dispatch), rngs=nnx.Rngs(1))
+    rng = np.random.RandomState(1)
+    g, m = 3, 6
+    prompts = [list(rng.randint(1, 256, k)) for k in (5, 9, 2)]
+    lengths = np.array([6, 1, 4, 2, 6, 5, 3, 6, 1])
+    tokens = rng.randint(1, 256, (len(lengths), m)).astype(np.int32)
+    gen = generate.GenerationResult(
+        tokens=tokens, logprobs=np.zeros(tokens.shape, np.float32), lengths=lengths,
+        finish_reason=np.zeros(len(lengths), np.int32),
+        prompt_index=np.repeat(np.arange(len(prompts)), g))
+    batch = rollout_batch.make_train_batch(prompts, gen, np.zeros(len(lengths)), prompt_bucket=4,
+                                           pad_id=0)
+
+    def run(group_size):
+        def loss(mdl):
+            lp, ent, _ = rollout_batch.completion_logprobs(mdl, batch, TEMPERATURE,
+                                                           group_size=group_size)
+            keep = batch.completion_mask
+            return jnp.sum((lp + 0.1 * ent) * keep), (lp * keep, ent * keep)
+        (_, (lp, ent)), grads = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+        return lp, ent, nnx.to_flat_state(grads)
+
+    lp1, ent1, g1 = run(1)
+    lp3, ent3, g3 = run(g)
+    terms = batch.input_ids.shape[1] * 32        # keys x hidden width per reduction
+    _assert_close(lp3, lp1, terms, "logprobs")
+    _assert_close(ent3, ent1, terms, "entropy")
+    for (path, a), (_, b) in zip(g3, g1):
+        _assert_close(a.get_value(), b.get_value(), terms * len(lengths), str(path))
+    with pytest.raises(ValueError, match="groups of 4"):
+        rollout_batch.completion_logprobs(model, batch, TEMPERATURE, group_size=4)

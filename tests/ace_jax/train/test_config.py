@@ -149,6 +149,17 @@ def test_each_check_names_its_keys(cfg, key, value, match):
         run_config.validate(cfg, num_devices=8, num_processes=1)
 
 
+def test_share_prompts_needs_whole_groups_and_no_router_loss(cfg):
+    cfg.optim.share_prompts = True
+    run_config.validate(cfg, num_devices=8, num_processes=1)
+    cfg.optim.microbatches = 2
+    with pytest.raises(ConfigError, match="optim.share_prompts needs optim.microbatches = 1"):
+        run_config.validate(cfg, num_devices=8, num_processes=1)
+    cfg.optim.microbatches, cfg.optim.aux_loss_coef = 1, 0.001
+    with pytest.raises(ConfigError, match="and optim.aux_loss_coef = 0, got 1 and 0.001"):
+        run_config.validate(cfg, num_devices=8, num_processes=1)
+
+
 def test_mode_and_mesh_rules(cfg):
     cfg.mode = "poet"
     with pytest.raises(ConfigError, match="config mode='poet'; valid: acegrpo, ideator"):
