@@ -37,7 +37,6 @@ def main(argv):
     from ace_jax.train import trainer
 
     sharding.maybe_initialize_distributed(cfg.mesh)
-    compile_cache.enable(cfg.get("compile_cache_dir", ""))
     from ace_jax.train import config as run_config
 
     try:
@@ -45,6 +44,7 @@ def main(argv):
     except config_utils.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    compile_cache.enable(cfg.get("compile_cache_dir", ""))
     if cfg.get("mode", "acegrpo") == "ideator":   # MLE-Ideator (configs/ideator.py)
         from ace_jax.ideator import ideator_trainer
 

@@ -8,8 +8,8 @@ versions, so a hit gives the executable a fresh compile would give (the same res
 are atomic: processes of one machine (or the hosts of a pod, on a shared ``gs://`` folder) may
 share one folder.
 
-The launchers enable it from the run config's top-level ``compile_cache_dir`` (``""`` = off).
-It is process-wide jax state, so library code never calls `enable`.
+``launch/tpu_train.py`` enables it from the run config's top-level ``compile_cache_dir``
+(``""`` = off). It is process-wide jax state, so library code never calls `enable`.
 """
 from __future__ import annotations
 

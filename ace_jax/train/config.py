@@ -144,8 +144,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     Checks: ``workdir`` is set; ``mode``; ``grpo`` (``grpo.validate_config``); ``rl.reward`` is
     registered; ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``
     (with ``rl.async_rollouts``); ``optim.microbatches`` divides the rows of a step;
-    ``optim.share_prompts`` (`learner.check_share_prompts`); the ``sampling`` values; ``tasks.source``; the ``mesh`` against
-    the devices; and, for a preset model (no ``model.hf_path`` / ``model.init_from_run``), the
+    ``optim.share_prompts`` (`learner.check_share_prompts`); the ``sampling`` values;
+    ``tasks.source``; the ``mesh`` against the devices; and, for a preset model (no ``model.hf_path`` / ``model.init_from_run``), the
     context length against its ``max_position_embeddings`` (`check_context`; call it again once
     a loaded model's config is known).
 
