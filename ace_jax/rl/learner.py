@@ -94,7 +94,11 @@ def jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size: int, placement=N
 
     With a `placement.Placement` (and the Param state ``params``, arrays or abstract, to read the
     shardings from) the state's in / out shardings are pinned to the placement's; the batch keeps
-    the sharding it arrives with (`Learner.step` places it by the 'batch' rule)."""
+    the sharding it arrives with (`Learner.step` places it by the 'batch' rule).
+
+    Raises ValueError for ``optim.share_prompts`` with microbatches or the router aux loss
+    (`check_share_prompts`): a microbatch would hold rows of several groups' prompts."""
+    check_share_prompts(optim_cfg)
     tx, schedule = make_optimizer(optim_cfg)
     step_fn = functools.partial(_learner_step, graphdef, tx, schedule, grpo_cfg, optim_cfg,
                                 group_size, float(temperature))

@@ -158,6 +158,9 @@ def test_share_prompts_needs_whole_groups_and_no_router_loss(cfg):
     cfg.optim.microbatches, cfg.optim.aux_loss_coef = 1, 0.001
     with pytest.raises(ConfigError, match="and optim.aux_loss_coef = 0, got 1 and 0.001"):
         run_config.validate(cfg, num_devices=8, num_processes=1)
+    # the learner itself refuses it too (a Learner built without a run config)
+    with pytest.raises(ValueError, match="optim.share_prompts needs"):
+        learner.jit_learner_step(None, cfg.grpo, cfg.optim, cfg.rl.group_size)
 
 
 def test_mode_and_mesh_rules(cfg):
