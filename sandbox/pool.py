@@ -27,6 +27,7 @@ import ml_collections
 
 from sandbox import metric_parse
 from sandbox.backends import Backend, RawExecution, make_backend
+from sandbox.backends.warm import DEFAULT_PRELOAD
 from sandbox.grading import InvalidSubmissionError
 from sandbox.result import ExecutionResult, Status
 
@@ -45,10 +46,18 @@ def default_config() -> ml_collections.ConfigDict:
     backend: "bwrap" (namespaces; the default isolation), "process" (no isolation beyond
     rlimits), "docker" (an engine is required). Limits time/memory come from each task;
     max_time_limit_s caps the time (seconds; 0 = each task's own budget).
+
+    preload: the modules a warm interpreter imports once per task, every execution of the task
+    then forked from it (``sandbox.backends.warm``; bwrap only): "auto" = numpy, pandas and the
+    common sklearn modules with bwrap and nothing with other backends; "" = every execution
+    starts its own interpreter; or a comma-separated list. max_idle_warm: the most idle warm
+    interpreters kept (~200 MB each).
     """
     cfg = ml_collections.ConfigDict()
     cfg.backend = "bwrap"
     cfg.num_workers = 2
+    cfg.preload = "auto"
+    cfg.max_idle_warm = 8
     cfg.max_code_bytes = 1 << 20
     cfg.max_time_limit_s = 0.0         # per execution: min(task's time_limit_s, this); 0 = off
     cfg.backend_options = ml_collections.ConfigDict({
@@ -82,6 +91,16 @@ def _backend_from(name_or_backend: Union[str, Backend], options: Mapping[str, An
     return make_backend(name_or_backend, **dict(options))
 
 
+def resolve_preload(preload: str, backend: Any) -> tuple[str, ...]:
+    """The module names of ``default_config().preload`` ("auto", "" or "a,b,c") for ``backend``."""
+    if not isinstance(preload, str):
+        raise TypeError(f"preload must be a string ('auto', '' or 'numpy,pandas,...'), "
+                        f"got {preload!r}")
+    if preload.strip() == "auto":
+        return DEFAULT_PRELOAD if backend == "bwrap" else ()
+    return tuple(m.strip() for m in preload.split(",") if m.strip())
+
+
 def _check_time_cap(value: Any) -> float:
     """``max_time_limit_s`` as a float; TypeError / ValueError unless a finite number >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -101,6 +120,8 @@ class SandboxPool:
       max_time_limit_s: the most wall-clock seconds any execution gets: each one runs for
         min(its task's ``time_limit_s``, this); 0 = no cap. The backend applies it and shows it
         as ``backend.limits.max_time_s``.
+      preload, max_idle_warm: warm interpreters (backend "bwrap" by name only), see
+        ``default_config``; empty: every execution starts its own interpreter.
       **backend_options: passed to ``make_backend`` when ``backend`` is a name.
 
     Raises:
@@ -111,9 +132,16 @@ class SandboxPool:
 
     def __init__(self, backend: Union[str, Backend] = "bwrap", num_workers: int = 2, *,
                  max_code_bytes: int = 1 << 20, max_time_limit_s: float = 0.0,
+                 preload: Sequence[str] = (), max_idle_warm: int = 8,
                  **backend_options: Any):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        if preload:
+            if backend != "bwrap":
+                raise ValueError(f"preload (warm interpreters) needs the bwrap backend, whose "
+                                 f"PID namespace the zygote runs as init of; got {backend!r}")
+            backend_options = {**backend_options, "preload": tuple(preload),
+                               "max_idle_warm": int(max_idle_warm)}
         self.backend = _backend_from(backend, backend_options, _check_time_cap(max_time_limit_s))
         self.num_workers = num_workers
         self.max_code_bytes = int(max_code_bytes)
@@ -137,7 +165,9 @@ class SandboxPool:
         options = {k: v for k, v in options.items() if not (k == "root_dir" and v is None)}
         return cls(merged.backend, int(merged.num_workers),
                    max_code_bytes=int(merged.max_code_bytes),
-                   max_time_limit_s=merged.max_time_limit_s, **options)
+                   max_time_limit_s=merged.max_time_limit_s,
+                   preload=resolve_preload(merged.preload, merged.backend),
+                   max_idle_warm=int(merged.max_idle_warm), **options)
 
     # ------------------------------------------------------------------------------------
 
@@ -312,7 +342,7 @@ def execute_and_grade(backend: Backend, task: Any, code: str, *, split: str = "d
     try:
         status, reason = classify(raw)
         result = ExecutionResult(
-            status=status, exit_code=raw.exit_code, wall_s=raw.wall_s,
+            status=status, exit_code=raw.exit_code, wall_s=raw.wall_s, cpu_s=raw.cpu_s,
             peak_memory_mb=raw.peak_memory_mb, stdout=raw.stdout, stderr=raw.stderr,
             reported_metric=metric_parse.parse_reported_metric(raw.stdout),
             error=with_sandbox_facts(reason, raw) if status is not Status.OK else reason,

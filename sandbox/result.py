@@ -33,6 +33,8 @@ class ExecutionResult:
       status: how it ended.
       exit_code: process exit code (negative: killed by that signal); None if it never started.
       wall_s: wall-clock seconds of the script (not counting grading).
+      cpu_s: CPU seconds of the script and what it waited for (None: not measured, or an older
+        record).
       peak_memory_mb: peak resident memory of the process tree in MiB (best effort; None if unknown).
       stdout, stderr: bounded head + tail of each stream (a marker shows what was cut).
       valid_submission: a submission file existed and passed the grader's format checks.
@@ -52,6 +54,7 @@ class ExecutionResult:
     status: Status
     exit_code: Optional[int] = None
     wall_s: float = 0.0
+    cpu_s: Optional[float] = None
     peak_memory_mb: Optional[float] = None
     stdout: str = ""
     stderr: str = ""
@@ -71,8 +74,8 @@ class ExecutionResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ExecutionResult":
-        """The inverse of ``to_dict``; a record written before ``notes`` / ``leftovers_killed``
-        existed gets their defaults."""
+        """The inverse of ``to_dict``; a record written before ``notes`` / ``leftovers_killed`` /
+        ``cpu_s`` existed gets their defaults."""
         d = dict(d)
         d["status"] = Status(d["status"])
         notes = d.get("notes", ())

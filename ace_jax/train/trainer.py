@@ -348,6 +348,9 @@ class Trainer:
             "perf/learn_seconds": learn_s,
             "perf/learn_tokens_per_s": learn.get("tokens", 0.0) / max(learn_s, 1e-9),
             "perf/sandbox_utilization": self.pool.utilization(),
+            # CPU the step's executions took from the host (the learner shares its cores).
+            "perf/sandbox_cpu_seconds": sum(r.result.cpu_s or 0.0 for r in rs
+                                            if r.result is not None),
             "perf/staleness": float(s.staleness),
             "buffer/size": len(self.buffer),
         }

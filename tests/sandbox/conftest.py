@@ -129,21 +129,34 @@ def bwrap_skip_reason() -> str:
 TEST_LIMITS = dict(grace_s=0.3, file_size_mb=8, disk_mb=32, pids_max=32)
 
 
-@pytest.fixture(scope="module", params=["process", "bwrap"])
+@pytest.fixture(scope="module", params=["process", "bwrap", "bwrap-warm"])
 def pool(request, tmp_path_factory):
-    """A 2-worker pool per backend, with small limits and a marker env var to find its processes."""
+    """A 2-worker pool per backend, with small limits and a marker env var to find its processes.
+
+    "bwrap-warm" forks every script from a warm interpreter that preloaded numpy
+    (``sandbox.backends.warm``)."""
     from sandbox.pool import SandboxPool
 
-    if request.param == "bwrap":
+    if request.param.startswith("bwrap"):
         reason = bwrap_skip_reason()
         if reason:
             pytest.skip(reason)
     token = uuid.uuid4().hex
-    p = SandboxPool(request.param, num_workers=2, root_dir=tmp_path_factory.mktemp("runs"),
-                    extra_env={"ACE_TEST_POOL": token}, **TEST_LIMITS)
+    warm = dict(preload=("numpy",)) if request.param == "bwrap-warm" else {}
+    p = SandboxPool(request.param.split("-")[0], num_workers=2,
+                    root_dir=tmp_path_factory.mktemp("runs"),
+                    extra_env={"ACE_TEST_POOL": token}, **warm, **TEST_LIMITS)
     p.test_token = token
     yield p
     p.close()
+
+
+def leftover_processes(pool) -> list[int]:
+    """Live processes of ``pool``'s executions: those carrying its token, but the warm
+    interpreters it keeps between executions (their environment holds the token too)."""
+    warm = getattr(pool.backend, "warm", None)
+    resident = warm.resident_pids() if warm is not None else set()
+    return [p for p in processes_with(pool.test_token) if p not in resident]
 
 
 def processes_with(needle: str) -> list[int]:

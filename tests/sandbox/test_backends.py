@@ -19,8 +19,10 @@ import pytest
 
 from sandbox.backends import (Limits, SandboxSetupError, SandboxUnavailableError,
                               available_backends, make_backend)
+from sandbox.backends import base
 from sandbox.backends.base import remove_owner_workdirs, task_limits
-from sandbox.backends.bwrap import BwrapBackend, bwrap_available, etc_snapshot, find_bwrap
+from sandbox.backends.bwrap import (RUNNER_IN_SANDBOX, BwrapBackend, bwrap_available, etc_snapshot,
+                                    find_bwrap)
 from sandbox.backends.cgroup import PidsCgroupParent
 from sandbox.backends.process import MARKER_ENV, ProcessBackend
 from sandbox.pool import SandboxPool, execute_and_grade
@@ -48,7 +50,8 @@ def probe(pool, task):
 def test_environment_is_scrubbed_and_limits_are_set(pool, fake_task):
     info = probe(pool, fake_task)
     env = info["env"]
-    expected = {"PATH", "HOME", "TMPDIR", "LANG", MARKER_ENV, "ACE_TEST_POOL", "OMP_NUM_THREADS",
+    expected = {"PATH", "HOME", "TMPDIR", "LANG", MARKER_ENV, "ACE_TEST_POOL", "PYTHONHASHSEED",
+                "OMP_NUM_THREADS",
                 "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS"}
     # Python may add LC_CTYPE (C.UTF-8 coercion); bwrap's --chdir sets PWD.
@@ -389,8 +392,10 @@ def test_bwrap_mounts_its_own_dirs_before_the_host_binds(fake_task, tmp_path):
     assert len(host) == 2 and max(own) < min(host), (own, host, cmd)
     masks = [i for i, (a, b) in enumerate(pairs) if a == "--tmpfs" and b != "/tmp"]
     assert masks and min(masks) > max(host)  # the masks go over the binds they mask
-    assert cmd[-9:] == ["--remount-ro", "/", "--chdir", "/workspace", "--", backend.python,
-                        "-I", "-u", "solution.py"]  # the root made read-only last
+    assert cmd[-15:] == ["--ro-bind", base.RUNNER, RUNNER_IN_SANDBOX,
+                         "--remount-ro", "/", "--chdir", "/workspace", "--", backend.python,
+                         "-s", "-P", "-u", RUNNER_IN_SANDBOX, "run", "solution.py"
+                         ]  # the root made read-only last
 
 
 @pytest.mark.parametrize("bind", ["/", "/tmp", "/workspace"])
