@@ -163,6 +163,98 @@ def summary_table(paths: Mapping[str, Sequence[str]], keys: Sequence[str] = CURV
     return rows
 
 
+def _curve(path: str, key: str) -> np.ndarray:
+    """The values of ``key`` in a metrics file, in step order."""
+    recs = [r for r in metrics_lib.read_metrics(path) if key in r]
+    return np.array([float(r[key]) for r in sorted(recs, key=lambda r: r["step"])])
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of ``values`` and its Student-t ``confidence`` interval
+    (nan bounds with fewer than 2 values)."""
+    from scipy import stats
+
+    v = np.asarray(values, dtype=np.float64)
+    if v.size < 2:
+        return (float(v.mean()) if v.size else float("nan")), float("nan"), float("nan")
+    half = stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
+    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
+
+
+def gain_table(paths: Mapping[str, Sequence[str]], keys: Sequence[str] = CURVES, *,
+               window: int = 10, confidence: float = 0.95) -> list[dict[str, Any]]:
+    """Per setting (a sampler) and key: each seed's gain, the mean of its last ``window`` steps
+    minus the mean of its first ``window``, summarised over seeds by the mean gain and its
+    ``confidence`` t-interval; plus the mean over all steps and seeds with its interval (for
+    ``grpo/zero_var_frac``: 1 - it is the fraction of informative groups). A run with fewer
+    than 2 x ``window`` steps is left out (its windows would overlap).
+
+    Returns rows {"setting", "key", "first", "last", "gain", "gain_low", "gain_high",
+    "mean", "mean_low", "mean_high", "n", "excludes_zero"}."""
+    rows = []
+    for setting, files in paths.items():
+        for key in keys:
+            curves = [c for c in (_curve(p, key) for p in files) if c.size >= 2 * window]
+            firsts = [c[:window].mean() for c in curves]
+            lasts = [c[-window:].mean() for c in curves]
+            gain, low, high = mean_interval(np.subtract(lasts, firsts), confidence)
+            mean, mean_low, mean_high = mean_interval([c.mean() for c in curves], confidence)
+            rows.append(dict(setting=setting, key=key,
+                             first=float(np.mean(firsts)) if curves else float("nan"),
+                             last=float(np.mean(lasts)) if curves else float("nan"),
+                             gain=gain, gain_low=low, gain_high=high, mean=mean,
+                             mean_low=mean_low, mean_high=mean_high, n=len(curves),
+                             excludes_zero=bool(low > 0 or high < 0)))
+    return rows
+
+
+def format_gain_table(rows: Sequence[Mapping[str, Any]], window: int = 10) -> str:
+    """``gain_table`` rows as a markdown table."""
+    lines = [f"| setting | metric | first {window} steps | last {window} steps | gain "
+             "[95% CI over seeds] | mean over steps [95% CI] | seeds |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['key']} | {r['first']:.3f} | {r['last']:.3f} | "
+                     f"{r['gain']:+.3f} [{r['gain_low']:+.3f}, {r['gain_high']:+.3f}] | "
+                     f"{r['mean']:.3f} [{r['mean_low']:.3f}, {r['mean_high']:.3f}] | {r['n']} |")
+    return "\n".join(lines)
+
+
+def plot_curves(paths: Mapping[str, Sequence[str]], keys: Sequence[str], out_path: str, *,
+                smooth: int = 5, confidence: float = 0.95) -> str:
+    """One panel per key: per setting, the mean over seeds of the ``smooth``-step running mean,
+    with its ``confidence`` t-band over seeds (only steps every seed reached). Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from scipy import stats
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for setting, files in paths.items():
+            curves = [c for c in (_curve(p, key) for p in files) if c.size]
+            if not curves:
+                continue
+            n = min(c.size for c in curves)
+            kernel = np.ones(min(smooth, n)) / min(smooth, n)
+            runs = np.stack([np.convolve(c[:n], kernel, mode="valid") for c in curves])
+            x = np.arange(runs.shape[1]) + (kernel.size - 1)
+            mean = runs.mean(0)
+            ax.plot(x, mean, label=f"{setting} (n={len(curves)})")
+            if len(curves) > 1:
+                half = (stats.t.ppf(0.5 + confidence / 2, len(curves) - 1)
+                        * runs.std(0, ddof=1) / np.sqrt(len(curves)))
+                ax.fill_between(x, mean - half, mean + half, alpha=0.2)
+        ax.set_title(key)
+        ax.set_xlabel(f"RL step ({smooth}-step running mean)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path
+
+
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """``summary_table`` rows as a markdown table."""
     lines = ["| sampler | metric | first 5 steps | last 5 steps (± s.e.) | seeds |",

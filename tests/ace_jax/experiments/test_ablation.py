@@ -54,3 +54,31 @@ def test_a_finished_job_is_reused_only_with_the_same_settings(tmp_path, monkeypa
     other = ablation.run_job(workdir, {"rl.num_steps": 3})
     assert not first.reused and again.reused and not other.reused
     assert len(calls) == 2
+
+
+def test_gain_table_gives_each_seed_s_gain_and_its_t_interval(tmp_path):
+    # Three seeds whose last-10 minus first-10 means are 10, 20 and 30 (k = g * step / 10).
+    files = [_write(tmp_path / f"s{g}.jsonl", [{"step": s, "k": g * s / 10.0} for s in range(20)])
+             for g in (10, 20, 30)]
+    short = _write(tmp_path / "short.jsonl", [{"step": s, "k": 1.0} for s in range(15)])
+    (row,) = ablation.gain_table({"lp": files + [short]}, keys=("k",), window=10)
+    half = 4.302652729911275 * 10.0 / np.sqrt(3)  # t(0.975, df=2) * std([10, 20, 30]) / sqrt(3)
+    assert row["n"] == 3  # the 15-step run is left out: its windows would overlap
+    assert row["gain"] == pytest.approx(20.0)
+    assert (row["gain_low"], row["gain_high"]) == pytest.approx((20.0 - half, 20.0 + half))
+    assert not row["excludes_zero"]  # [-4.8, 44.8]: three seeds this far apart prove nothing
+    assert row["mean"] == pytest.approx(np.mean([g * 9.5 / 10 for g in (10, 20, 30)]))
+    steady = [_write(tmp_path / f"t{g}.jsonl", [{"step": s, "k": g * s / 10.0} for s in range(20)])
+              for g in (19, 20, 21)]
+    (row,) = ablation.gain_table({"lp": steady}, keys=("k",), window=10)
+    assert row["excludes_zero"] and row["gain_low"] > 0
+    text = ablation.format_gain_table([row])
+    assert "| lp | k |" in text and "+20.000 [" in text and "| 3 |" in text
+
+
+def test_plot_curves_writes_a_figure(tmp_path):
+    files = [_write(tmp_path / f"s{g}.jsonl", [{"step": s, "k": g * s} for s in range(12)])
+             for g in (1, 2)]
+    out = ablation.plot_curves({"lp": files, "uniform": files[:1]}, ("k",),
+                               str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").stat().st_size > 1000 and out.endswith("c.png")
