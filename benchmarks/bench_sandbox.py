@@ -7,7 +7,8 @@
    instead, ~0.4 ms, see ``sandbox/backends/cgroup.py``); medians. ``overhead_ratio`` =
    pool+bwrap median / bare median (target <= 1.5). The same ratio is also measured for a script
    that imports numpy, pandas and scikit-learn (what every agent script starts with), where the
-   fixed cost of the sandbox is amortised.
+   fixed cost of the sandbox is amortised, and for that script forked from a warm interpreter
+   that preloaded those imports (``--backend bwrap``: ``sandbox.backends.warm``).
 2. Throughput: J CPU-bound scripts of about ``--job-s`` seconds each (a pure-Python loop
    calibrated here) on a 1-worker and a 2-worker bwrap pool. ``pool_speedup`` = 1-worker wall /
    2-worker wall (target >= 1.7 on 2 idle cores).
@@ -30,6 +31,7 @@ import tempfile
 import time
 
 
+from sandbox.backends.warm import DEFAULT_PRELOAD
 from sandbox.pool import SandboxPool
 from sandbox.result import Status
 
@@ -133,15 +135,22 @@ def main() -> None:
     # The same comparison for a typical first step of an ML script (imports take ~1 s).
     real_script = script.parent / "real.py"
     real_script.write_text(REALISTIC)
-    with SandboxPool(args.backend, num_workers=1, **pool_dirs) as pool_iso:
+    warm = dict(preload=DEFAULT_PRELOAD) if args.backend == "bwrap" else {}
+    with SandboxPool(args.backend, num_workers=1, **pool_dirs) as pool_iso, \
+            SandboxPool(args.backend, num_workers=1, **warm, **pool_dirs) as pool_warm:
         time_pool(pool_iso, task, REALISTIC, 1)
-        real_bare, real_iso = [], []
+        time_pool(pool_warm, task, REALISTIC, 1)  # starts the warm interpreter
+        real_bare, real_iso, real_warm = [], [], []
         for _ in range(args.realistic_n):
             real_bare += time_bare(python, real_script, 1)
             real_iso += time_pool(pool_iso, task, REALISTIC, 1)
-    real_bare_s, real_iso_s = statistics.median(real_bare), statistics.median(real_iso)
+            real_warm += time_pool(pool_warm, task, REALISTIC, 1)
+    real_bare_s, real_iso_s, real_warm_s = (statistics.median(x)
+                                            for x in (real_bare, real_iso, real_warm))
     print(f"numpy+pandas+sklearn imports, median of {args.realistic_n}: bare python "
-          f"{real_bare_s * 1e3:.0f} ms, pool+{args.backend} {real_iso_s * 1e3:.0f} ms")
+          f"{real_bare_s * 1e3:.0f} ms, pool+{args.backend} {real_iso_s * 1e3:.0f} ms, "
+          f"pool+{args.backend} forked from a warm interpreter {real_warm_s * 1e3:.0f} ms "
+          f"(preload: {bool(warm)})")
 
     iterations = calibrate(python, args.job_s)
     code = loop_code(iterations)
@@ -169,6 +178,8 @@ def main() -> None:
         "overhead_ratio_sklearn_imports": real_iso_s / real_bare_s,
         "sklearn_imports_bare_ms": real_bare_s * 1e3,
         "sklearn_imports_pool_isolated_ms": real_iso_s * 1e3,
+        "sklearn_imports_pool_warm_ms": real_warm_s * 1e3,
+        "overhead_ratio_sklearn_imports_warm": real_warm_s / real_bare_s,
         "pool_isolated_without_cgroup_ms": nocg_s * 1e3,
         "uses_pids_cgroup": uses_cgroup,
         "throughput_wall_1_worker_s": walls[1],

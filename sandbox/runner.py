@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import gc
 import importlib
 import importlib.util
 import json
@@ -197,7 +198,11 @@ def serve(control_fd: int, preload: list[str]) -> dict:
                          "(kill(-1) would otherwise reach processes outside the sandbox)")
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     sock = socket.socket(fileno=control_fd)
-    _send(sock, {"ready": True, "failed": _preload(preload)})
+    failed = _preload(preload)
+    # What the preload made is never garbage: out of the collector's sight, a script's
+    # collections (and the one at its end) do not walk it, nor touch its copy-on-write pages.
+    gc.freeze()
+    _send(sock, {"ready": True, "failed": failed})
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
@@ -236,7 +241,44 @@ def main(argv: list[str]) -> None:
         script = request["script"]
     else:
         raise SystemExit("usage: runner.py run SCRIPT | runner.py zygote FD MODULE[,MODULE...]")
-    run_script(script)
+    try:
+        run_script(script)
+        status = 0
+    except SystemExit as e:
+        status = exit_status(e)
+    shut_down(status)
+
+
+def exit_status(e: SystemExit) -> int:
+    """The exit status Python gives an uncaught ``SystemExit`` (printing a non-int code)."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def shut_down(status: int) -> None:
+    """Ends the process as interpreter shutdown would, as far as a script can tell: non-daemon
+    threads joined, atexit handlers run, ``__main__``'s objects released (an unclosed file is
+    flushed and closed), streams flushed; then ``os._exit``, skipping the teardown of every
+    imported module, which cost ~0.7 CPU-s per script with numpy, pandas and sklearn loaded."""
+    import atexit
+    import threading
+
+    threading._shutdown()  # what Py_FinalizeEx calls first: waits for non-daemon threads
+    atexit._run_exitfuncs()
+    main_module = sys.modules.get("__main__")
+    if main_module is not None:
+        main_module.__dict__.clear()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream: nothing left to flush
+            pass
+    os._exit(status & 0xFF)  # as the OS truncates an exit(status): 256 -> 0, -1 -> 255
 
 
 if __name__ == "__main__":

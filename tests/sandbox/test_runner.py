@@ -46,3 +46,21 @@ def test_system_exit_behaves_as_usual(tmp_path):
 def test_the_zygote_refuses_to_run_outside_its_own_pid_namespace(tmp_path):
     r = run(tmp_path, "", "zygote", "0", "")
     assert r.returncode == 1 and "must be PID 1" in r.stderr, r.stderr
+
+
+def test_shutdown_flushes_what_python_s_would(tmp_path):
+    """The runner ends with os._exit (no module teardown), after what a script can observe."""
+    code = ("import threading, time\n"
+            "f = open('unclosed.txt', 'w')\nf.write('kept')\n"  # flushed when released
+            "class Noisy:\n    def __del__(self):\n        print('del ran')\n"
+            "n = Noisy()\n"
+            "def late():\n    time.sleep(0.3)\n    open('thread.txt', 'w').write('joined')\n"
+            "threading.Thread(target=late).start()\n"
+            "print('buffered', end='')\n")
+    r = run(tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "unclosed.txt").read_text() == "kept"
+    assert (tmp_path / "thread.txt").read_text() == "joined"
+    assert r.stdout == "buffereddel ran\n"
+    statuses = [run(tmp_path, f"import sys\nsys.exit({c})\n").returncode for c in (256, -1, None)]
+    assert statuses == [0, 255, 0]
