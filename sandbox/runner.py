@@ -35,17 +35,13 @@ ptrace it either.
 from __future__ import annotations
 
 import builtins
-import ctypes
-import gc
-import importlib
-import importlib.util
-import json
 import os
 import random
-import signal
-import socket
 import sys
 import types
+
+# A cold script pays for every import here before its own first line: the zygote's modules
+# (ctypes, gc, json, signal, socket) are imported by the functions that use them.
 
 SEED = 0
 _PR_SET_DUMPABLE = 4
@@ -70,6 +66,8 @@ class _SeedNumpyOnImport:
     def find_spec(self, name, path=None, target=None):
         if name != "numpy":
             return None
+        import importlib.util
+
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
@@ -106,12 +104,16 @@ def run_script(path: str) -> None:
         raise SystemExit(1) from None
 
 
-def _send(sock: socket.socket, message: dict) -> None:
+def _send(sock, message: dict) -> None:
+    import json
+
     sock.send(json.dumps(message).encode())  # one SOCK_SEQPACKET message
 
 
 def _preload(modules: list[str]) -> list[str]:
     """Imports ``modules``; returns those that failed (a missing package is not an error)."""
+    import importlib
+
     failed = []
     for name in modules:
         try:
@@ -124,6 +126,8 @@ def _preload(modules: list[str]) -> list[str]:
 def _reap_everything_else() -> int:
     """Kills every other process of this PID namespace and reaps them all (we are its init).
     Returns how many there were."""
+    import signal
+
     try:
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
@@ -173,6 +177,8 @@ def _wipe(workspace: str, keep: str = "input") -> bool:
 def _become_the_script(request: dict, out: int, err: int, gate: int) -> None:
     """In the forked child: take on the execution's session, fds, environment and cwd, then wait
     at the gate. Exits 125 when the host closes the gate without opening it."""
+    import ctypes
+
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((null, 0), (out, 1), (err, 2)):
@@ -193,6 +199,11 @@ def serve(control_fd: int, preload: list[str]) -> dict:
     """The zygote's loop (see the module docstring). Returns only in a forked child, ready to run
     the script named by the returned request; the zygote itself exits when the host closes the
     control socket."""
+    import ctypes
+    import gc
+    import json
+    import socket
+
     if os.getpid() != 1:
         raise SystemExit("runner.py zygote must be PID 1 of its own PID namespace "
                          "(kill(-1) would otherwise reach processes outside the sandbox)")
@@ -265,6 +276,7 @@ def shut_down(status: int) -> None:
     flushed and closed), streams flushed; then ``os._exit``, skipping the teardown of every
     imported module, which cost ~0.7 CPU-s per script with numpy, pandas and sklearn loaded."""
     import atexit
+    import gc
     import threading
 
     threading._shutdown()  # what Py_FinalizeEx calls first: waits for non-daemon threads
