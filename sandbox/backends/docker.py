@@ -27,6 +27,7 @@ from sandbox.backends.owner import sweep_dead_owners
 from sandbox.backends.process import THREAD_VARS, default_root_dir, owner_lock
 
 WORKSPACE = "/workspace"
+RUNNER_IN_CONTAINER = "/opt/ace_sandbox/runner.py"  # sandbox/runner.py, bound read-only
 
 
 class DockerBackend(base.Backend):
@@ -85,18 +86,20 @@ class DockerBackend(base.Backend):
         from docker.types import LogConfig, Ulimit  # local import: optional dependency
 
         env = {"HOME": WORKSPACE, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-               "PATH": "/usr/local/bin:/usr/bin:/bin"}
+               "PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"}
         env.update({var: str(self.threads) for var in THREAD_VARS})
         env.update(self.extra_env)
         fsize = int(limits.file_size_mb) << 20
         kwargs = dict(
             image=self.image,
-            command=[self.python, "-I", "-u", base.SCRIPT_NAME],
+            # sandbox/runner.py seeds the RNGs (see it); no -P: the image's Python may be older
+            command=[self.python, "-s", "-u", RUNNER_IN_CONTAINER, "run", base.SCRIPT_NAME],
             detach=True,
             working_dir=WORKSPACE,
             volumes={
                 os.fspath(workdir): {"bind": WORKSPACE, "mode": "rw"},
                 os.path.realpath(task.public_dir): {"bind": f"{WORKSPACE}/input", "mode": "ro"},
+                base.RUNNER: {"bind": RUNNER_IN_CONTAINER, "mode": "ro"},
             },
             environment=env,
             user=self.user,

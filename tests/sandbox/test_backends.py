@@ -519,6 +519,10 @@ def test_docker_backend_flow_with_a_fake_engine(fake_task, tmp_path):
     assert kw["mem_limit"] == kw["memswap_limit"] == f"{fake_task.memory_limit_mb}m"
     assert kw["nano_cpus"] == 10 ** 9 and kw["cap_drop"] == ["ALL"]
     assert list(kw["volumes"].values())[1] == {"bind": "/workspace/input", "mode": "ro"}
+    # The script is run by sandbox/runner.py (seeded RNGs), bound read-only into the container.
+    runner = kw["volumes"][base.RUNNER]["bind"]
+    assert kw["command"][-3:] == [runner, "run", "solution.py"]
+    assert kw["environment"]["PYTHONHASHSEED"] == "0"
     assert c.removed and r.reported_metric == 0.25
     assert r.status is Status.INVALID_SUBMISSION and "ids" in r.error  # header only: no rows
     assert list(tmp_path.iterdir()) == []
