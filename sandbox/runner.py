@@ -27,8 +27,8 @@ environment, closes the control socket, waits at the gate (the host sets its rli
 meanwhile, as for a cold script), then runs the script. The zygote reports ``{"pid": ...}``,
 waits for the script, kills whatever the script left in the sandbox (``kill(-1)`` from PID 1
 reaches every other process of the PID namespace, and nothing outside it) and reaps it, then
-reports ``{"exit": code, "cpu_s": ...}``. It must be PID 1 of its namespace: it refuses to run
-otherwise. As PID 1 it cannot be killed from inside the namespace (the kernel drops signals to
+reports ``{"exit": code, "killed": n, "cpu_s": ...}``. It must be PID 1 of its namespace: it
+refuses to run otherwise. As PID 1 it cannot be killed from inside the namespace (the kernel drops signals to
 a namespace's init that it has no handler for), and it is not dumpable, so a script cannot
 ptrace it either.
 """
@@ -123,22 +123,28 @@ def _preload(modules: list[str]) -> list[str]:
     return failed
 
 
-def _reap_everything_else() -> int:
+def _kill_everything_else() -> int:
     """Kills every other process of this PID namespace and reaps them all (we are its init).
-    Returns how many there were."""
+    Returns how many were alive (zombies the script left unreaped are not counted)."""
     import signal
 
+    alive = 0
+    for entry in os.listdir("/proc"):  # this namespace's own /proc
+        if entry.isdigit() and entry != "1":
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    alive += f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (OSError, IndexError):
+                continue
     try:
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    reaped = 0
     while True:
         try:
             os.waitpid(-1, 0)
-            reaped += 1
         except ChildProcessError:
-            return reaped
+            return alive
         except InterruptedError:
             continue
 
@@ -240,7 +246,7 @@ def serve(control_fd: int, preload: list[str]) -> dict:
                 break
             except InterruptedError:
                 continue
-        _send(sock, {"exit": os.waitstatus_to_exitcode(status), "reaped": _reap_everything_else(),
+        _send(sock, {"exit": os.waitstatus_to_exitcode(status), "killed": _kill_everything_else(),
                      "cpu_s": usage.ru_utime + usage.ru_stime})
 
 

@@ -372,7 +372,7 @@ class WarmInterpreters:
             raw.exit_code = int(report["exit"])
             raw.cpu_s = float(report["cpu_s"])
             if not kill_reason:  # what outlived the script, killed by the zygote
-                raw.leftovers_killed = int(report.get("reaped", 0))
+                raw.leftovers_killed = int(report.get("killed", 0))
             raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU or (
                 raw.exit_code == -signal.SIGKILL and not kill_reason
                 and raw.cpu_s >= process_lib._cpu_limit_s(limits))

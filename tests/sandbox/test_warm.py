@@ -159,3 +159,13 @@ def test_idle_zygotes_are_capped_and_a_broken_one_falls_back_to_cold(pools, fake
     finally:
         backend.zygote_command = real
     assert r.status is Status.OK and backend.warm.cold_fallbacks == before + 1
+
+
+def test_what_outlives_the_script_is_killed_and_counted(pools, fake_task):
+    _, warm = pools
+    code = ("import subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+            "subprocess.run([sys.executable, '-c', 'pass'])\n")  # reaped: not counted
+    r = warm.run(fake_task, code)
+    assert r.status is Status.NO_SUBMISSION, (r.status, r.error, r.stderr)
+    assert r.leftovers_killed == 1, r
