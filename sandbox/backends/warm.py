@@ -8,13 +8,13 @@ forked from a *zygote*: a bwrap sandbox made once per task (same namespaces, bin
 cold execution of that task), whose PID 1 is ``sandbox/runner.py zygote`` with the modules
 already imported. See ``sandbox.runner`` for the zygote's side.
 
-Per execution (``WarmInterpreters.execute``): an idle zygote of the task is taken (or made); it
-empties its ``/workspace`` (but ``input``) and ``/tmp``; the host writes solution.py and the
-empty submission/ and working/ dirs; the zygote forks; the host sets the child's rlimits and
-moves it into a fresh pids cgroup (exactly as for a cold script), then opens its gate; the
-wall-clock deadline, the disk poll, the memory samples, the output capture and the kill are the
-cold path's. When the script ends, the zygote kills everything the script left in the sandbox
-and reports the exit status and CPU time.
+Per execution (``WarmInterpreters.execute``): an idle zygote of the task is taken (or made); the
+host writes solution.py and the empty submission/ and working/ dirs; the zygote forks; the host
+sets the child's rlimits and moves it into a fresh pids cgroup (exactly as for a cold script),
+then opens its gate; the wall-clock deadline, the disk poll, the memory samples, the output
+capture and the kill are the cold path's. When the script ends, the zygote kills everything the
+script left in the sandbox and reports the exit status and CPU time; once the host has copied
+the submission out, the zygote empties its ``/workspace`` (but ``input``) and ``/tmp``.
 
 What differs from a cold execution:
   * executions of one task in one zygote share the sandbox (one after another, never at once):
