@@ -369,9 +369,6 @@ class ProcessBackend(base.Backend):
         streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
         sel = selectors.DefaultSelector()
         pidfd = None
-        deadline = start + limits.time_s
-        next_disk_check = start + self.disk_poll_s
-        disk_bytes = int(limits.disk_mb) << 20
         kill_reason = None
         memory = _MemorySampler(proc.pid, cgroup, start)
         try:
@@ -381,26 +378,10 @@ class ProcessBackend(base.Backend):
             pidfd = _pidfd_open(proc.pid)  # readable when the main process exits: no polling
             if pidfd is not None:
                 sel.register(pidfd, selectors.EVENT_READ)
-            while True:
-                now = time.monotonic()
-                wait = min(deadline, next_disk_check, memory.next_at) - now
-                wait = min(max(wait, 0.0), 0.1 if pidfd is not None else 0.01)
-                _pump(sel, streams, timeout=wait)
-                if _has_exited(proc.pid):
-                    break
-                now = time.monotonic()
-                if now >= memory.next_at:
-                    memory.sample(now)
-                if cancel is not None and cancel.is_set():
-                    kill_reason = "cancelled"
-                elif now >= deadline:
-                    kill_reason = "timeout"
-                elif now >= next_disk_check:
-                    next_disk_check = now + self.disk_poll_s
-                    if base.dir_usage_bytes(workdir, disk_bytes) > disk_bytes:
-                        kill_reason = "disk"
-                if kill_reason:
-                    break
+            kill_reason = supervise(sel, streams, lambda: _has_exited(proc.pid), start=start,
+                                    limits=limits, disk_dir=workdir,
+                                    disk_poll_s=self.disk_poll_s, memory=memory, cancel=cancel,
+                                    max_wait=0.1 if pidfd is not None else 0.01)
             # The main process is a zombie (or still running): its pid still names the group,
             # so killing the group cannot hit a recycled pid.
             left = self._alive(cgroup, marker, exclude=proc.pid)
@@ -508,6 +489,35 @@ class ProcessBackend(base.Backend):
 
 # -------------------------------------------------------------------------------------------
 # helpers
+
+
+def supervise(sel: selectors.BaseSelector, streams: dict, ended, *, start: float,
+              limits: base.Limits, disk_dir: pathlib.Path, disk_poll_s: float,
+              memory: "_MemorySampler", cancel: Optional[threading.Event],
+              max_wait: float = 0.1) -> Optional[str]:
+    """Reads the script's output until ``ended()`` (returns None) or a limit is passed (returns
+    "cancelled", "timeout" or "disk"), sampling its memory meanwhile. ``sel`` holds the output
+    pipes and anything whose readiness may mean the end (a pidfd, the zygote's socket)."""
+    deadline = start + limits.time_s
+    next_disk = start + disk_poll_s
+    disk_bytes = int(limits.disk_mb) << 20
+    while True:
+        now = time.monotonic()
+        _pump(sel, streams, timeout=min(max(min(deadline, next_disk, memory.next_at) - now, 0.0),
+                                        max_wait))
+        if ended():
+            return None
+        now = time.monotonic()
+        if now >= memory.next_at:
+            memory.sample(now)
+        if cancel is not None and cancel.is_set():
+            return "cancelled"
+        if now >= deadline:
+            return "timeout"
+        if now >= next_disk:
+            next_disk = now + disk_poll_s
+            if base.dir_usage_bytes(disk_dir, disk_bytes) > disk_bytes:
+                return "disk"
 
 
 def _cpu_limit_s(limits: base.Limits) -> int:

@@ -314,28 +314,9 @@ class WarmInterpreters:
                 os.set_blocking(fd, False)
                 sel.register(fd, selectors.EVENT_READ)
             sel.register(z.sock, selectors.EVENT_READ)  # the zygote's report: the script ended
-            deadline = start + limits.time_s
-            next_disk = start + be.disk_poll_s
-            disk_bytes = int(limits.disk_mb) << 20
-            while True:
-                now = time.monotonic()
-                wait = min(max(min(deadline, next_disk, memory.next_at) - now, 0.0), 0.1)
-                process_lib._pump(sel, streams, timeout=wait)
-                if _readable(z.sock):
-                    break
-                now = time.monotonic()
-                if now >= memory.next_at:
-                    memory.sample(now)
-                if cancel is not None and cancel.is_set():
-                    kill_reason = "cancelled"
-                elif now >= deadline:
-                    kill_reason = "timeout"
-                elif now >= next_disk:
-                    next_disk = now + be.disk_poll_s
-                    if base.dir_usage_bytes(z.dir, disk_bytes) > disk_bytes:
-                        kill_reason = "disk"
-                if kill_reason:
-                    break
+            kill_reason = process_lib.supervise(
+                sel, streams, lambda: _readable(z.sock), start=start, limits=limits,
+                disk_dir=z.dir, disk_poll_s=be.disk_poll_s, memory=memory, cancel=cancel)
             if kill_reason:
                 alive = set(cgroup.pids()) if cgroup is not None else set()
                 raw.leftovers_killed = len(alive - {pid})  # what the kill ends besides the script
