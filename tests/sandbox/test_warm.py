@@ -169,3 +169,15 @@ def test_what_outlives_the_script_is_killed_and_counted(pools, fake_task):
     r = warm.run(fake_task, code)
     assert r.status is Status.NO_SUBMISSION, (r.status, r.error, r.stderr)
     assert r.leftovers_killed == 1, r
+
+
+def test_preload_is_bwrap_only_and_auto_resolves_per_backend():
+    from sandbox.pool import resolve_preload
+
+    with pytest.raises(ValueError, match="needs the bwrap backend"):
+        SandboxPool("process", 1, preload=("numpy",))
+    assert resolve_preload("auto", "bwrap") == DEFAULT_PRELOAD
+    assert resolve_preload("auto", "process") == resolve_preload("", "bwrap") == ()
+    assert resolve_preload(" numpy, pandas ", "bwrap") == ("numpy", "pandas")
+    with pytest.raises(TypeError, match="string"):
+        resolve_preload(("numpy",), "bwrap")
