@@ -262,7 +262,7 @@ class BwrapBackend(ProcessBackend):
             self.close()  # the owner lock and cgroup parent made above
             raise
         if preload:
-            from sandbox.backends import warm  # local import: only warm backends need it
+            from sandbox.backends import warm
 
             self.warm = warm.WarmInterpreters(self, tuple(preload), max_idle=max_idle_warm)
 

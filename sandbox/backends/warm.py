@@ -238,7 +238,10 @@ class WarmInterpreters:
         if z is not None:
             z.close()
 
-    def execute(self, task: Any, code: str, cancel: Optional[threading.Event]) -> base.RawExecution:
+    def execute(self, task: Any, code: str,
+                cancel: Optional[threading.Event]) -> Optional[base.RawExecution]:
+        """Runs ``code`` forked from a zygote of ``task``; None when no zygote can be had (the
+        caller then runs it cold)."""
         limits = base.task_limits(task, self.backend.limits)
         try:
             z = self._take(task)
