@@ -113,19 +113,32 @@ def run_ablation(root: str, overrides: Mapping[str, Any], *,
     """
     warm = warm_start(root, overrides, **kwargs)
     jobs = [(s, k) for k in seeds for s in samplers]  # seed-major: every sampler gets seed 0 first
+    results = run_jobs([(f"{sampler}/seed{seed}", os.path.join(root, sampler, f"seed{seed}"),
+                         {**overrides, "model.init_from_run": warm.workdir,
+                          "lp.sampler": sampler, "seed": seed, "lp.seed": seed})
+                        for sampler, seed in jobs], desc="ablation runs", progress=progress,
+                       **kwargs)
+    out: dict[str, list[RunResult]] = {s: [] for s in samplers}
+    for (sampler, _), res in zip(jobs, results):
+        out[sampler].append(res)
+    return out
+
+
+def run_jobs(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], *, desc: str,
+             progress: bool = True, **kwargs) -> list[RunResult]:
+    """``run_job`` for each (label, workdir, overrides) in order, with a progress bar that
+    names the last run and whether it failed."""
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(jobs), desc="ablation runs", unit="run")
-    out: dict[str, list[RunResult]] = {s: [] for s in samplers}
-    for sampler, seed in jobs:
-        run_overrides = {**overrides, "model.init_from_run": warm.workdir, "lp.sampler": sampler,
-                         "seed": seed, "lp.seed": seed}
-        res = run_job(os.path.join(root, sampler, f"seed{seed}"), run_overrides, **kwargs)
-        out[sampler].append(res)
+        bar = tqdm(total=len(jobs), desc=desc, unit="run")
+    out = []
+    for label, workdir, overrides in jobs:
+        res = run_job(workdir, overrides, **kwargs)
+        out.append(res)
         if bar is not None:
-            bar.set_postfix_str(f"{sampler}/seed{seed} {'ok' if res.error is None else 'FAILED'}")
+            bar.set_postfix_str(f"{label} {'ok' if res.error is None else 'FAILED'}")
             bar.update(1)
     if bar is not None:
         bar.close()

@@ -31,23 +31,10 @@ def run_seeds(root: str, seeds: Sequence[int], steps: int,
               ) -> list[ablation.RunResult]:
     """One whole run of the config per seed (warm start included), in seed order."""
     overrides = dict(overrides)
-    out = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(seeds), desc="seeds", unit="run")
-    for seed in seeds:
-        res = ablation.run_job(os.path.join(root, f"seed{seed}"),
-                               {**overrides, "seed": seed, "lp.seed": seed,
-                                "rl.num_steps": steps}, **kwargs)
-        out.append(res)
-        if bar is not None:
-            bar.set_postfix_str(f"seed{seed} {'ok' if res.error is None else 'FAILED'}")
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    return out
+    return ablation.run_jobs(
+        [(f"seed{seed}", os.path.join(root, f"seed{seed}"),
+          {**overrides, "seed": seed, "lp.seed": seed, "rl.num_steps": steps})
+         for seed in seeds], desc="seeds", progress=progress, **kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
