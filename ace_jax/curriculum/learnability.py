@@ -9,6 +9,10 @@ Our definition (DESIGN.md; the paper's exact formula is not public, every consta
   p_t(x) ∝ exp(LP(x) / T_t) * cool_t(x),  restricted to the top rho_t fraction of valid states by LP
   cool_t(x) = 1 - exp(-(t - last_sampled(x)) / tau)           (1 if never sampled)
 
+A batch holds at most floor(max_child_frac * B) child states (depth >= 1) while roots are left to
+draw: the draw stops taking children once that many are in (children past the cap fill the batch
+only when too few roots are selectable). 1.0 = no cap.
+
 T_t and rho_t stay at their start values for ``explore_steps``, then move geometrically to their
 end values over ``anneal_steps``. A batch is drawn WITHOUT replacement by Gumbel-top-k on log p
 (exactly sampling the Plackett-Luce / successive-sampling distribution), deterministic for a key.
@@ -60,6 +64,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.explore_steps = 20         # steps at the start values
     c.anneal_steps = 100         # steps of geometric anneal to the end values
     c.allow_repeats = False      # fewer eligible states than the batch: error (False) or draw with replacement
+    # At most this share of a batch on child states (depth >= 1) while roots are selectable; the
+    # rest are drafts of the tasks. 1.0 = no cap (children compete with roots on LP alone).
+    c.max_child_frac = 1.0
     c.seed = 0                   # sampler RNG seed
     return c
 
@@ -86,6 +93,7 @@ class SamplerSpec:
     explore_steps: int = 20
     anneal_steps: int = 100
     allow_repeats: bool = False
+    max_child_frac: float = 1.0
 
     def __post_init__(self):
         if self.kind not in ("lp", "uniform"):
@@ -100,6 +108,8 @@ class SamplerSpec:
         for name in ("rho_start", "rho_end"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"lp.{name} must be in (0, 1], got {getattr(self, name)}")
+        if not 0 <= self.max_child_frac <= 1:
+            raise ValueError(f"lp.max_child_frac must be in [0, 1], got {self.max_child_frac}")
         for name in ("u0", "alpha", "beta"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"lp.{name} must be >= 0, got {getattr(self, name)}")
@@ -268,8 +278,35 @@ def select_slots(key, stats, step, spec: SamplerSpec, batch_size: int):
     """
     logit = logits(stats, step, spec, batch_size)  # top-k is invariant to the normaliser
     g = jax.random.gumbel(key, logit.shape, jnp.float32)
-    _, idx = jax.lax.top_k(logit + g, batch_size)
+    score = _cap_children(logit + g, stats, spec, batch_size)
+    _, idx = jax.lax.top_k(score, batch_size)
     return idx.astype(jnp.int32), jnp.sum(jnp.isfinite(logit)).astype(jnp.int32)
+
+
+def _cap_children(score: jax.Array, stats, spec: SamplerSpec, batch_size: int) -> jax.Array:
+    """Perturbed scores (float32[N]) reordered so that top-``batch_size`` takes at most
+    ``c = floor(max_child_frac * batch_size)`` children while roots remain.
+
+    Gumbel-top-k is sequential sampling without replacement in score order; stopping to take
+    children once c are in keeps the c best-scored children and every root in that order, and
+    moves the other children below the lowest finite score (their own order kept), so they are
+    drawn only after every selectable root. A root is a state without a creating group
+    (``prior_std`` NaN, depth 0).
+    """
+    cap = int(spec.max_child_frac * batch_size)
+    if cap >= batch_size:
+        return score
+    child = ~jnp.isnan(jnp.asarray(stats["prior_std"], jnp.float32))
+    if cap > 0:
+        kth = jax.lax.top_k(jnp.where(child, score, -jnp.inf), cap)[0][-1]
+        over = child & (score < kth)
+    else:
+        over = child
+    finite = jnp.isfinite(score)
+    hi = jnp.max(jnp.where(finite, score, -jnp.inf))
+    lo = jnp.min(jnp.where(finite, score, jnp.inf))
+    shift = jnp.where(jnp.any(finite), hi - lo + 1.0, 0.0)
+    return jnp.where(over & finite, score - shift, score)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "batch_size"))

@@ -126,6 +126,50 @@ def test_selection_is_distinct_and_never_picks_masked_or_ineligible(seed, step, 
         assert not (stats["last_sampled"][idx] == step).any()
 
 
+def _capped_reference(order, eligible, child, batch, cap):
+    """Sequential draw in perturbed-score order that stops taking children after ``cap`` (the
+    skipped children fill the batch last, in order, when roots run out)."""
+    taken, skipped, n_child = [], [], 0
+    for i in order:
+        if not eligible[i]:
+            continue
+        if child[i] and n_child >= cap:
+            skipped.append(i)
+            continue
+        taken.append(i)
+        n_child += bool(child[i])
+    return (taken + skipped)[:batch]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), step=st.integers(0, 300), batch=st.sampled_from([4, 8]),
+       frac=st.sampled_from([0.0, 0.25, 0.5, 0.75]), name=st.sampled_from(["lp", "uniform"]))
+def test_child_cap_is_the_sequential_draw_that_stops_taking_children(seed, step, batch, frac, name):
+    stats = rand_stats(seed, step=step)
+    s = spec_of(name, max_child_frac=frac)
+    key = jax.random.key(seed)
+    idx, n_elig = L.select_slots(key, jx(stats), jnp.int32(step), s, batch)
+    if int(n_elig) < batch:
+        return
+    logit = np.asarray(L.logits(jx(stats), jnp.int32(step), s, batch))
+    g = np.asarray(jax.random.gumbel(key, logit.shape, jnp.float32))
+    order = np.argsort(-(logit + g), kind="stable")
+    child = ~np.isnan(stats["prior_std"])
+    want = _capped_reference(order, np.isfinite(logit), child, batch, int(frac * batch))
+    assert sorted(np.asarray(idx).tolist()) == sorted(want)
+    n_root = int((np.isfinite(logit) & ~child).sum())
+    assert child[np.asarray(idx)].sum() <= max(int(frac * batch), batch - n_root)
+
+
+def test_child_cap_of_one_changes_nothing_and_bad_values_are_refused():
+    stats = jx(rand_stats(3))
+    a, _ = L.select_slots(jax.random.key(0), stats, jnp.int32(9), spec_of("lp"), 8)
+    b, _ = L.select_slots(jax.random.key(0), stats, jnp.int32(9), spec_of("lp", max_child_frac=1.0), 8)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="max_child_frac"):
+        spec_of("lp", max_child_frac=1.5)
+
+
 def test_cooling_lowers_recently_sampled_states():
     n = 8
     stats = {"valid": np.ones(n, bool), "visits": np.ones(n, np.int32), "last_sampled": np.full(n, -1, np.int32),
