@@ -26,6 +26,7 @@ from ace_jax.train import metrics as metrics_lib
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLERS = ("lp", "uniform", "lp_no_cooling", "variance_only", "headroom_only")
 CURVES = ("rollout/valid_rate", "score/dev_norm_all", "grpo/zero_var_frac")
+EVAL_METRICS = ("valid", "human_rank", "steps_to_first_valid", "never_valid")
 DONE_MARKER = "ablation_job.json"  # written into a run directory when its job exits cleanly
 
 
@@ -284,7 +285,9 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
     """Evaluates the newest checkpoint of each run directory in the agent scaffold
     (``ace_jax.eval.harness.evaluate``) and returns one row per label: the mean over its runs of
     the overall valid rate, HumanRank, steps to the first valid submission and never-valid
-    fraction.
+    fraction (``EVAL_METRICS``), each with its 95% t-interval over the runs (``<metric>_low``,
+    ``<metric>_high``; nan with one run), and each run's value in run order
+    (``values[metric]``, nan where the run had none) for paired comparisons.
 
     Args:
       runs: label -> run directories (e.g. {"before": [warm], "lp": [seed runs...]}).
@@ -310,22 +313,28 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
                 reports.write_reports(result, os.path.join(out_root, label, str(k)))
                 per_run.append({m: s.mean for m, s in result.overall.stats.items()})
 
-            def avg(metric):
-                vals = [r[metric] for r in per_run if r.get(metric) is not None]
-                return float(np.mean(vals)) if vals else float("nan")
-
-            rows.append(dict(label=label, runs=len(per_run), valid=avg("valid"),
-                             human_rank=avg("human_rank"),
-                             steps_to_first_valid=avg("steps_to_first_valid"),
-                             never_valid=avg("never_valid")))
+            row = dict(label=label, runs=len(per_run), values={})
+            for metric in EVAL_METRICS:  # mean over runs (seeds of the whole run) and its t-interval
+                vals = [np.nan if r.get(metric) is None else float(r[metric]) for r in per_run]
+                row["values"][metric] = vals
+                row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean_interval(
+                    [v for v in vals if not np.isnan(v)])
+            rows.append(row)
     return rows
 
 
 def format_eval_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """``evaluate_runs`` rows as a markdown table."""
+    """``evaluate_runs`` rows as a markdown table (mean [95% CI over runs] where there are two
+    runs or more)."""
+    def cell(r, metric, digits):
+        text = f"{r[metric]:.{digits}f}"
+        low, high = r.get(f"{metric}_low", float("nan")), r.get(f"{metric}_high", float("nan"))
+        return text if np.isnan(low) else f"{text} [{low:.{digits}f}, {high:.{digits}f}]"
+
     lines = ["| policy | runs | valid final submission | HumanRank | steps to first valid "
              "(episodes that reached one) | never valid |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['label']} | {r['runs']} | {r['valid']:.2f} | {r['human_rank']:.3f} | "
-                     f"{r['steps_to_first_valid']:.2f} | {r['never_valid']:.2f} |")
+        lines.append(f"| {r['label']} | {r['runs']} | {cell(r, 'valid', 2)} | "
+                     f"{cell(r, 'human_rank', 3)} | {cell(r, 'steps_to_first_valid', 2)} | "
+                     f"{cell(r, 'never_valid', 2)} |")
     return "\n".join(lines)

@@ -7,6 +7,15 @@
     root/curves.png    the mean curves over seeds with 95% bands
     root/gains.md      the table printed last
 
+With ``--eval_tasks``, each seed's policy is also evaluated before and after RL in the agent
+scaffold (episodes of ``--eval_steps`` steps on those tasks, one per ``--eval_seeds`` seed):
+"before" is ``root/warm<k>``, the same config and seed stopped after its warm start
+(``rl.num_steps=0``; the warm start is deterministic for a seed), "after" is ``root/seed<k>``.
+
+    root/eval/         the episode logs and reports
+    root/eval.md       valid rate, HumanRank, steps to first valid, never valid: before / after
+                       with 95% intervals over seeds, and the paired after - before difference
+
 Each run is ``ablation.run_job`` (the command a user would type), so re-running the command
 reuses finished seeds and resumes an interrupted one from its last checkpoint: a sweep too long
 for one sitting is finished by running it again. The gain of a curve is the mean of its last
@@ -21,9 +30,15 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ace_jax.experiments import ablation
 
 KEYS = ("rollout/valid_rate", "score/dev_norm_all", "grpo/zero_var_frac")
+# Where the batch came from and how the policy did there: the aggregate valid rate moves with the
+# root / child mix, these separate a better policy from a harder batch (a child curve starts at
+# the first step with a child in the batch).
+MIX_KEYS = ("rollout/root_frac", "rollout/valid_rate_root", "rollout/valid_rate_child")
 
 
 def run_seeds(root: str, seeds: Sequence[int], steps: int,
@@ -37,6 +52,60 @@ def run_seeds(root: str, seeds: Sequence[int], steps: int,
          for seed in seeds], desc="seeds", progress=progress, **kwargs)
 
 
+def warm_runs(root: str, seeds: Sequence[int], overrides: Mapping[str, Any] = (),
+              progress: bool = True, **kwargs) -> list[ablation.RunResult]:
+    """Per seed, the run's warm start alone (the same config and seed, ``rl.num_steps=0``)."""
+    overrides = dict(overrides)
+    return ablation.run_jobs(
+        [(f"warm{seed}", os.path.join(root, f"warm{seed}"),
+          {**overrides, "seed": seed, "lp.seed": seed, "rl.num_steps": 0}) for seed in seeds],
+        desc="warm starts", progress=progress, **kwargs)
+
+
+def paired_differences(before: Mapping[str, Any], after: Mapping[str, Any]
+                       ) -> list[dict[str, Any]]:
+    """Per ``ablation.EVAL_METRICS`` metric, the mean over seeds of after - before (rows of
+    ``ablation.evaluate_runs`` whose runs are the same seeds in the same order) and its 95%
+    t-interval; seeds where either side has no value are left out.
+
+    Returns rows {"metric", "diff", "low", "high", "n", "excludes_zero"}."""
+    rows = []
+    for metric in ablation.EVAL_METRICS:
+        d = [a - b for a, b in zip(after["values"][metric], before["values"][metric])
+             if not (np.isnan(a) or np.isnan(b))]
+        diff, low, high = ablation.mean_interval(d)
+        rows.append(dict(metric=metric, diff=diff, low=low, high=high, n=len(d),
+                         excludes_zero=bool(low > 0 or high < 0)))
+    return rows
+
+
+def format_differences(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| metric | after - before [95% CI over seeds] | seeds |", "|---|---|---|"]
+    lines += [f"| {r['metric']} | {r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] | {r['n']} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def evaluate_before_after(root: str, results: Sequence[ablation.RunResult],
+                          warms: Sequence[ablation.RunResult], task_ids: Sequence[str], *,
+                          episode_seeds: Sequence[int], max_steps: int,
+                          progress: bool = True) -> str:
+    """Evaluates each seed's warm start and trained policy; writes and returns ``eval.md``.
+    Seeds whose run or warm start failed are left out of both sides."""
+    pairs = [(w, r) for w, r in zip(warms, results) if w.error is None and r.error is None]
+    rows = ablation.evaluate_runs(
+        {"before": [w.workdir for w, _ in pairs], "after": [r.workdir for _, r in pairs]},
+        task_ids, os.path.join(root, "eval"), seeds=episode_seeds, max_steps=max_steps,
+        progress=progress)
+    text = (f"Episodes of {max_steps} steps on {', '.join(task_ids)}; episode seeds "
+            f"{', '.join(map(str, episode_seeds))}; mean [95% CI] over {len(pairs)} seeds.\n\n"
+            + ablation.format_eval_table(rows) + "\n\n"
+            + format_differences(paired_differences(rows[0], rows[1])))
+    with open(os.path.join(root, "eval.md"), "w") as f:
+        f.write(text + "\n")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--root", default="runs/learning")
@@ -44,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40, help="RL steps per run")
     p.add_argument("--window", type=int, default=10, help="steps averaged at each end")
     p.add_argument("--config", default="configs/local.py")
+    p.add_argument("--eval_tasks", default="",
+                   help="comma-separated task ids: also evaluate each seed before / after RL")
+    p.add_argument("--eval_steps", type=int, default=8, help="steps per evaluation episode")
+    p.add_argument("--eval_seeds", default="0", help="comma-separated episode seeds per task")
     args, extra = p.parse_known_args(argv)
     overrides = {}
     for item in extra:  # --config.a.b=value, as on the main job's command line
@@ -58,13 +131,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"FAILED {r.workdir}: {r.error}", file=sys.stderr)
     paths = {"default": [r.metrics_path for r in results
                          if r.error is None and os.path.exists(r.metrics_path)]}
-    table = ablation.format_gain_table(ablation.gain_table(paths, KEYS, window=args.window),
-                                       window=args.window)
+    table = ablation.format_gain_table(
+        ablation.gain_table(paths, KEYS + MIX_KEYS, window=args.window), window=args.window)
     with open(os.path.join(args.root, "gains.md"), "w") as f:
         f.write(table + "\n")
-    ablation.plot_curves(paths, KEYS, os.path.join(args.root, "curves.png"))
+    ablation.plot_curves(paths, KEYS + MIX_KEYS[:1], os.path.join(args.root, "curves.png"))
     print(table)
-    return 1 if any(r.error for r in results) else 0
+    failed = any(r.error for r in results)
+    if args.eval_tasks:
+        warms = warm_runs(args.root, seeds, overrides, config=args.config)
+        failed = failed or any(w.error for w in warms)
+        for w in warms:
+            if w.error:
+                print(f"FAILED {w.workdir}: {w.error}", file=sys.stderr)
+        print(evaluate_before_after(
+            args.root, results, warms, [t for t in args.eval_tasks.split(",") if t.strip()],
+            episode_seeds=[int(s) for s in args.eval_seeds.split(",") if s.strip()],
+            max_steps=args.eval_steps))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
