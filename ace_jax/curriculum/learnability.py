@@ -11,7 +11,8 @@ Our definition (DESIGN.md; the paper's exact formula is not public, every consta
 
 A batch holds at most floor(max_child_frac * B) child states (depth >= 1) while roots are left to
 draw: the draw stops taking children once that many are in (children past the cap fill the batch
-only when too few roots are selectable). 1.0 = no cap.
+only when too few roots are selectable), and the top-rho restriction is taken within roots and
+within children apart, so that the reserved roots stay selectable. 1.0 = no cap.
 
 T_t and rho_t stay at their start values for ``explore_steps``, then move geometrically to their
 end values over ``anneal_steps``. A batch is drawn WITHOUT replacement by Gumbel-top-k on log p
@@ -230,11 +231,25 @@ def _top_fraction_threshold(lp: jax.Array, valid: jax.Array, k: jax.Array) -> ja
     return jax.lax.bitcast_convert_type(prefix, jnp.float32)
 
 
+def _top_rho(lp: jax.Array, pool: jax.Array, rho: jax.Array, keep) -> jax.Array:
+    """The states of ``pool`` (bool[N]) in its top ``rho`` fraction by ``lp``, at least ``keep``
+    of them (all of the pool if it has fewer); bool[N]. Ties at the threshold are all kept."""
+    n = jnp.sum(pool)
+    k = jnp.minimum(jnp.maximum(jnp.ceil(rho * n).astype(jnp.int32), keep), n)
+    thr = jax.lax.cond(k >= n, lambda: jnp.float32(0.0),  # exploration: no restriction
+                       lambda: _top_fraction_threshold(lp, pool, jnp.maximum(k, 1)))
+    return pool & (lp >= thr)
+
+
 def logits(stats: Mapping[str, Any], step, spec: SamplerSpec, min_keep: int = 1) -> jax.Array:
     """Unnormalised log p_t(x) per slot, float32[N]; -inf where ineligible.
 
     ``min_keep``: the top-rho set keeps at least this many states (the batch size), so the
-    restriction never leaves fewer candidates than the batch needs.
+    restriction never leaves fewer candidates than the batch needs. With a child cap
+    (``max_child_frac`` < 1), roots and children are two pools, each restricted to its own top
+    rho fraction and keeping at least its share of the batch (``min_keep - cap`` roots, ``cap``
+    children, more of one pool where the other is too small), so the roots the cap reserves room
+    for stay selectable however the children's LP compares with theirs.
     """
     valid = jnp.asarray(stats["valid"])
     if spec.kind == "uniform":
@@ -242,11 +257,15 @@ def logits(stats: Mapping[str, Any], step, spec: SamplerSpec, min_keep: int = 1)
     else:
         lp = potential(stats, spec)
         temp, rho = schedule(step, spec)
-        n_valid = jnp.sum(valid)
-        k = jnp.maximum(jnp.ceil(rho * n_valid).astype(jnp.int32), min_keep)
-        thr = jax.lax.cond(k >= n_valid, lambda: jnp.float32(0.0),  # exploration: no restriction
-                           lambda: _top_fraction_threshold(lp, valid, k))
-        allowed = valid & (lp >= thr)
+        cap = int(spec.max_child_frac * min_keep)
+        if cap >= min_keep:
+            allowed = _top_rho(lp, valid, rho, min_keep)
+        else:
+            root = valid & jnp.isnan(jnp.asarray(stats["prior_std"], jnp.float32))
+            child = valid & ~root
+            n_root, n_child = jnp.sum(root), jnp.sum(child)
+            allowed = (_top_rho(lp, root, rho, jnp.maximum(min_keep - cap, min_keep - n_child))
+                       | _top_rho(lp, child, rho, jnp.maximum(cap, min_keep - n_root)))
         logit = jnp.where(allowed, lp / temp, -jnp.inf)
     if spec.use_cooling:
         logit = logit + jnp.log(cooling(stats, step, spec))

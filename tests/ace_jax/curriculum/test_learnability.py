@@ -170,6 +170,27 @@ def test_child_cap_of_one_changes_nothing_and_bad_values_are_refused():
         spec_of("lp", max_child_frac=1.5)
 
 
+def test_child_cap_restricts_roots_and_children_to_their_own_top_rho():
+    n, batch = 40, 4
+    stats = {"valid": np.ones(n, bool), "visits": np.ones(n, np.int32),
+             "last_sampled": np.full(n, -1, np.int32),
+             "reward_var": np.linspace(0.01, 0.2, n).astype(np.float32),  # LP rises with the slot
+             "headroom": np.ones(n, np.float32),
+             "prior_std": np.full(n, 0.3, np.float32)}
+    stats["prior_std"][:6] = np.nan  # six roots, all below every child in LP
+    late = jnp.int32(10_000)         # end of the anneal: rho = rho_end
+    capped = np.isfinite(np.asarray(L.logits(jx(stats), late, spec_of("lp", max_child_frac=0.5),
+                                             batch)))
+    free = np.isfinite(np.asarray(L.logits(jx(stats), late, spec_of("lp"), batch)))
+    assert not free[:6].any()               # one top-rho set: no root is selectable
+    assert capped[:6].sum() == 2            # the roots' quota (B - cap): their best two
+    assert capped[4:6].all() and capped[6:].sum() == 2  # children: the cap, their best two
+    assert capped[-2:].all()
+    idx, _ = L.select_slots(jax.random.key(0), jx(stats), late, spec_of("lp", max_child_frac=0.5),
+                            batch)
+    assert sorted(np.asarray(idx).tolist()) == [4, 5, n - 2, n - 1]
+
+
 def test_cooling_lowers_recently_sampled_states():
     n = 8
     stats = {"valid": np.ones(n, bool), "visits": np.ones(n, np.int32), "last_sampled": np.full(n, -1, np.int32),
