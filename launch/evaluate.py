@@ -53,10 +53,10 @@ def _ints(text: str, name: str) -> list:
 
 def _make_pool(backend: str, workers: int):
     from sandbox.backends import SandboxUnavailableError
-    from sandbox.pool import SandboxPool
+    from sandbox.pool import SandboxPool, resolve_preload
 
-    try:
-        return SandboxPool(backend, num_workers=workers)
+    try:  # warm interpreters where the backend has them, as in training
+        return SandboxPool(backend, num_workers=workers, preload=resolve_preload("auto", backend))
     except SandboxUnavailableError as e:
         raise app.UsageError(f"sandbox backend {backend!r} is unavailable here ({e}); "
                              "use --backend=process (no isolation beyond rlimits)") from None

@@ -296,10 +296,11 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
     """
     from ace_jax.eval import harness, reports, run_config
     from ace_jax.policy import policy as policy_lib
-    from sandbox.pool import SandboxPool
+    from sandbox.pool import SandboxPool, resolve_preload
 
     rows = []
-    with SandboxPool(backend, num_workers=workers) as pool:
+    with SandboxPool(backend, num_workers=workers,
+                     preload=resolve_preload("auto", backend)) as pool:  # warm, as in training
         for label, workdirs in runs.items():
             per_run = []
             for k, workdir in enumerate(workdirs):
