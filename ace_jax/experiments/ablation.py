@@ -264,6 +264,7 @@ def plot_curves(paths: Mapping[str, Sequence[str]], keys: Sequence[str], out_pat
         ax.set_xlabel(f"RL step ({smooth}-step running mean)")
         ax.legend(fontsize=8)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path

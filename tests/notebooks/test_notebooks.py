@@ -47,9 +47,10 @@ def test_ablation_lp_vs_uniform(tmp_path):
         str(tmp_path / "ablation.out.ipynb"))
     text = outputs_text(nb)
     assert "2 runs in" in text
-    for key in ("rollout_valid_rate", "score_dev_norm_all", "grpo_zero_var_frac"):
-        assert (root / "figures" / f"{key}.png").exists()
-    assert "| uniform | rollout/valid_rate |" in (root / "summary.md").read_text()
+    assert (root / "figures" / "curves.png").stat().st_size > 1000
+    summary = (root / "summary.md").read_text()
+    assert "| uniform | rollout/valid_rate |" in summary and "| lp | grpo/zero_var_frac |" in summary
+    assert "informative groups" in summary and "\n| uniform | " in summary.split("informative")[1]
     evaluated = (root / "eval_summary.md").read_text()
     assert "before (warm start)" in evaluated and "after: lp" in evaluated
 

@@ -216,22 +216,6 @@ def test_plot_curves(tmp_path):
         metrics.plot_curves(path, out, keys=("nope",))
 
 
-def test_plot_ablation_mean_and_band(tmp_path):
-    runs = {"lp": [_write_run(str(tmp_path / f"lp{i}"), range(1, 11), tensorboard=False, offset=i)
-                   for i in range(3)],
-            "uniform": [_write_run(str(tmp_path / "u0"), range(1, 8), tensorboard=False)]}
-    out = str(tmp_path / "ablation.png")
-    stats = metrics.plot_ablation(runs, "reward/mean", out)
-    _png_ok(out)
-    steps, mean, std = stats["lp"]
-    np.testing.assert_array_equal(steps, np.arange(1, 11))
-    np.testing.assert_allclose(mean, 0.1 * steps + 1.0)        # offsets 0, 1, 2 -> mean 1
-    np.testing.assert_allclose(std, np.full(10, np.std([0.0, 1.0, 2.0])))
-    assert stats["uniform"][0].tolist() == list(range(1, 8)) and not stats["uniform"][2].any()
-    with pytest.raises(ValueError, match="not in"):
-        metrics.plot_ablation({"lp": runs["lp"]}, "missing/key", out)
-
-
 def test_remote_workdir_uploads_and_resumes(tmp_path):
     """An fsspec URL workdir (memory:// here, gs:// in production) is staged locally and uploaded;
     a writer on another machine (another staging dir) resumes from the remote file."""
