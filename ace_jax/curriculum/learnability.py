@@ -231,6 +231,12 @@ def _top_fraction_threshold(lp: jax.Array, valid: jax.Array, k: jax.Array) -> ja
     return jax.lax.bitcast_convert_type(prefix, jnp.float32)
 
 
+def _is_root(stats) -> jax.Array:
+    """bool[N]: the slot holds (or would hold) a root, a state without a creating group
+    (``prior_std`` NaN, depth 0)."""
+    return jnp.isnan(jnp.asarray(stats["prior_std"], jnp.float32))
+
+
 def _top_rho(lp: jax.Array, pool: jax.Array, rho: jax.Array, keep) -> jax.Array:
     """The states of ``pool`` (bool[N]) in its top ``rho`` fraction by ``lp``, at least ``keep``
     of them (all of the pool if it has fewer); bool[N]. Ties at the threshold are all kept."""
@@ -261,7 +267,7 @@ def logits(stats: Mapping[str, Any], step, spec: SamplerSpec, min_keep: int = 1)
         if cap >= min_keep:
             allowed = _top_rho(lp, valid, rho, min_keep)
         else:
-            root = valid & jnp.isnan(jnp.asarray(stats["prior_std"], jnp.float32))
+            root = valid & _is_root(stats)
             child = valid & ~root
             n_root, n_child = jnp.sum(root), jnp.sum(child)
             allowed = (_top_rho(lp, root, rho, jnp.maximum(min_keep - cap, min_keep - n_child))
@@ -309,13 +315,12 @@ def _cap_children(score: jax.Array, stats, spec: SamplerSpec, batch_size: int) -
     Gumbel-top-k is sequential sampling without replacement in score order; stopping to take
     children once c are in keeps the c best-scored children and every root in that order, and
     moves the other children below the lowest finite score (their own order kept), so they are
-    drawn only after every selectable root. A root is a state without a creating group
-    (``prior_std`` NaN, depth 0).
+    drawn only after every selectable root.
     """
     cap = int(spec.max_child_frac * batch_size)
     if cap >= batch_size:
         return score
-    child = ~jnp.isnan(jnp.asarray(stats["prior_std"], jnp.float32))
+    child = ~_is_root(stats)
     if cap > 0:
         kth = jax.lax.top_k(jnp.where(child, score, -jnp.inf), cap)[0][-1]
         over = child & (score < kth)
