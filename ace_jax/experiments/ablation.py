@@ -26,6 +26,7 @@ from ace_jax.train import metrics as metrics_lib
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLERS = ("lp", "uniform", "lp_no_cooling", "variance_only", "headroom_only")
 CURVES = ("rollout/valid_rate", "score/dev_norm_all", "grpo/zero_var_frac")
+EVAL_DONE = "evaluated.json"  # in a run's report folder: the job and its overall metrics
 EVAL_METRICS = ("valid", "human_rank", "steps_to_first_valid", "never_valid")
 DONE_MARKER = "ablation_job.json"  # written into a run directory when its job exits cleanly
 
@@ -290,6 +291,10 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
     ``<metric>_high``; nan with one run), and each run's value in run order
     (``values[metric]``, nan where the run had none) for paired comparisons.
 
+    A run evaluated earlier with the same checkpoints, tasks, seeds and episode length (the
+    ``EVAL_DONE`` file in its report folder) is not evaluated again, so an interrupted
+    evaluation resumes where it stopped.
+
     Args:
       runs: label -> run directories (e.g. {"before": [warm], "lp": [seed runs...]}).
       task_ids: tasks of every episode; seeds / max_steps: episodes per task and their length.
@@ -305,15 +310,28 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
         for label, workdirs in runs.items():
             per_run = []
             for k, workdir in enumerate(workdirs):
+                out_dir = os.path.join(out_root, label, str(k))
+                job = {"workdir": os.path.abspath(workdir), "tasks": list(task_ids),
+                       "seeds": [int(x) for x in seeds], "max_steps": int(max_steps),
+                       "checkpoints": sorted(os.listdir(os.path.join(workdir, "checkpoints")))}
+                done = os.path.join(out_dir, EVAL_DONE)
+                if os.path.exists(done):
+                    with open(done) as f:
+                        cached = json.load(f)
+                    if cached["job"] == job:  # this checkpoint, evaluated so before: reuse
+                        per_run.append(cached["overall"])
+                        continue
                 run_cfg = policy_lib.read_run_config(workdir)
                 tasks = run_config.run_tasks(task_ids, run_cfg)
                 result = harness.evaluate(
                     policy_lib.policy_from_spec(f"run:{workdir}"), tasks, pool, seeds=seeds,
                     max_steps=max_steps, agent_cfg=run_config.run_agent_config(workdir),
                     buffer_cfg=run_config.run_buffer_config(workdir), progress=progress,
-                    out_dir=os.path.join(out_root, label, str(k)))
-                reports.write_reports(result, os.path.join(out_root, label, str(k)))
+                    out_dir=out_dir)
+                reports.write_reports(result, out_dir)
                 per_run.append({m: s.mean for m, s in result.overall.stats.items()})
+                with open(done, "w") as f:
+                    json.dump({"job": job, "overall": per_run[-1]}, f)
 
             row = dict(label=label, runs=len(per_run), values={})
             for metric in EVAL_METRICS:  # mean over runs (seeds of the whole run) and its t-interval
