@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ablation.gain_table(paths, KEYS + MIX_KEYS, window=args.window), window=args.window)
     with open(os.path.join(args.root, "gains.md"), "w") as f:
         f.write(table + "\n")
-    ablation.plot_curves(paths, KEYS + MIX_KEYS[:1], os.path.join(args.root, "curves.png"))
+    ablation.plot_curves(paths, KEYS + MIX_KEYS[:2], os.path.join(args.root, "curves.png"))
     print(table)
     failed = any(r.error for r in results)
     if args.eval_tasks:
