@@ -318,7 +318,7 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
                 if os.path.exists(done):
                     with open(done) as f:
                         cached = json.load(f)
-                    if cached["job"] == job:  # this checkpoint, evaluated so before: reuse
+                    if cached["job"] == job:  # evaluated before with these settings: reuse
                         per_run.append(cached["overall"])
                         continue
                 run_cfg = policy_lib.read_run_config(workdir)

@@ -106,6 +106,13 @@ def evaluate_before_after(root: str, results: Sequence[ablation.RunResult],
     return text
 
 
+def _report_failures(results: Sequence[ablation.RunResult]) -> Sequence[ablation.RunResult]:
+    for r in results:
+        if r.error:
+            print(f"FAILED {r.workdir}: {r.error}", file=sys.stderr)
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--root", default="runs/learning")
@@ -125,10 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         key, value = item[len("--config."):].split("=", 1)
         overrides[key] = value
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    results = run_seeds(args.root, seeds, args.steps, overrides, config=args.config)
-    for r in results:
-        if r.error:
-            print(f"FAILED {r.workdir}: {r.error}", file=sys.stderr)
+    results = _report_failures(run_seeds(args.root, seeds, args.steps, overrides,
+                                         config=args.config))
     paths = {"default": [r.metrics_path for r in results
                          if r.error is None and os.path.exists(r.metrics_path)]}
     table = ablation.format_gain_table(
@@ -139,11 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     failed = any(r.error for r in results)
     if args.eval_tasks:
-        warms = warm_runs(args.root, seeds, overrides, config=args.config)
+        warms = _report_failures(warm_runs(args.root, seeds, overrides, config=args.config))
         failed = failed or any(w.error for w in warms)
-        for w in warms:
-            if w.error:
-                print(f"FAILED {w.workdir}: {w.error}", file=sys.stderr)
         print(evaluate_before_after(
             args.root, results, warms, [t for t in args.eval_tasks.split(",") if t.strip()],
             episode_seeds=[int(s) for s in args.eval_seeds.split(",") if s.strip()],
