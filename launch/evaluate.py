@@ -42,6 +42,10 @@ _TASK_SEED = flags.DEFINE_integer("task_seed", 0, "Seed the tasks were prepared 
 _EXEC_LIMIT = flags.DEFINE_float("exec_time_limit_s", 0.0, "Per-execution wall-clock limit; "
                                  "0 = the run's sandbox.max_time_limit_s, else the task's own.")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the progress bar.")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache_dir", None, "XLA's persistent compilation cache (ace_jax/runtime/"
+    "compile_cache.py): a restart reuses what an earlier process compiled. Default "
+    "~/.cache/ace_jax/xla, the training runs' default; '' = off.")
 
 
 def _ints(text: str, name: str) -> list:
@@ -73,7 +77,9 @@ def main(argv):
     from ace_jax.env import agent, tasks as tasks_lib
     from ace_jax.eval import harness, reports, run_config
     from ace_jax.policy import policy as policy_lib
+    from ace_jax.runtime import compile_cache
 
+    compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
     try:
         kind, args = policy_lib.parse_policy_spec(_POLICY.value)
         run_cfg = policy_lib.read_run_config(args["workdir"]) if kind == "run" else {}

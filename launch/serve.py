@@ -40,6 +40,10 @@ _DECODE_CHUNK_TOKENS = flags.DEFINE_integer(
     "smaller streams more smoothly, larger syncs the host less often.", lower_bound=1)
 _MODEL_NAME = flags.DEFINE_string("model_name", None, "Model id reported by the API "
                                   "(default: the run or directory name).")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache_dir", None, "XLA's persistent compilation cache (ace_jax/runtime/"
+    "compile_cache.py): a restart reuses what an earlier process compiled. Default "
+    "~/.cache/ace_jax/xla, the training runs' default; '' = off.")
 
 
 def main(argv):
@@ -49,9 +53,11 @@ def main(argv):
     if _STEP.value is not None and not _RUN.value:
         raise app.UsageError("--step needs --run")
     from ace_jax.policy import policy as policy_lib, serving
+    from ace_jax.runtime import compile_cache
     from ace_jax.train import logs
 
     logs.configure_logging()
+    compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
     kwargs = dict(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
                   max_prompt_tokens=_MAX_PROMPT_TOKENS.value)
     if _MODEL_NAME.value:

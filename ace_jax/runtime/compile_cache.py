@@ -9,7 +9,9 @@ are atomic: processes of one machine (or the hosts of a pod, on a shared ``gs://
 share one folder.
 
 ``launch/tpu_train.py`` enables it from the run config's top-level ``compile_cache_dir``
-(``""`` = off). It is process-wide jax state, so library code never calls `enable`.
+(``""`` = off), ``launch/evaluate.py`` and ``launch/serve.py`` from their ``--compile_cache_dir``
+flag (unset: ``DEFAULT_DIR``). It is process-wide jax state, so library code never calls
+`enable`.
 """
 from __future__ import annotations
 
@@ -30,10 +32,13 @@ MAX_BYTES = 2 << 30
 """A local cache beyond this drops its least recently used entries."""
 
 
-def enable(path: str, *, min_compile_seconds: float = MIN_COMPILE_SECONDS) -> str | None:
-    """Turns the cache on in ``path`` (``~`` expanded; a local folder is created); returns the
-    folder, or None when ``path`` is empty (the cache stays off). Programs that compiled in less
-    than ``min_compile_seconds`` are not written."""
+def enable(path: str | None, *, min_compile_seconds: float = MIN_COMPILE_SECONDS) -> str | None:
+    """Turns the cache on in ``path`` (``~`` expanded; a local folder is created; None:
+    ``DEFAULT_DIR``, what a flag left unset means); returns the folder, or None when ``path`` is
+    empty (the cache stays off). Programs that compiled in less than ``min_compile_seconds`` are
+    not written."""
+    if path is None:
+        path = DEFAULT_DIR
     if not path:
         return None
     if "://" not in path:

@@ -44,3 +44,12 @@ def test_a_second_process_reads_what_the_first_compiled(tmp_path):
 
 def test_an_empty_path_leaves_the_cache_off():
     assert compile_cache.enable("") is None
+
+
+def test_no_path_is_the_default_folder(tmp_path):
+    code = "from ace_jax.runtime import compile_cache; print(compile_cache.enable(None))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = tmp_path / ".cache" / "ace_jax" / "xla"
+    assert proc.stdout.strip().splitlines()[-1] == str(want) and want.is_dir()
