@@ -231,6 +231,12 @@ def _top_fraction_threshold(lp: jax.Array, valid: jax.Array, k: jax.Array) -> ja
     return jax.lax.bitcast_convert_type(prefix, jnp.float32)
 
 
+def _child_cap(spec: SamplerSpec, batch_size: int) -> int:
+    """The most children a batch of ``batch_size`` may hold while roots are selectable:
+    floor(max_child_frac * batch_size) (``batch_size`` or more: no cap)."""
+    return int(spec.max_child_frac * batch_size)
+
+
 def _is_root(stats) -> jax.Array:
     """bool[N]: the slot holds (or would hold) a root, a state without a creating group
     (``prior_std`` NaN, depth 0)."""
@@ -263,7 +269,7 @@ def logits(stats: Mapping[str, Any], step, spec: SamplerSpec, min_keep: int = 1)
     else:
         lp = potential(stats, spec)
         temp, rho = schedule(step, spec)
-        cap = int(spec.max_child_frac * min_keep)
+        cap = _child_cap(spec, min_keep)
         if cap >= min_keep:
             allowed = _top_rho(lp, valid, rho, min_keep)
         else:
@@ -317,7 +323,7 @@ def _cap_children(score: jax.Array, stats, spec: SamplerSpec, batch_size: int) -
     moves the other children below the lowest finite score (their own order kept), so they are
     drawn only after every selectable root.
     """
-    cap = int(spec.max_child_frac * batch_size)
+    cap = _child_cap(spec, batch_size)
     if cap >= batch_size:
         return score
     child = ~_is_root(stats)

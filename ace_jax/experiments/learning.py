@@ -41,25 +41,28 @@ KEYS = ("rollout/valid_rate", "score/dev_norm_all", "grpo/zero_var_frac")
 MIX_KEYS = ("rollout/root_frac", "rollout/valid_rate_root", "rollout/valid_rate_child")
 
 
+def _per_seed(prefix: str, root: str, seeds: Sequence[int], steps: int,
+              overrides: Mapping[str, Any], desc: str, **kwargs) -> list[ablation.RunResult]:
+    """``root/<prefix><seed>``: one job of the config per seed (``seed = lp.seed = seed``,
+    ``rl.num_steps = steps``), in seed order."""
+    return ablation.run_jobs(
+        [(f"{prefix}{seed}", os.path.join(root, f"{prefix}{seed}"),
+          {**dict(overrides), "seed": seed, "lp.seed": seed, "rl.num_steps": steps})
+         for seed in seeds], desc=desc, **kwargs)
+
+
 def run_seeds(root: str, seeds: Sequence[int], steps: int,
               overrides: Mapping[str, Any] = (), progress: bool = True, **kwargs
               ) -> list[ablation.RunResult]:
     """One whole run of the config per seed (warm start included), in seed order."""
-    overrides = dict(overrides)
-    return ablation.run_jobs(
-        [(f"seed{seed}", os.path.join(root, f"seed{seed}"),
-          {**overrides, "seed": seed, "lp.seed": seed, "rl.num_steps": steps})
-         for seed in seeds], desc="seeds", progress=progress, **kwargs)
+    return _per_seed("seed", root, seeds, steps, overrides, "seeds", progress=progress, **kwargs)
 
 
 def warm_runs(root: str, seeds: Sequence[int], overrides: Mapping[str, Any] = (),
               progress: bool = True, **kwargs) -> list[ablation.RunResult]:
     """Per seed, the run's warm start alone (the same config and seed, ``rl.num_steps=0``)."""
-    overrides = dict(overrides)
-    return ablation.run_jobs(
-        [(f"warm{seed}", os.path.join(root, f"warm{seed}"),
-          {**overrides, "seed": seed, "lp.seed": seed, "rl.num_steps": 0}) for seed in seeds],
-        desc="warm starts", progress=progress, **kwargs)
+    return _per_seed("warm", root, seeds, 0, overrides, "warm starts", progress=progress,
+                     **kwargs)
 
 
 def paired_differences(before: Mapping[str, Any], after: Mapping[str, Any]
