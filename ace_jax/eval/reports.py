@@ -13,7 +13,7 @@ from typing import Sequence, Union
 from ace_jax.curriculum import seeds
 from ace_jax.eval.episodes import Episode, episodes_to_seed_solutions
 from ace_jax.eval.harness import EvaluationResult
-from ace_jax.eval.scoring import FLAG_METRICS, LEADERBOARD_METRICS, NOT_AVAILABLE, Stat
+from ace_jax.eval.scoring import BEST_AT_K, FLAG_METRICS, LEADERBOARD_METRICS, NOT_AVAILABLE, Stat
 
 METRIC_LABELS = {
     "valid": "valid %", "above_median": ">median %", "any_medal": "medal %", "gold": "gold %",
@@ -77,6 +77,10 @@ def format_markdown(result: EvaluationResult, figures: Sequence[str] = ()) -> st
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(r) + " |" for r in rows[:-1]]
     md += ["| **" + rows[-1][0] + "** | " + " | ".join(rows[-1][1:]) + " |", ""]
+    k, stats = len(cfg["seeds"]), result.overall.stats
+    md += [f"MLE-Ideator's Avg@{k} / Best@{k} of HumanRank ({k} seeds per task): "
+           f"{_fmt(Stat(stats['human_rank'].mean, None, 0), 'human_rank')} / "
+           f"{_fmt(stats[BEST_AT_K], 'human_rank')}", ""]
     md += ["## Definitions", "",
            "- The final submission of an episode is its step with the best dev score (earliest "
            "on ties), executed once on the hidden final-test split; all metrics use that score.",
@@ -91,7 +95,9 @@ def format_markdown(result: EvaluationResult, figures: Sequence[str] = ()) -> st
            "- steps->valid: mean 1-indexed step of the first valid dev submission over the "
            "episodes that reached one; never valid: the fraction that never did.",
            "- Per task: mean over seeds, SE = sample sd / sqrt(n). Overall: per seed the mean "
-           "over tasks, then mean and SE over seeds.", ""]
+           "over tasks, then mean and SE over seeds.",
+           "- Avg@k / Best@k (MLE-Ideator, k = seeds per task): the mean over tasks of the mean / "
+           "the best HumanRank of the task's k episodes (the paper prints them x 100).", ""]
     if result.notes:
         md += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
     for f in figures:

@@ -24,6 +24,11 @@ Metrics (``score_episode``, one value per episode; ``summarize`` gives mean and 
 Aggregation: per task, the mean over its seeds and the standard error sd / sqrt(n) with the
 sample standard deviation (ddof = 1); SE is None for n < 2. Overall (MLE-bench's convention): for
 each seed, the mean over tasks, then mean and SE of those per-seed values over seeds.
+
+MLE-Ideator's Avg@k and Best@k, with k the seeds per task (k independent runs of each task):
+Avg@k is the mean over tasks of the mean HumanRank over the k runs, which is the overall
+``human_rank`` mean; Best@k (overall ``best_at_k``) is the mean over tasks of the best HumanRank
+of the k runs (no SE: one value per task). The paper prints both x 100.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from sandbox.result import Status
 FLAG_METRICS = ("valid", "above_median", "any_medal", "gold", "silver", "bronze")
 METRICS = FLAG_METRICS + ("human_rank", "steps_to_first_valid", "never_valid", "test_score")
 OVERALL_METRICS = tuple(m for m in METRICS if m != "test_score")  # test scores mix units
+BEST_AT_K = "best_at_k"  # overall only: MLE-Ideator's Best@k of HumanRank (``best_at_k``)
 #: The metrics that need a reference leaderboard (None, printed "n/a", for a task without one).
 LEADERBOARD_METRICS = ("above_median", "any_medal", "gold", "silver", "bronze", "human_rank")
 NOT_AVAILABLE = "n/a"
@@ -58,7 +64,8 @@ class TaskSummary:
     Attributes:
       task_id: the task, or "overall".
       n_episodes: episodes counted.
-      stats: metric name -> Stat (see ``METRICS``; "overall" holds ``OVERALL_METRICS``).
+      stats: metric name -> Stat (see ``METRICS``; "overall" holds ``OVERALL_METRICS`` and
+        ``BEST_AT_K``).
       grader_errors: executions whose grader raised (an environment bug, not the agent's).
       harness_errors: episodes aborted by a harness failure.
       notes: what a reader must know (broken grader, no leaderboard, aborted episodes).
@@ -157,9 +164,27 @@ def summarize_overall(episodes: Sequence[Episode]) -> TaskSummary:
         per_seed = [mean_se(e.outcome.value(m) for e in eps).mean
                     for _, eps in sorted(by_seed.items())]
         stats[m] = mean_se(per_seed)
+    stats[BEST_AT_K] = best_at_k(episodes)
     grader = sum(e.outcome.grader_errors for e in episodes)
     aborted = sum(bool(e.error) for e in episodes)
     return TaskSummary("overall", len(episodes), stats, grader, aborted, [])
+
+
+def best_at_k(episodes: Sequence[Episode], metric: str = "human_rank") -> Stat:
+    """MLE-Ideator's Best@k: per task the best ``metric`` over its episodes (its k seeds), then
+    the mean over the tasks that have a value; SE None (one value per task), n = those tasks.
+
+    Raises ValueError if the tasks have different numbers of episodes (k would be ambiguous).
+    """
+    by_task: dict[str, list[Optional[float]]] = {}
+    for e in episodes:
+        by_task.setdefault(e.task_id, []).append(e.outcome.value(metric))
+    if len({len(v) for v in by_task.values()}) > 1:
+        raise ValueError("Best@k needs the same number of episodes per task, got "
+                         + str({t: len(v) for t, v in by_task.items()}))
+    best = [max(v for v in vals if v is not None) for vals in by_task.values()
+            if any(v is not None for v in vals)]
+    return Stat(sum(best) / len(best), None, len(best)) if best else Stat(None, None, 0)
 
 
 def summarize(episodes: Sequence[Episode]) -> tuple[list[TaskSummary], TaskSummary, list[str]]:

@@ -67,14 +67,15 @@ def warm_runs(root: str, seeds: Sequence[int], overrides: Mapping[str, Any] = ()
 
 def paired_differences(before: Mapping[str, Any], after: Mapping[str, Any]
                        ) -> list[dict[str, Any]]:
-    """Per ``ablation.EVAL_METRICS`` metric, the mean over seeds of after - before (rows of
-    ``ablation.evaluate_runs`` whose runs are the same seeds in the same order) and its 95%
-    t-interval; seeds where either side has no value are left out.
+    """Per metric of ``before["values"]`` (rows of ``ablation.evaluate_runs``, or any dict with
+    per-seed ``values[metric]`` lists, the same seeds in the same order on both sides), the mean
+    over seeds of after - before and its 95% t-interval; seeds where either side has no value
+    (nan) are left out.
 
     Returns rows {"metric", "diff", "low", "high", "n", "excludes_zero"}."""
     rows = []
-    for metric in ablation.EVAL_METRICS:
-        d = [a - b for a, b in zip(after["values"][metric], before["values"][metric])
+    for metric, base in before["values"].items():
+        d = [a - b for a, b in zip(after["values"][metric], base)
              if not (np.isnan(a) or np.isnan(b))]
         diff, low, high = ablation.mean_interval(d)
         rows.append(dict(metric=metric, diff=diff, low=low, high=high, n=len(d),
@@ -82,8 +83,8 @@ def paired_differences(before: Mapping[str, Any], after: Mapping[str, Any]
     return rows
 
 
-def format_differences(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["| metric | after - before [95% CI over seeds] | seeds |", "|---|---|---|"]
+def format_differences(rows: Sequence[Mapping[str, Any]], label: str = "after - before") -> str:
+    lines = [f"| metric | {label} [95% CI over seeds] | seeds |", "|---|---|---|"]
     lines += [f"| {r['metric']} | {r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] | {r['n']} |"
               for r in rows]
     return "\n".join(lines)

@@ -387,6 +387,10 @@ def test_humanrank_medals_and_mean_se_by_hand(iris, tmp_path):
     # valid: seed 0 (1 + 1) / 2 = 1, seed 1 (1 + 0) / 2 = .5 -> .75 ± .25
     assert (overall.stats["valid"].mean, overall.stats["valid"].se) == pytest.approx((0.75, 0.25))
     assert "test_score" not in overall.stats
+    # Best@2: per task the best of its 2 seeds, then the mean over tasks: (0.9 + 0.5) / 2.
+    assert overall.stats[scoring.BEST_AT_K] == scoring.Stat(pytest.approx(0.7), None, 2)
+    with pytest.raises(ValueError, match="same number of episodes per task"):
+        scoring.best_at_k(two[:3])
 
     result = harness.EvaluationResult(
         policy="p", config={"tasks": [task.task_id, "other-task"], "seeds": [0, 1],
@@ -398,7 +402,9 @@ def test_humanrank_medals_and_mean_se_by_hand(iris, tmp_path):
     paths = reports.write_reports(result, tmp_path)
     data = json.loads(open(paths["json"]).read())
     assert data["overall"]["stats"]["human_rank"]["mean"] == pytest.approx(0.5)
-    assert "| **overall** |" in open(paths["markdown"]).read()
+    markdown = open(paths["markdown"]).read()
+    assert "| **overall** |" in markdown
+    assert "Avg@2 / Best@2 of HumanRank (2 seeds per task): 0.500 / 0.700" in markdown
     for key in ("per_task_plot", "best_dev_plot"):
         assert open(paths[key], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -409,6 +415,7 @@ def test_a_task_without_leaderboard_has_no_medals(iris):
     assert ep.outcome.valid and ep.outcome.human_rank is None and ep.outcome.gold is None
     s = scoring.summarize_task(task.task_id, [ep])
     assert s.stats["human_rank"].n == 0 and "no reference leaderboard" in s.notes[0]
+    assert scoring.best_at_k([ep]) == scoring.Stat(None, None, 0)
 
 
 # ------------------------------------------------------------------------------- specs
