@@ -223,6 +223,53 @@ def gain_table(paths: Mapping[str, Sequence[str]], keys: Sequence[str] = CURVES,
     return rows
 
 
+def _seed_gains(files: Sequence[str], key: str, window: int) -> dict[str, float]:
+    """Run label (its folder's name, e.g. ``seed3``) -> that run's gain of ``key`` (last minus
+    first ``window`` steps); runs shorter than 2 x ``window`` steps are left out."""
+    curves = {os.path.basename(os.path.dirname(p)): _curve(p, key) for p in files}
+    return {label: float(c[-window:].mean() - c[:window].mean())
+            for label, c in curves.items() if c.size >= 2 * window}
+
+
+def gain_differences(paths: Mapping[str, Sequence[str]], a: str, b: str,
+                     keys: Sequence[str] = CURVES, *, window: int = 10) -> list[dict[str, Any]]:
+    """Per key, the gain of setting ``a`` minus that of ``b``, paired by seed (runs in folders of
+    the same name, ``<setting>/seed<k>/``: the same warm start, generation and sampler seeds),
+    over the seeds both settings ran, with its 95% t-interval (``paired_differences`` rows)."""
+    before, after = {"values": {}}, {"values": {}}
+    for key in keys:
+        gains_a, gains_b = _seed_gains(paths[a], key, window), _seed_gains(paths[b], key, window)
+        common = sorted(set(gains_a) & set(gains_b))
+        after["values"][key] = [gains_a[s] for s in common]
+        before["values"][key] = [gains_b[s] for s in common]
+    return paired_differences(before, after)
+
+
+def paired_differences(before: Mapping[str, Any], after: Mapping[str, Any]
+                       ) -> list[dict[str, Any]]:
+    """Per metric of ``before["values"]`` (rows of ``evaluate_runs``, or any dict with
+    per-seed ``values[metric]`` lists, the same seeds in the same order on both sides), the mean
+    over seeds of after - before and its 95% t-interval; seeds where either side has no value
+    (nan) are left out.
+
+    Returns rows {"metric", "diff", "low", "high", "n", "excludes_zero"}."""
+    rows = []
+    for metric, base in before["values"].items():
+        d = [a - b for a, b in zip(after["values"][metric], base)
+             if not (np.isnan(a) or np.isnan(b))]
+        diff, low, high = mean_interval(d)
+        rows.append(dict(metric=metric, diff=diff, low=low, high=high, n=len(d),
+                         excludes_zero=bool(low > 0 or high < 0)))
+    return rows
+
+
+def format_differences(rows: Sequence[Mapping[str, Any]], label: str = "after - before") -> str:
+    lines = [f"| metric | {label} [95% CI over seeds] | seeds |", "|---|---|---|"]
+    lines += [f"| {r['metric']} | {r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] | {r['n']} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
 def format_gain_table(rows: Sequence[Mapping[str, Any]], window: int = 10) -> str:
     """``gain_table`` rows as a markdown table."""
     lines = [f"| setting | metric | first {window} steps | last {window} steps | gain "

@@ -30,8 +30,6 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from ace_jax.experiments import ablation
 
 KEYS = ("rollout/valid_rate", "score/dev_norm_all", "grpo/zero_var_frac")
@@ -65,31 +63,6 @@ def warm_runs(root: str, seeds: Sequence[int], overrides: Mapping[str, Any] = ()
                      **kwargs)
 
 
-def paired_differences(before: Mapping[str, Any], after: Mapping[str, Any]
-                       ) -> list[dict[str, Any]]:
-    """Per metric of ``before["values"]`` (rows of ``ablation.evaluate_runs``, or any dict with
-    per-seed ``values[metric]`` lists, the same seeds in the same order on both sides), the mean
-    over seeds of after - before and its 95% t-interval; seeds where either side has no value
-    (nan) are left out.
-
-    Returns rows {"metric", "diff", "low", "high", "n", "excludes_zero"}."""
-    rows = []
-    for metric, base in before["values"].items():
-        d = [a - b for a, b in zip(after["values"][metric], base)
-             if not (np.isnan(a) or np.isnan(b))]
-        diff, low, high = ablation.mean_interval(d)
-        rows.append(dict(metric=metric, diff=diff, low=low, high=high, n=len(d),
-                         excludes_zero=bool(low > 0 or high < 0)))
-    return rows
-
-
-def format_differences(rows: Sequence[Mapping[str, Any]], label: str = "after - before") -> str:
-    lines = [f"| metric | {label} [95% CI over seeds] | seeds |", "|---|---|---|"]
-    lines += [f"| {r['metric']} | {r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] | {r['n']} |"
-              for r in rows]
-    return "\n".join(lines)
-
-
 def evaluate_before_after(root: str, results: Sequence[ablation.RunResult],
                           warms: Sequence[ablation.RunResult], task_ids: Sequence[str], *,
                           episode_seeds: Sequence[int], max_steps: int,
@@ -104,7 +77,7 @@ def evaluate_before_after(root: str, results: Sequence[ablation.RunResult],
     text = (f"Episodes of {max_steps} steps on {', '.join(task_ids)}; episode seeds "
             f"{', '.join(map(str, episode_seeds))}; mean [95% CI] over {len(pairs)} seeds.\n\n"
             + ablation.format_eval_table(rows) + "\n\n"
-            + format_differences(paired_differences(rows[0], rows[1])))
+            + ablation.format_differences(ablation.paired_differences(rows[0], rows[1])))
     with open(os.path.join(root, "eval.md"), "w") as f:
         f.write(text + "\n")
     return text

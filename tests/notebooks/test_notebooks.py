@@ -42,7 +42,7 @@ def test_ablation_lp_vs_uniform(tmp_path):
         dict(root=str(root), samplers=("lp", "uniform"), seeds=(0,),
              overrides={**TINY_RUN, "tasks.cache_dir": str(tmp_path / "tasks"), "sft.steps": 5,
                         "rl.num_steps": 2, "optim.decay_steps": 2},
-             eval_samplers=("lp",), eval_tasks=("iris-species",), eval_max_steps=1,
+             eval_samplers=("lp", "uniform"), eval_tasks=("iris-species",), eval_max_steps=1,
              backend=_backend()),
         str(tmp_path / "ablation.out.ipynb"))
     text = outputs_text(nb)
@@ -51,8 +51,12 @@ def test_ablation_lp_vs_uniform(tmp_path):
     summary = (root / "summary.md").read_text()
     assert "| uniform | rollout/valid_rate |" in summary and "| lp | grpo/zero_var_frac |" in summary
     assert "informative groups" in summary and "\n| uniform | " in summary.split("informative")[1]
+    assert "| metric | gain: lp - uniform [95% CI over seeds] | seeds |" in summary
+    assert "| rollout/valid_rate | " in summary.split("gain: lp - uniform")[1]
     evaluated = (root / "eval_summary.md").read_text()
     assert "before (warm start)" in evaluated and "after: lp" in evaluated
+    assert "| metric | after: lp - uniform [95% CI over seeds] | seeds |" in evaluated
+    assert "| human_rank | " in evaluated.split("after: lp - uniform")[1]
 
 
 def test_ideator(tmp_path):

@@ -76,6 +76,47 @@ def test_gain_table_gives_each_seed_s_gain_and_its_t_interval(tmp_path):
     assert "| lp | k |" in text and "+20.000 [" in text and "| 3 |" in text
 
 
+def test_paired_differences_are_per_seed_after_minus_before():
+    before = {"values": {"valid": [0.2, 0.4, 0.3], "human_rank": [0.1, 0.2, 0.3],
+                         "steps_to_first_valid": [2.0, float("nan"), 3.0],
+                         "never_valid": [0.5, 0.5, 0.5]}}
+    after = {"values": {"valid": [0.4, 0.55, 0.55], "human_rank": [0.1, 0.2, 0.3],
+                        "steps_to_first_valid": [1.0, 1.0, 2.0],
+                        "never_valid": [0.5, 0.5, 0.5]}}
+    rows = {r["metric"]: r for r in ablation.paired_differences(before, after)}
+    # valid: diffs 0.2, 0.15, 0.25 -> mean 0.2, sd 0.05, t(0.975, 2) = 4.303
+    assert abs(rows["valid"]["diff"] - 0.2) < 1e-9
+    assert abs(rows["valid"]["high"] - (0.2 + 4.302653 * 0.05 / 3 ** 0.5)) < 1e-5
+    assert rows["valid"]["excludes_zero"] and rows["valid"]["n"] == 3
+    assert rows["human_rank"]["diff"] == 0 and not rows["human_rank"]["excludes_zero"]
+    assert rows["steps_to_first_valid"]["n"] == 2  # the seed without a value on one side is out
+    assert abs(rows["steps_to_first_valid"]["diff"] + 1.0) < 1e-9
+    text = ablation.format_differences(ablation.paired_differences(before, after))
+    assert "| valid | +0.200 [" in text and "after - before [95% CI" in text
+
+
+def test_gain_differences_pair_the_settings_by_seed(tmp_path):
+    # k = g * step / 10 over 20 steps: the gain (last 10 - first 10 means) is g.
+    def run(setting, seed, g):
+        path = tmp_path / setting / f"seed{seed}" / "metrics.jsonl"
+        path.parent.mkdir(parents=True)
+        return _write(path, [{"step": s, "k": g * s / 10.0} for s in range(20)])
+
+    lp = [run("lp", 0, 3.0), run("lp", 1, 5.0), run("lp", 2, 9.0)]
+    uniform = [run("uniform", 2, 8.0), run("uniform", 0, 1.0)]  # seed 1 failed; another order
+    (row,) = ablation.gain_differences({"lp": lp, "uniform": uniform}, "lp", "uniform",
+                                       keys=("k",), window=10)
+    # paired by seed: seed0 3 - 1 = 2, seed2 9 - 8 = 1 (unpaired: (3+5+9)/3 - 4.5 = 1.17)
+    assert row["n"] == 2 and row["diff"] == pytest.approx(1.5)
+    half = 12.706204736174707 * np.std([2.0, 1.0], ddof=1) / np.sqrt(2)
+    assert (row["low"], row["high"]) == pytest.approx((1.5 - half, 1.5 + half))
+    text = ablation.format_differences([row], label="lp - uniform")
+    assert "| metric | lp - uniform [95% CI over seeds] | seeds |" in text
+    assert "| k | +1.500 [" in text
+
+
+
+
 def test_plot_curves_writes_a_figure(tmp_path):
     files = [_write(tmp_path / f"s{g}.jsonl", [{"step": s, "k": g * s} for s in range(12)])
              for g in (1, 2)]

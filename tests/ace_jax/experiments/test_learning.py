@@ -47,25 +47,6 @@ def test_each_seed_is_a_whole_run_and_the_gains_are_tabled(tmp_path, monkeypatch
     assert len(calls) == 2
 
 
-def test_paired_differences_are_per_seed_after_minus_before():
-    before = {"values": {"valid": [0.2, 0.4, 0.3], "human_rank": [0.1, 0.2, 0.3],
-                         "steps_to_first_valid": [2.0, float("nan"), 3.0],
-                         "never_valid": [0.5, 0.5, 0.5]}}
-    after = {"values": {"valid": [0.4, 0.55, 0.55], "human_rank": [0.1, 0.2, 0.3],
-                        "steps_to_first_valid": [1.0, 1.0, 2.0],
-                        "never_valid": [0.5, 0.5, 0.5]}}
-    rows = {r["metric"]: r for r in learning.paired_differences(before, after)}
-    # valid: diffs 0.2, 0.15, 0.25 -> mean 0.2, sd 0.05, t(0.975, 2) = 4.303
-    assert abs(rows["valid"]["diff"] - 0.2) < 1e-9
-    assert abs(rows["valid"]["high"] - (0.2 + 4.302653 * 0.05 / 3 ** 0.5)) < 1e-5
-    assert rows["valid"]["excludes_zero"] and rows["valid"]["n"] == 3
-    assert rows["human_rank"]["diff"] == 0 and not rows["human_rank"]["excludes_zero"]
-    assert rows["steps_to_first_valid"]["n"] == 2  # the seed without a value on one side is out
-    assert abs(rows["steps_to_first_valid"]["diff"] + 1.0) < 1e-9
-    text = learning.format_differences(learning.paired_differences(before, after))
-    assert "| valid | +0.200 [" in text
-
-
 def test_eval_table_shows_intervals_over_runs():
     mean, low, high = ablation.mean_interval([0.2, 0.4])
     row = dict(label="after", runs=2, valid=mean, valid_low=low, valid_high=high,
