@@ -264,6 +264,7 @@ def paired_differences(before: Mapping[str, Any], after: Mapping[str, Any]
 
 
 def format_differences(rows: Sequence[Mapping[str, Any]], label: str = "after - before") -> str:
+    """``paired_differences`` rows as a markdown table; ``label`` names the difference."""
     lines = [f"| metric | {label} [95% CI over seeds] | seeds |", "|---|---|---|"]
     lines += [f"| {r['metric']} | {r['diff']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] | {r['n']} |"
               for r in rows]
