@@ -115,8 +115,6 @@ def test_gain_differences_pair_the_settings_by_seed(tmp_path):
     assert "| k | +1.500 [" in text
 
 
-
-
 def test_plot_curves_writes_a_figure(tmp_path):
     files = [_write(tmp_path / f"s{g}.jsonl", [{"step": s, "k": g * s} for s in range(12)])
              for g in (1, 2)]
