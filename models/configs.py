@@ -56,10 +56,12 @@ class UnsupportedConfigError(ValueError):
 COMPUTE_DTYPES = ("float32", "bfloat16")
 PARAM_DTYPES = ("float32", "bfloat16")
 MOE_DISPATCH = ("dense", "ragged", "capacity")
+MOE_PARALLELISM = ("gather", "expert")  # see models.moe_sharding
 ATTENTION_IMPLS = ("auto", "dot", "blockwise", "splash")  # see models.attention
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")
 # Fields of ModelConfig that are ours, not HF's (not in config.json; from_hf_dict takes them as kwargs).
-RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_dispatch", "moe_capacity_factor", "remat_policy", "scan_layers",
+RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_dispatch", "moe_capacity_factor", "moe_parallelism", "remat_policy",
+                  "scan_layers",
                   "attention_impl", "platform")
 # remat policy name -> name of the jax.checkpoint_policies entry (None: save nothing but the layer input).
 REMAT_POLICIES: Mapping[str, str | None] = {
@@ -159,6 +161,10 @@ class ModelConfig:
         matmul, default) | "capacity" (per-expert buffers of ceil(moe_capacity_factor * N * k / E)
         slots, batched matmuls; assignments beyond capacity are dropped, in token order).
       moe_capacity_factor: slots per expert relative to a perfectly balanced load (capacity only).
+      moe_parallelism: how the "ragged" dispatch runs under a device mesh (`models.moe_sharding`):
+        "gather" (default: each device gathers the layer's expert weights and keeps its tokens) |
+        "expert" (expert parallelism: each device of the 'expert' mesh axis keeps E / n experts,
+        the tokens travel to them and back). No effect without a mesh.
       remat_policy: "none" | "full" | "dots_saveable" | "dots_with_no_batch_dims_saveable";
         jax.checkpoint around each decoder layer.
       scan_layers: run each `LayerGroup` with one ``jax.lax.scan`` (True) or unroll it (False).
@@ -206,6 +212,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     moe_dispatch: str = "ragged"
     moe_capacity_factor: float = 1.25
+    moe_parallelism: str = "gather"
     remat_policy: str = "none"
     scan_layers: bool = True
     attention_impl: str = "auto"
@@ -274,6 +281,8 @@ class ModelConfig:
             raise UnsupportedConfigError(f"param_dtype={self.param_dtype!r}; valid: {list(PARAM_DTYPES)}")
         if self.moe_dispatch not in MOE_DISPATCH:
             raise UnsupportedConfigError(f"moe_dispatch={self.moe_dispatch!r}; valid: {list(MOE_DISPATCH)}")
+        if self.moe_parallelism not in MOE_PARALLELISM:
+            raise UnsupportedConfigError(f"moe_parallelism={self.moe_parallelism!r}; valid: {list(MOE_PARALLELISM)}")
         if not self.moe_capacity_factor > 0:
             raise UnsupportedConfigError(f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor!r}")
         if self.remat_policy not in REMAT_POLICIES:

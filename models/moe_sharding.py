@@ -1,28 +1,76 @@
-"""MoE dispatch on a device mesh: every device routes its own tokens through whole experts.
+"""MoE dispatch on a device mesh: weights travel ("gather") or tokens travel ("expert").
 
-Left to the automatic partitioner, ``jax.lax.ragged_dot`` over tokens sharded along the batch
-and expert weights sharded along experts / hidden size is partitioned by gathering the TOKENS of
-every device (XLA's TPU compiler, Qwen3-30B-A3B at 8k tokens per row: ~170 GB of temporaries
-per chip). `per_device_dispatch` runs the dispatch under ``jax.shard_map`` instead: each device
-keeps its tokens, the weights of the layer are all-gathered (one layer at a time inside the
-scanned stack, in the compute dtype: 1.2 GB for a Qwen3-30B-A3B layer in bf16) and the grouped
-matmuls run locally; the weights' gradients are reduce-scattered back by the transpose of the
-gather. Memory per device is then that of its own tokens, independent of the mesh size.
+Two ways to run a layer's E experts over tokens that are split over the mesh's batch axes
+(``('data', 'fsdp', 'expert')`` that divide the token count, in that order: the default rules'
+'batch'). ``ModelConfig.moe_parallelism`` chooses; `sharded_dispatch` applies it.
 
-The mesh is the one in the tracing context (``jax.set_mesh`` / ``Placement.context()``); tokens
-are split over the batch mesh axes ``('data', 'fsdp', 'expert')`` that divide them, in that order
-(the default rules' 'batch'). Without a mesh in context the dispatch runs as it is.
+"gather" (`per_device_dispatch`): each device keeps its tokens; the layer's expert weights are
+  all-gathered to every device (in the compute dtype: 1.2 GB for a Qwen3-30B-A3B layer in bf16)
+  and the grouped matmuls run locally; the weights' gradients are reduce-scattered back by the
+  transpose of the gather. Left to the automatic partitioner, ``ragged_dot`` gathers every
+  device's TOKENS instead (~170 GB of temporaries per chip at 8k tokens per row), hence the
+  ``shard_map``. Communication per layer: the whole layer's weights, whatever the token count.
+
+"expert" (`expert_parallel_dispatch`): expert parallelism. Each device of the ``expert`` mesh
+  axis (size n) holds E / n experts and keeps them (the weights are only gathered over the OTHER
+  axes their sharding uses: none in the sampler's layout, 'fsdp' in the learner's). The tokens of
+  the n devices of an expert group are all-gathered over 'expert' (each device then sees the
+  group's n x N_local tokens and their routes), each device runs ITS experts on the assignments
+  routed to them, and the fp32 partial outputs are reduce-scattered back over 'expert' to the
+  devices that own the tokens. Dropless, static shapes, exact: every assignment is computed by
+  the one device holding its expert, nothing is dropped, no capacity. Communication per layer:
+  (n-1)/n x n x N_local x H tokens in the compute dtype plus the same rows in fp32 back,
+  independent of the weights. For a decode step (8 rows per chip) that is a few MB against
+  1.2 GB of gathered weights.
+
+  Why an all-gather and not an all-to-all of the routed copies: with top-k routing each token
+  has k copies, and an all-to-all moves each copy to its expert's device (~k x N_local x H per
+  device), while the all-gather moves each token once to every device of the group ((n-1) x
+  N_local x H). For k >= n (Qwen3-30B-A3B: k = 8, the learner's expert axis 4) the gather moves
+  less; for a decode step over 64 devices the all-to-all would move less, but both are a few MB
+  and latency-bound, and the gather needs no capacity (an all-to-all with static shapes must size
+  its buffers for the worst-case routing or drop). The receive buffer is bounded all the same:
+  a device sorts the group's n x N_local x k assignments with its own experts first and keeps
+  ``n x N_local x min(k, E/n)`` rows (a token picks k DISTINCT experts, at most E/n of them on
+  one device), so no routing can overflow it.
+
+The grouped matmul (`grouped_matmul`) is megablox's ``gmm`` on TPU at training token counts (a
+Pallas kernel that visits only the row tiles of the device's own experts; `use_gmm` says when)
+and ``jax.lax.ragged_dot`` otherwise; rows past the device's own groups produce zeros in both.
+
+The mesh is the one in the tracing context (``jax.set_mesh`` / ``Placement.context()``); without
+one (or on a mesh of one device) the dispatch runs as it is.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["per_device_dispatch", "BATCH_MESH_AXES"]
+__all__ = ["MOE_PARALLELISM", "BATCH_MESH_AXES", "EXPERT_AXIS", "sharded_dispatch", "expert_axis_size",
+           "per_device_dispatch", "expert_parallel_dispatch", "grouped_matmul", "use_gmm", "local_expert_rows"]
 
+MOE_PARALLELISM = ("gather", "expert")
 BATCH_MESH_AXES = ("data", "fsdp", "expert")
+EXPERT_AXIS = "expert"
+_F32 = jnp.float32
+_GMM_TILE = 128  # megablox's default row tile; the TPU buffer is padded to a multiple of it
+
+
+def _mesh():
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty or all(n == 1 for n in dict(mesh.shape).values()):
+        return None
+    return mesh
+
+
+def expert_axis_size() -> int:
+    """Size of the tracing mesh's 'expert' axis (1 without a mesh)."""
+    mesh = _mesh()
+    return 1 if mesh is None else dict(mesh.shape).get(EXPERT_AXIS, 1)
 
 
 def _token_axes(mesh, num_tokens: int) -> tuple[str, ...]:
@@ -35,13 +83,28 @@ def _token_axes(mesh, num_tokens: int) -> tuple[str, ...]:
     return tuple(axes)
 
 
+def sharded_dispatch(dispatch: Callable, x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype,
+                     *, parallelism: str, platform: str):
+    """The dropless dispatch of a layer under the tracing mesh, by ``parallelism`` ("gather" |
+    "expert", see the module docstring). "expert" needs an 'expert' mesh axis of size > 1 that
+    divides E; otherwise (or without a mesh) it falls back to "gather". ``dispatch`` is the
+    single-device dispatch "gather" runs per device. Shapes as `per_device_dispatch`."""
+    if parallelism not in MOE_PARALLELISM:
+        raise ValueError(f"moe_parallelism={parallelism!r}; valid: {list(MOE_PARALLELISM)}")
+    n_ep = expert_axis_size()
+    if parallelism == "expert" and n_ep > 1 and w_gate.shape[0] % n_ep == 0:
+        return expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype,
+                                        platform=platform)
+    return per_device_dispatch(dispatch, x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
+
+
 def per_device_dispatch(dispatch: Callable, x, top_k_index, top_k_weights, w_gate, w_up, w_down,
                         dtype):
     """``dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)`` (x [N, H],
     top_k_* [N, k], weights [E, H, Im] / [E, Im, H]; float32 [N, H] out) with each device's
-    tokens processed where they are (see the module docstring)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh is None or mesh.empty or all(n == 1 for n in dict(mesh.shape).values()):
+    tokens processed where they are and the layer's weights gathered ("gather")."""
+    mesh = _mesh()
+    if mesh is None:
         return dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
     tokens = _token_axes(mesh, x.shape[0])
     row = P(tokens or None)
@@ -51,4 +114,105 @@ def per_device_dispatch(dispatch: Callable, x, top_k_index, top_k_weights, w_gat
         return dispatch(x, idx, wts, wg, wu, wd, dtype)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(row, row, row, P(), P(), P()),
+                         out_specs=row, check_vma=False)(x, top_k_index, top_k_weights, *weights)
+
+
+def use_gmm(platform: str, num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether the grouped matmul is megablox's ``gmm``: on TPU, when an expert gets at least one
+    of gmm's 128-row tiles of tokens on average (``num_tokens x top_k / num_experts``, tokens
+    counted over the expert group), as in training. Below that (a decode step: 512 rows x top-8
+    over 128 experts is 32 per expert) gmm's grid, sized for the worst-case routing, visits
+    mostly empty tiles and re-reads an expert's weights per tile, and XLA's ``ragged_dot``
+    reads each local expert once."""
+    return platform == "tpu" and num_tokens * top_k >= _GMM_TILE * num_experts
+
+
+def grouped_matmul(lhs, rhs, group_sizes, *, gmm: bool, dtype, interpret: bool = False):
+    """``out[r] = lhs[r] @ rhs[g(r)]`` for rows grouped in order (group i: ``group_sizes[i]`` rows);
+    rows past ``sum(group_sizes)`` give zeros. lhs [M, K], rhs [G, K, N], group_sizes int32 [G];
+    returns [M, N] in ``dtype`` (fp32 accumulation). ``gmm`` (TPU only, see `use_gmm`): megablox's
+    Pallas kernel (M a multiple of 128; the rows past the groups are one more group without
+    weights, whose tiles gmm skips; ``interpret``: run it on CPU, for tests); else
+    ``jax.lax.ragged_dot``."""
+    lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
+    if gmm:
+        from jax.experimental.pallas.ops.tpu.megablox import gmm as megablox_gmm  # local: TPU only
+
+        rest = lhs.shape[0] - jnp.sum(group_sizes)
+        sizes = jnp.concatenate([group_sizes, rest[None]]).astype(jnp.int32)
+        tiling = (_GMM_TILE, min(_GMM_TILE, lhs.shape[1]), min(_GMM_TILE, rhs.shape[2]))
+        out = megablox_gmm(lhs, rhs, sizes, _F32, tiling, jnp.zeros((), jnp.int32), None, False, interpret)
+        return out.astype(dtype)
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=_F32).astype(dtype)
+
+
+def local_expert_rows(num_tokens: int, top_k: int, local_experts: int, gmm: bool) -> int:
+    """Rows of a device's receive buffer in `expert_parallel_dispatch`: ``num_tokens x
+    min(top_k, local_experts)`` (a token's k experts are distinct, so at most ``local_experts``
+    of them live on one device: no routing overflows it), rounded up to gmm's row tile."""
+    rows = num_tokens * min(top_k, local_experts)
+    return int(math.ceil(rows / _GMM_TILE) * _GMM_TILE) if gmm else rows
+
+
+def _local_swiglu(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *, first_expert,
+                  gmm: bool):
+    """This device's experts ``[first_expert, first_expert + E_l)`` on the assignments routed to
+    them: x [N, H], top_k_* [N, k], weights [E_l, H, Im] / [E_l, Im, H] -> fp32 [N, H] partial
+    sums (assignments to other devices' experts contribute 0)."""
+    n, k = top_k_index.shape
+    e_local = w_gate.shape[0]
+    local_id = top_k_index.reshape(-1).astype(jnp.int32) - first_expert        # [N*k]
+    mine = (local_id >= 0) & (local_id < e_local)
+    key = jnp.where(mine, local_id, e_local)                                   # others sort last
+    padded = local_expert_rows(n, k, e_local, gmm)
+    rows = min(padded, n * k)
+    order = jnp.argsort(key, stable=True)[:rows]                               # own assignments first
+    group_sizes = jnp.bincount(key, length=e_local + 1)[:e_local].astype(jnp.int32)
+    x_sorted = jnp.take(x, order // k, axis=0)                                 # [rows, H]
+    if padded > rows:  # gmm, not a whole number of row tiles
+        x_sorted = jnp.pad(x_sorted, ((0, padded - rows), (0, 0)))
+
+    def mm(lhs, rhs):
+        return grouped_matmul(lhs, rhs, group_sizes, gmm=gmm, dtype=dtype)
+
+    h = jax.nn.silu(mm(x_sorted, w_gate)) * mm(x_sorted, w_up)
+    y_sorted = mm(h, w_down)[:rows]                                            # [rows, H]
+    # back to assignment order: assignment c reads its sorted row when it is one of ours
+    position = jnp.zeros((n * k,), jnp.int32).at[order].set(jnp.arange(rows, dtype=jnp.int32))
+    weights = jnp.where(mine, top_k_weights.reshape(-1).astype(_F32), 0.0)
+    y = jnp.take(y_sorted, position, axis=0).astype(_F32) * weights[:, None]  # [N*k, H]
+    return y.reshape(n, k, -1).sum(axis=1)
+
+
+def expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *,
+                             platform: str):
+    """Expert-parallel dropless dispatch ("expert", see the module docstring) under the tracing
+    mesh: x [N, H], top_k_index int [N, k], top_k_weights [N, k], weights [E, H, Im] /
+    [E, Im, H] -> float32 [N, H], equal to the single-device dispatch."""
+    mesh = _mesh()
+    n_ep = dict(mesh.shape)[EXPERT_AXIS]
+    num_experts = w_gate.shape[0]
+    if num_experts % n_ep:
+        raise ValueError(f"{num_experts} experts do not split over the {n_ep} devices of the "
+                         f"'{EXPERT_AXIS}' mesh axis")
+    e_local = num_experts // n_ep
+    tokens = _token_axes(mesh, x.shape[0])
+    row = P(tokens or None)
+    tokens_split = EXPERT_AXIS in tokens
+    weights = tuple(w.astype(dtype) for w in (w_gate, w_up, w_down))
+    expert_spec = P(EXPERT_AXIS)
+    group_tokens = x.shape[0] // math.prod(dict(mesh.shape)[a] for a in tokens if a != EXPERT_AXIS)
+    gmm = use_gmm(platform, group_tokens, top_k_index.shape[1], num_experts)
+
+    def local(x, idx, wts, wg, wu, wd):
+        if tokens_split:  # the expert group's tokens and routes, in device order
+            x, idx, wts = (jax.lax.all_gather(a, EXPERT_AXIS, tiled=True) for a in (x, idx, wts))
+        first = jax.lax.axis_index(EXPERT_AXIS) * e_local
+        y = _local_swiglu(x, idx, wts, wg, wu, wd, dtype, first_expert=first, gmm=gmm)
+        if tokens_split:
+            return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
+        return jax.lax.psum(y, EXPERT_AXIS)
+
+    return jax.shard_map(local, mesh=mesh,
+                         in_specs=(row, row, row, expert_spec, expert_spec, expert_spec),
                          out_specs=row, check_vma=False)(x, top_k_index, top_k_weights, *weights)

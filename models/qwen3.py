@@ -101,7 +101,7 @@ from models.attention import (
     segment_mask,
     splash_attention,
 )
-from models.moe_sharding import per_device_dispatch
+from models import moe_sharding
 from models.configs import REMAT_POLICIES, ModelConfig, target_platform, yarn_mscale
 
 __all__ = [
@@ -731,17 +731,21 @@ def moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down
 
 
 def moe_dispatch_dropless(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *,
-                          platform: str) -> jax.Array:
+                          platform: str, parallelism: str = "gather") -> jax.Array:
     """The "ragged" (dropless) dispatch, implemented per ``platform`` (all exact; float32 [N, H]).
 
     ``platform``: "cpu" | "gpu" | "tpu" (see `models.configs.target_platform`). Accelerators:
-    `moe_dispatch_ragged` (``ragged_dot`` grouped matmuls). CPU: few tokens (N*E <= 1024, e.g.
-    one decode step of 16 rows): `moe_dispatch_all_experts` (every expert's weights are read once
-    anyway); otherwise `moe_dispatch_blocked`.
+    `moe_dispatch_ragged` (``ragged_dot`` grouped matmuls) under the tracing mesh as
+    ``parallelism`` says (`models.moe_sharding`: "gather" the layer's weights to every device's
+    tokens, or "expert": experts stay on their devices of the 'expert' axis, tokens travel).
+    CPU: expert parallelism when asked for under an 'expert' mesh axis; otherwise few tokens
+    (N*E <= 1024, e.g. one decode step of 16 rows): `moe_dispatch_all_experts` (every expert's
+    weights are read once anyway), else `moe_dispatch_blocked`.
     """
-    if platform != "cpu":  # under a mesh: each device's own tokens (`models.moe_sharding`)
-        return per_device_dispatch(moe_dispatch_ragged, x, top_k_index, top_k_weights, w_gate, w_up,
-                                   w_down, dtype)
+    expert_parallel = parallelism == "expert" and moe_sharding.expert_axis_size() > 1
+    if platform != "cpu" or expert_parallel:
+        return moe_sharding.sharded_dispatch(moe_dispatch_ragged, x, top_k_index, top_k_weights, w_gate,
+                                             w_up, w_down, dtype, parallelism=parallelism, platform=platform)
     if x.shape[0] * w_gate.shape[0] <= 1024:
         return moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
     return moe_dispatch_blocked(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
@@ -755,7 +759,9 @@ class Qwen3MoeExperts(nnx.Module):
       "ragged":   dropless sorted grouped matmuls (production default): `moe_dispatch_ragged`
                   (``ragged_dot``) on accelerators; on CPU, where ``ragged_dot`` runs densely,
                   `moe_dispatch_blocked`, or `moe_dispatch_all_experts` for a handful of tokens
-                  (a decode step); see `moe_dispatch_dropless`.
+                  (a decode step); see `moe_dispatch_dropless`. Under a mesh,
+                  ``config.moe_parallelism`` says whether weights ("gather") or tokens
+                  ("expert": expert parallelism) travel (`models.moe_sharding`).
       "capacity": `moe_dispatch_capacity` with C = `expert_capacity` (config.moe_capacity_factor);
                   drops assignments beyond capacity.
     All three combine the k expert outputs in fp32 and round the sum to the compute dtype.
@@ -773,6 +779,7 @@ class Qwen3MoeExperts(nnx.Module):
         self.num_experts = e
         self.dispatch = config.moe_dispatch
         self.capacity_factor = config.moe_capacity_factor
+        self.parallelism = config.moe_parallelism
         self.dtype = config.dtype
         self.platform = config.platform  # resolved at trace time (`target_platform`)
 
@@ -783,7 +790,7 @@ class Qwen3MoeExperts(nnx.Module):
             y = moe_dispatch_dense(x, top_k_index, top_k_weights, *weights, self.dtype)
         elif self.dispatch == "ragged":
             y = moe_dispatch_dropless(x, top_k_index, top_k_weights, *weights, self.dtype,
-                                      platform=target_platform(self.platform))
+                                      platform=target_platform(self.platform), parallelism=self.parallelism)
         elif self.dispatch == "capacity":
             n, k = top_k_index.shape
             capacity = expert_capacity(n, k, self.num_experts, self.capacity_factor)
