@@ -301,23 +301,29 @@ class Generator:
       gen.update_weights(nnx.state(new_model, nnx.Param))          # after a learner step
     """
 
-    def __init__(self, model: nnx.Module, sampling: SamplingConfig, *, placement=None):
+    def __init__(self, model: nnx.Module, sampling: SamplingConfig, *, placement=None, layout=None):
         """``placement``: an `ace_jax.runtime.placement.Placement` to run sharded: the prompts and the KV
         cache are split over its 'batch' rule (place the params with ``placement.place_params``
-        first). None: wherever the params live (one device)."""
-        self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
+        first). None: wherever the params live (one device). ``layout``: a
+        `ace_jax.runtime.sampler_layout.SamplerLayout` (instead of ``placement``): decode in the
+        sampler's own layout, the weights resharded into it by every `update_weights`."""
+        graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(self.rest):
             raise ValueError("the policy holds non-parameter state; Generator expects params only")
+        self._reshard = (lambda p: p) if layout is None else layout.resharder(params)
+        self.graphdef = graphdef if layout is None else layout.graphdef(graphdef)
+        self.placement = placement if layout is None else layout.placement
+        self._structure = jax.tree.structure(params)
+        self.params = self._reshard(params)
         self.sampling = sampling
-        self.placement = placement
         self.model_eos_ids = model_eos_ids(model.config)
 
     def update_weights(self, params: nnx.State) -> None:
-        """Installs new parameters (same structure and shapes; e.g. after a learner step)."""
-        old = jax.tree.structure(self.params)
-        if jax.tree.structure(params) != old:
+        """Installs new parameters (same structure and shapes; e.g. after a learner step),
+        resharded into the sampler's layout when it has one of its own."""
+        if jax.tree.structure(params) != self._structure:
             raise ValueError("update_weights: the new parameter tree has another structure")
-        self.params = params
+        self.params = self._reshard(params)
 
     def generate(self, prompts: Sequence[Sequence[int]], key: jax.Array,
                  sampling: SamplingConfig | None = None) -> GenerationResult:

@@ -10,6 +10,7 @@ place that lists the sections) and ``configs/*.py`` state only what differs from
   (top level)    `default_config`                                name, workdir, seed, XLA cache
   ``model``      `model_config`                                  the policy
   ``mesh``       ``ace_jax.runtime.sharding.default_config``     device mesh and sharding rules
+  ``sampler_mesh`` ``ace_jax.runtime.sampler_layout...``         the sampler's own layout
   ``rl``         `rl_config`                                     the RL loop
   ``sampling``   ``ace_jax.runtime.generate.default_config``     rollout sampling
   ``grpo``       ``ace_jax.rl.grpo.default_config``              the GRPO loss
@@ -44,7 +45,8 @@ from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards, tasks
 from ace_jax.registry import UnknownNameError
 from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, compile_cache, generate, sharding
+from ace_jax.runtime import checkpoint, compile_cache, generate, sampler_layout, sharding
+from models import moe_sharding
 from ace_jax.train import sft
 from sandbox import pool
 
@@ -52,7 +54,7 @@ __all__ = ["ConfigError", "SECTIONS", "OPTIONAL_SECTIONS", "MODES", "default_con
            "model_config", "rl_config", "tasks_config", "validate", "check_context"]
 
 # The sections of `default_config`, in its order, and the optional ones (see the module doc).
-SECTIONS = ("model", "mesh", "rl", "sampling", "grpo", "optim", "buffer", "lp", "sandbox",
+SECTIONS = ("model", "mesh", "sampler_mesh", "rl", "sampling", "grpo", "optim", "buffer", "lp", "sandbox",
             "agent", "rewards", "sft", "tasks", "checkpoint")
 OPTIONAL_SECTIONS = ("dry_run", "ideator")
 # ``mode`` (top level, optional): which trainer launch/tpu_train.py builds.
@@ -120,6 +122,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.compile_cache_dir = compile_cache.DEFAULT_DIR
     c.model = model_config()
     c.mesh = sharding.default_config()
+    c.sampler_mesh = sampler_layout.default_config()
     c.rl = rl_config()
     c.sampling = generate.default_config()
     c.grpo = grpo.default_config()
@@ -189,6 +192,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     if cfg.tasks.source not in tasks.SOURCES:
         raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(tasks.SOURCES)}")
     _check_mesh(cfg.mesh, num_devices, num_processes)
+    _check_sampler_mesh(cfg.sampler_mesh, num_devices, num_processes)
     if not cfg.model.get("hf_path", "") and not cfg.model.get("init_from_run", ""):
         from models import configs as model_configs
 
@@ -205,6 +209,30 @@ def check_context(cfg: ml_collections.ConfigDict, max_position_embeddings: int) 
     if ctx > max_position_embeddings:
         raise ConfigError(f"rl.max_prompt_tokens + sampling.max_new_tokens = {ctx} exceeds the "
                           f"model's max_position_embeddings ({max_position_embeddings})")
+
+
+def _check_sampler_mesh(sm: ml_collections.ConfigDict, num_devices: Optional[int],
+                        num_processes: Optional[int]) -> None:
+    """The ``sampler_mesh`` section: a known layout, and (own layout) a mesh over the devices."""
+    import jax  # local: validate may run before the backend is chosen
+
+    if sm.layout not in sampler_layout.LAYOUTS:
+        raise ConfigError(f"sampler_mesh.layout must be one of {list(sampler_layout.LAYOUTS)}, "
+                          f"got {sm.layout!r}")
+    if sm.moe_parallelism not in moe_sharding.MOE_PARALLELISM:
+        raise ConfigError(f"sampler_mesh.moe_parallelism must be one of "
+                          f"{list(moe_sharding.MOE_PARALLELISM)}, got {sm.moe_parallelism!r}")
+    if sm.weight_dtype not in ("compute", "param"):
+        raise ConfigError(f"sampler_mesh.weight_dtype must be 'compute' or 'param', got "
+                          f"{sm.weight_dtype!r}")
+    if sm.layout == "shared":
+        return
+    n = jax.device_count() if num_devices is None else num_devices
+    try:
+        sharding.resolve_mesh_shape(sm, n)
+        sharding.rules_from_config(sm.rules)
+    except sharding.MeshConfigError as e:
+        raise ConfigError(f"sampler_mesh: {e} (jax sees {n} devices)") from None
 
 
 def _check_mesh(mesh: ml_collections.ConfigDict, num_devices: Optional[int],

@@ -52,7 +52,7 @@ from ace_jax import config_utils
 from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner as learner_lib
 from ace_jax.runtime import (checkpoint as ckpt_lib, generate, multihost,
-                             placement as placement_lib)
+                             placement as placement_lib, sampler_layout)
 from ace_jax.train import config as train_config, environment, metrics as metrics_lib, setup
 from ace_jax.train.rollouts import Rollout, StepRollouts
 from ace_jax.train.setup import (SetupError, check_writable, load_evaluation_seeds,
@@ -98,6 +98,9 @@ class Trainer:
         # one mesh over every process's devices, one Placement for every sharding
         self.placement = placement_lib.Placement.from_config(cfg.mesh)
         self.model = setup.build_model(cfg, self.tokenizer, self.placement)
+        # the sampler's own mesh and code paths, or the learner's ("shared")
+        self.sampler_layout = sampler_layout.SamplerLayout.from_config(
+            cfg.sampler_mesh, self.placement, self.model.config)
         self.eos_ids = tuple(self.tokenizer.convert_tokens_to_ids([tok_lib.IM_END,
                                                                    tok_lib.ENDOFTEXT]))
         self.pad_id = int(self.tokenizer.convert_tokens_to_ids(tok_lib.ENDOFTEXT))
@@ -153,7 +156,8 @@ class Trainer:
         self.pool = SandboxPool.from_config(cfg.sandbox)
         self.compile_clock.start()
         self.learner = self._make_learner()
-        self.generator = generate.Generator(self.model, self.sampling, placement=self.placement)
+        self.generator = generate.Generator(self.model, self.sampling, placement=self.placement,
+                                            layout=self.sampler_layout)
         warm = {}
         if not self._restore():
             warm = self._warm_start()

@@ -10,12 +10,13 @@ from ace_jax.config_utils import ConfigError
 from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, generate, sharding
+from ace_jax.runtime import checkpoint, generate, sampler_layout, sharding
 from ace_jax.train import config as run_config, sft
 from sandbox import pool
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 OWNERS = {"model": run_config.model_config, "mesh": sharding.default_config,
+          "sampler_mesh": sampler_layout.default_config,
           "rl": run_config.rl_config, "sampling": generate.default_config,
           "grpo": grpo.default_config, "optim": learner.default_config,
           "buffer": buffer.default_config, "lp": learnability.default_config,
