@@ -44,6 +44,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = -1                  # 64 / 4 = 16
     c.mesh.expert = 4
 
+    # The sampler decodes in a layout of its own (ace_jax/runtime/sampler_layout.py): all 64
+    # chips on the expert axis (2 of the 128 experts per chip, kept in place: tokens travel),
+    # dense weights replicated in bf16, 8 rows per chip; resharded from the learner once per step.
+    c.sampler_mesh.layout = "own"
+
     c.rl.num_steps = 400
     c.rl.batch_states = 64            # B states sampled by the LP sampler per step
     c.rl.group_size = 8               # G completions per state (512 rollouts per step)

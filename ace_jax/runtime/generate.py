@@ -237,6 +237,30 @@ def _constrain_cache(cache: qwen3.KVCache, placement) -> qwen3.KVCache:
     return cache if placement is None else placement.constrain_kv_cache(cache)
 
 
+def decode_forward(model, tokens, positions, cache: qwen3.KVCache, cache_index, placement=None,
+                   layer_params=None):
+    """One decode step's forward: tokens / positions int32 [N] at ``cache_index`` (scalar) ->
+    (next logits float32 [N, V], the cache with this step's keys and values). The body of the
+    rollout's loop; `decode_step` is the same as a program of its own (the dry run costs it)."""
+    n = tokens.shape[0]
+    out = model(tokens[:, None], positions[:, None], attention_mask=jnp.ones((n, 1), bool), cache=cache,
+                cache_index=cache_index, layer_params=layer_params)
+    return out.logits[:, -1, :], _constrain_cache(out.cache, placement)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(4,))
+def decode_step(graphdef, placement, params, knobs: SamplingKnobs, cache: qwen3.KVCache, logits,
+                positions, cache_index, key):
+    """One step of the rollout's decode loop as a program of its own (the dry run compiles and
+    costs it): sample from ``logits`` float32 [N, V], then `decode_forward` the sampled tokens
+    at ``positions`` int32 [N] / ``cache_index``. Returns (tokens [N], logprobs [N], next logits,
+    cache); the cache is donated (updated in place, as in the loop)."""
+    model = nnx.merge(graphdef, params)
+    tok, lp = sample_token(key, logits, knobs)
+    logits, cache = decode_forward(model, tok, positions, cache, cache_index, placement)
+    return tok, lp, logits, cache
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
              knobs: SamplingKnobs, ids, positions, mask, key):
@@ -278,11 +302,9 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
         finishing = jnp.logical_not(done) & (hit_eos | hit_stop)
         reason = jnp.where(finishing, new_reason, reason)
         done = done | finishing
-        step_out = model(tok[:, None], (next_pos + t)[:, None],
-                         attention_mask=jnp.ones((n, 1), bool), cache=cache,
-                         cache_index=jnp.int32(p) + t, layer_params=layer_params)
-        return (t + 1, step_out.logits[:, -1, :], _constrain_cache(step_out.cache, placement),
-                tokens, logprobs, done, lengths, reason, window)
+        logits, cache = decode_forward(model, tok, next_pos + t, cache, jnp.int32(p) + t,
+                                       placement, layer_params)
+        return (t + 1, logits, cache, tokens, logprobs, done, lengths, reason, window)
 
     init = (jnp.int32(0), last_logits, cache, jnp.full((n, m), knobs.pad_id, jnp.int32),
             jnp.zeros((n, m), jnp.float32), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32),

@@ -26,12 +26,69 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["TopologyError", "LibtpuMissingError", "CompiledProgram", "libtpu_available",
-           "topology_devices", "hbm_bytes", "compile_program", "EXAMPLE_TOPOLOGIES"]
+           "topology_devices", "hbm_bytes", "compile_program", "collective_bytes",
+           "EXAMPLE_TOPOLOGIES"]
 
 EXAMPLE_TOPOLOGIES = ("v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4", "v4:2x2x2", "v5e:4x4", "v6e:4x4")
 _OOM = re.compile(r"total memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds "
                   r"available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+_COLLECTIVE = re.compile(
+    r"=\s*(?P<shape>\([^=]*?\)|[\w]+\[[\d,]*\]\S*)\s+"
+    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
+_ARRAY = re.compile(r"\b(pred|[subf]\d+|bf16)\[([\d,]*)\]")
+_GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def _array_bytes(shape: str) -> list[int]:
+    out = []
+    for dtype, dims in _ARRAY.findall(shape):
+        bits = 8 if dtype == "pred" else 16 if dtype == "bf16" else int(dtype[1:])
+        out.append(int(np.prod([int(d) for d in dims.split(",") if d] or [1])) * max(bits, 8) // 8)
+    return out
+
+
+def _group_size(line: str) -> int:
+    m = _GROUPS_LIST.search(line)
+    if m:
+        return len([d for d in m[1].split(",") if d])
+    m = _GROUPS_IOTA.search(line)
+    return int(m[2]) if m else 1
+
+
+def collective_bytes(hlo: str) -> dict[str, int]:
+    """Bytes each kind of collective moves per device in an optimised HLO text (one count per
+    instruction: an op inside a ``while`` body counts once, like ``cost_analysis``).
+
+    From each op's result shape (operands are not typed in the optimised text): all-gather the
+    result, reduce-scatter the operand (result x group size), all-to-all and collective-permute
+    the operand (= result), all-reduce 2 x the operand (a ring sends and receives it about
+    twice). Async ``-start`` ops count once (their ``-done`` twin is skipped); a start's tuple
+    holds (operands, results): the results half is used. Returns {kind: bytes, "total": bytes}.
+    """
+    out = dict.fromkeys(COLLECTIVES, 0)
+    for line in hlo.splitlines():
+        m = _COLLECTIVE.search(line)
+        if not m:
+            continue
+        op, sizes = m["op"], _array_bytes(m["shape"])
+        if not sizes:
+            continue
+        if m["start"] and op in ("all-gather", "collective-permute"):
+            arrays = [b for b in sizes if b > 4] or sizes   # drop the u32[] context scalars
+            sizes = arrays[len(arrays) // 2:]
+        moved = sum(sizes)
+        if op == "reduce-scatter":
+            moved *= _group_size(line)
+        elif op == "all-reduce":
+            moved *= 2
+        out[op] += moved
+    out["total"] = sum(out[k] for k in COLLECTIVES)
+    return out
 
 
 class TopologyError(ValueError):
@@ -114,6 +171,8 @@ class CompiledProgram:
     temp_bytes: int = 0
     peak_bytes: int = 0
     flops: float = 0.0
+    hbm_bytes: float = 0.0    # cost_analysis "bytes accessed": HBM traffic of the program
+    collective_bytes: dict = dataclasses.field(default_factory=dict)  # `collective_bytes`
     mosaic_kernels: int = 0   # Pallas (Mosaic) kernel calls in the optimised HLO, e.g. splash
     oom: bool = False
     error: str = ""
@@ -154,5 +213,7 @@ def compile_program(lowered: Any, *, keep_hlo: bool = False) -> CompiledProgram:
     return CompiledProgram(ok=True, compile_s=dt, argument_bytes=arg, output_bytes=out,
                            alias_bytes=alias, temp_bytes=temp, peak_bytes=arg + out - alias + temp,
                            flops=float((cost or {}).get("flops", 0.0)),
+                           hbm_bytes=float((cost or {}).get("bytes accessed", 0.0)),
+                           collective_bytes=collective_bytes(hlo),
                            mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'),
                            hlo=hlo if keep_hlo else None)

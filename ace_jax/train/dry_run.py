@@ -45,7 +45,8 @@ from ace_jax.rl import learner
 from ace_jax.runtime import placement as placement_lib, sharding, tpu_compile
 from ace_jax.train import dry_run_analytic as analytic
 from ace_jax.train.dry_run_analytic import GB
-from ace_jax.train.dry_run_programs import abstract_batch, lower_programs
+from ace_jax.train import dry_run_speed
+from ace_jax.train.dry_run_programs import abstract_batch, cost_programs, lower_programs
 from models import configs as model_configs
 from models import qwen3
 from models.attention import resolve_attention_impl
@@ -237,6 +238,11 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     # generate._rollout), with the trainer's Placement
     lowering, compiled = lower_programs(config, mc, shp, place, graphdef, params, psh, opt,
                                         state_sh, batch, platform=platform, compile=compile)
+    # ---- speed: rooflines of the compiled decode step, resharding and learner microbatch
+    costs = cost_programs(config, mc, shp, place, platform=platform) if compile else {}
+    speed = dry_run_speed.speed_section({k: v.to_dict() for k, v in costs.items()}, dry=dry,
+                                        shp=shp, layers=L, chips=chips, n_act=n_act,
+                                        prefill_s=time_s["prefill_s"])
 
     report = {
         "model": dict(preset=config.model.preset, hf_path=str(config.model.get("hf_path", "")),
@@ -261,6 +267,10 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
         "time": time_s,
         "lowering": lowering,
         "compiled": {k: v.to_dict() for k, v in compiled.items()},
+        "cost_programs": {k: v.to_dict() for k, v in costs.items()},
+        "speed": speed,
+        "sampler": dict(layout=str(config.sampler_mesh.layout),
+                        moe_parallelism=str(config.sampler_mesh.moe_parallelism)),
         "not_compiled": not_compiled if not compiled else "",
         "max_hbm_fraction": float(dry.get("max_hbm_fraction", 1.0)),
         "topology": topology if compiled else "",

@@ -10,12 +10,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from flax import nnx
 from jax.sharding import NamedSharding
 
 from ace_jax.rl import learner
 from ace_jax.rl.rollout_batch import TrainBatch
-from ace_jax.runtime import generate, placement as placement_lib, sharding, tpu_compile
-from models import configs as model_configs
+from ace_jax.runtime import generate, placement as placement_lib, sampler_layout, sharding, tpu_compile
+from models import configs as model_configs, qwen3
 
 
 def with_sharding(sds: Any, sh: NamedSharding) -> jax.ShapeDtypeStruct:
@@ -44,14 +45,14 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
                    platform: str | None, compile: bool
                    ) -> tuple[dict[str, dict], dict[str, tpu_compile.CompiledProgram]]:
     """Traces and lowers (``config.dry_run.lower`` or ``compile``) and compiles (``compile``) the
-    learner step and the rollout with the trainer's ``Placement``.
+    learner step with the trainer's ``Placement`` and the rollout in the sampler's layout
+    (`sampler_layout.SamplerLayout` of ``config.sampler_mesh``).
 
     Returns ``(lowering, compiled)``: per program ``{ok, trace_s, lower_s, hlo_chars | error}``
     and the ``tpu_compile.CompiledProgram``; both empty when nothing is lowered.
     """
     dry = config.dry_run
     m, b, p, g = shp["new_tokens"], shp["prompts"], shp["prompt_len"], shp["group_size"]
-    rep = sharding.replicated(place.mesh)
     lowering: dict[str, dict] = {}
     compiled: dict[str, tpu_compile.CompiledProgram] = {}
     if dry.lower or compile:
@@ -64,24 +65,94 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
         if compile:
             compiled["learner_step"] = _compile(lowered, lowering["learner_step"])
 
-        sampling = generate.SamplingConfig(
-            max_new_tokens=m, group_size=g, temperature=float(config.sampling.temperature),
-            eos_ids=generate.model_eos_ids(mc), prompt_bucket=int(config.sampling.prompt_bucket))
-        knobs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
-                             generate.SamplingKnobs.from_config(sampling))
-        prompt_sh = place.sharding(sharding.batch_axes(2), (b, p))
+        layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
+        splace = layout.placement
+        knobs, key = _knobs_and_key(config, mc, splace)
+        prompt_sh = splace.sharding(sharding.batch_axes(2), (b, p))
         ids = jax.ShapeDtypeStruct((b, p), jnp.int32, sharding=prompt_sh)
         msk = jax.ShapeDtypeStruct((b, p), jnp.bool_, sharding=prompt_sh)
-        key = jax.eval_shape(lambda: jax.random.key(0))
-        key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
-        p_in = jax.tree.map(with_sharding, params, psh)
-        args = (graphdef, m, g, place, p_in, knobs, ids, ids, msk, key)
-        with place.context():
+        args = (layout.graphdef(graphdef), m, g, splace, layout.abstract_params(params), knobs,
+                ids, ids, msk, key)
+        with splace.context():
             lowering["generate_rollout"], lowered = _trace_and_lower(generate._rollout, args,
                                                                      platform)
         if compile:
             compiled["generate_rollout"] = _compile(lowered, lowering["generate_rollout"])
     return lowering, compiled
+
+
+def _knobs_and_key(config, mc, place):
+    """Abstract sampling knobs and PRNG key, replicated on ``place``'s mesh."""
+    rep = sharding.replicated(place.mesh)
+    sampling = generate.SamplingConfig(
+        max_new_tokens=int(config.sampling.max_new_tokens) or 1, group_size=int(config.rl.group_size),
+        temperature=float(config.sampling.temperature), eos_ids=generate.model_eos_ids(mc),
+        prompt_bucket=int(config.sampling.prompt_bucket))
+    knobs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
+                         generate.SamplingKnobs.from_config(sampling))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return knobs, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
+
+
+def _abstract_model(mc: model_configs.ModelConfig):
+    """(graphdef, abstract Param state) of a policy of ``mc``."""
+    model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0)))
+    return nnx.split(model, nnx.Param)
+
+
+def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
+                  shp: dict[str, int], place: placement_lib.Placement, *, platform: str | None
+                  ) -> dict[str, tpu_compile.CompiledProgram]:
+    """The programs the speed section reads (`ace_jax.train.dry_run_speed`), compiled:
+
+    - ``decode_step_L1`` / ``_L2``: `generate.decode_step` (one step of the rollout's loop) in
+      the sampler's layout, ``N`` rows, a full ``P + M`` cache, layers unrolled (1 and 2);
+    - ``reshard``: the sampler layout's learner -> sampler resharding of the whole model;
+    - ``learner_microbatch_L1`` / ``_L2``: `learner.jit_learner_step` on ONE microbatch's rows,
+      one log-prob chunk, layers unrolled (1 and 2).
+
+    Unrolled because XLA counts a loop body once; the speed section extrapolates to L layers.
+    """
+    n, p, m = shp["rows"], shp["prompt_len"], shp["new_tokens"]
+    out: dict[str, tpu_compile.CompiledProgram] = {}
+    for layers in (1, 2):
+        small = mc.replace(num_hidden_layers=layers, scan_layers=False)
+        graphdef, params = _abstract_model(small)
+        # one decode step in the sampler's layout
+        layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, small)
+        splace = layout.placement
+        knobs, key = _knobs_and_key(config, small, splace)
+        cache = jax.eval_shape(lambda: qwen3.init_cache(layout.model_config, n, p + m))
+        cache = jax.tree.map(with_sharding, cache, splace.kv_cache(cache))
+        rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
+            shape, dt, sharding=splace.sharding(sharding.batch_axes(len(shape)), shape))
+        index = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(splace.mesh))
+        args = (layout.graphdef(graphdef), splace, layout.abstract_params(params), knobs, cache,
+                rows((n, small.vocab_size), jnp.float32), rows((n,), jnp.int32), index, key)
+        with splace.context():
+            info, lowered = _trace_and_lower(generate.decode_step, args, platform)
+        out[f"decode_step_L{layers}"] = _compile(lowered, info)
+        # one learner microbatch
+        optim = ml_collections.ConfigDict(config.optim.to_dict())
+        optim.microbatches = 1
+        optim.logprob_chunk_tokens = m
+        k = shp["rows_per_microbatch"]
+        state_sh = learner.state_shardings(place, params, optim)
+        tx, _ = learner.make_optimizer(optim)
+        state_in = jax.tree.map(with_sharding, learner.LearnerState(
+            params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), jnp.int32)), state_sh)
+        jitted = learner.jit_learner_step(graphdef, config.grpo, optim, shp["group_size"], place,
+                                          params, temperature=config.sampling.temperature)
+        with place.context():
+            info, lowered = _trace_and_lower(jitted, (state_in, abstract_batch(k, p, m, place)), platform)
+        out[f"learner_microbatch_L{layers}"] = _compile(lowered, info)
+    # the resharding of the whole model, learner -> sampler
+    graphdef, params = _abstract_model(mc)
+    layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
+    p_in = jax.tree.map(with_sharding, params, place.params(params))
+    info, lowered = _trace_and_lower(layout.resharder(params), (p_in,), platform)
+    out["reshard"] = _compile(lowered, info)
+    return out
 
 
 def _compile(lowered, lowering: dict) -> tpu_compile.CompiledProgram:

@@ -3,6 +3,7 @@ the one-line JSON result (``summary``)."""
 from __future__ import annotations
 
 from ace_jax.train.dry_run_analytic import GB
+from ace_jax.train.dry_run_speed import format_speed
 
 # What to change when a program does not fit.
 _KNOBS = {
@@ -39,6 +40,17 @@ def summary(report: dict) -> dict:
                 out[f"{key}_error"] = c["error"][:300]
         fits = fits and ok
     out["fits"] = fits
+    sp = report.get("speed") or {}
+    if sp:
+        out.update(decode_tok_s_chip=round(sp["decode_tok_s_chip"], 1),
+                   decode_hbm_gb=round(sp["decode_hbm_gb"], 3),
+                   decode_collective_gb=round(sp["decode_collective_gb"], 4),
+                   reshard_s=round(sp["reshard_s"], 4),
+                   learner_flops_ratio=round(sp["learner_flops_ratio"], 3),
+                   step_s_estimate=round(sp["step_s_estimate"], 1))
+    failed = [k for k, v in report.get("cost_programs", {}).items() if not v["ok"]]
+    if failed:
+        out["cost_program_errors"] = {k: report["cost_programs"][k]["error"][:200] for k in failed}
     return out
 
 
@@ -144,6 +156,7 @@ def format_report(report: dict) -> str:
                 lines.append(f"  {name:<18} compile FAILED  {r['error']}")
     elif report.get("not_compiled"):
         lines += ["", f"-- not compiled: {report['not_compiled']} --"]
+    lines += format_speed(report.get("speed") or {})
     if report["checks"]:
         lines += ["", "-- cross-checks against reference/qwen3_moe_spec.md §5 --"]
         for c in report["checks"]:

@@ -1,0 +1,124 @@
+"""The dry run's speed section: rooflines of the compiled programs, per chip.
+
+Every figure comes from a program XLA's TPU compiler compiled for the target slice
+(`ace_jax.train.dry_run_programs.cost_programs`): ``cost_analysis()``'s FLOPs and HBM bytes
+accessed, and the bytes moved by collectives summed from the optimised HLO
+(`ace_jax.runtime.tpu_compile.collective_bytes`). A program's roofline time is
+
+    t = max(FLOPs / peak FLOP/s,  HBM bytes / HBM bandwidth,  collective bytes / (ICI / 2))
+
+(ICI is quoted bidirectional per chip; a device receives at half of it), and the binding term is
+named. What it leaves out: the latency of many small collectives (a decode step's are a few MB,
+latency-bound), overlap of compute and communication (the max assumes perfect overlap), kernel
+efficiency (peak, not achieved), host work and the sandbox.
+
+XLA counts a ``while`` body once, so the programs are compiled with their layers UNROLLED for one
+and for two layers, and the cost of L layers is extrapolated exactly (every layer of the stack is
+the same program): ``cost(L) = cost(1) + (L - 1) x (cost(2) - cost(1))``. The learner is costed
+per microbatch (one microbatch's rows, one log-prob chunk) and multiplied by the microbatches.
+
+Decode is costed at a full cache (prompt + all new tokens: the last step, the slowest), so the
+tokens/s is a lower bound of the roofline over a rollout.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ace_jax.train.dry_run_analytic import GB
+
+__all__ = ["CHIPS", "extrapolate", "roofline", "speed_section"]
+
+# Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
+CHIPS: dict[str, dict[str, Any]] = {
+    "TPU v5p": dict(peak_tflops_bf16=459.0, hbm_gbps=2765.0, ici_gbps=1200.0, hbm_gib=95.0,
+                    source="Google Cloud TPU v5p documentation (459 TFLOP/s bf16, 95 GiB HBM2e at "
+                           "2,765 GB/s, ICI 1,200 GB/s bidirectional per chip)"),
+}
+
+
+def _cost(c: dict) -> dict[str, float]:
+    return dict(flops=float(c["flops"]), hbm_bytes=float(c["hbm_bytes"]),
+                collective_bytes=float(c["collective_bytes"].get("total", 0)))
+
+
+def extrapolate(one: dict, two: dict, layers: int) -> dict[str, float]:
+    """Costs of ``layers`` layers from compiled programs of 1 and 2 (unrolled) layers."""
+    c1, c2 = _cost(one), _cost(two)
+    return {k: c1[k] + (layers - 1) * (c2[k] - c1[k]) for k in c1}
+
+
+def roofline(cost: dict[str, float], chip: dict[str, float]) -> dict[str, Any]:
+    """Roofline seconds of one program per chip (see the module docstring)."""
+    terms = dict(flops_s=cost["flops"] / (chip["peak_tflops_bf16"] * 1e12),
+                 hbm_s=cost["hbm_bytes"] / (chip["hbm_gbps"] * GB),
+                 ici_s=cost["collective_bytes"] / (chip["ici_gbps"] / 2 * GB))
+    bound = max(terms, key=terms.get)
+    return dict(cost, **terms, seconds=terms[bound], bound=bound[:-2])
+
+
+def chip_figures(dry) -> dict[str, Any]:
+    """The chip's figures: the config's ``dry_run`` values, with the table's source when the chip
+    is in `CHIPS`."""
+    source = CHIPS.get(str(dry.chip), {}).get("source", "the config's dry_run section")
+    return dict(chip=str(dry.chip), peak_tflops_bf16=float(dry.peak_tflops_bf16),
+                hbm_gbps=float(dry.hbm_bw_gbps), ici_gbps=float(dry.ici_gbps), source=source)
+
+
+def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers: int, chips: int,
+                  n_act: int, prefill_s: float) -> dict[str, Any]:
+    """The report's ``speed`` section from the cost programs (`cost_programs`), or {} when any
+    is missing or failed. Per chip; seconds; tokens/s."""
+    names = ("decode_step_L1", "decode_step_L2", "reshard", "learner_microbatch_L1",
+             "learner_microbatch_L2")
+    if not all(compiled.get(n, {}).get("ok") for n in names):
+        return {}
+    chip = chip_figures(dry)
+    n, m, p, g, b = shp["rows"], shp["new_tokens"], shp["prompt_len"], shp["group_size"], shp["prompts"]
+    k = shp["microbatches"]
+    decode = roofline(extrapolate(compiled["decode_step_L1"], compiled["decode_step_L2"], layers), chip)
+    reshard = roofline(_cost(compiled["reshard"]), chip)
+    mb = extrapolate(compiled["learner_microbatch_L1"], compiled["learner_microbatch_L2"], layers)
+    learner = roofline({key: k * v for key, v in mb.items()}, chip)
+    rows_per_chip = n / chips
+    decode_tok_s_chip = rows_per_chip / decode["seconds"]
+    # tokens the step trains on: each group's prompt once and its G completions
+    trained_tokens = b * (p + g * m)
+    learner_flops_ratio = learner["flops"] * chips / (6.0 * n_act * trained_tokens)
+    rollout_s = prefill_s + m * decode["seconds"]
+    step_s = rollout_s + reshard["seconds"] + learner["seconds"]
+    return dict(
+        chip=chip, decode=decode, reshard=reshard, learner=learner,
+        decode_rows_per_chip=rows_per_chip, decode_tok_s_chip=decode_tok_s_chip,
+        decode_hbm_gb=decode["hbm_bytes"] / GB, decode_collective_gb=decode["collective_bytes"] / GB,
+        reshard_s=reshard["seconds"], learner_flops_ratio=learner_flops_ratio,
+        trained_tokens=trained_tokens, prefill_s=prefill_s, rollout_s=rollout_s,
+        learner_s=learner["seconds"], step_s_estimate=step_s)
+
+
+def format_speed(speed: dict[str, Any]) -> list[str]:
+    """The speed section as report lines (empty when there is none)."""
+    if not speed:
+        return []
+    c = speed["chip"]
+    lines = ["", f"-- speed per chip, rooflines of the compiled programs ({c['chip']}: "
+                 f"{c['peak_tflops_bf16']:.0f} TFLOP/s, HBM {c['hbm_gbps']:.0f} GB/s, ICI "
+                 f"{c['ici_gbps']:.0f} GB/s bidirectional; {c['source']}) --",
+             "  t = max(FLOP / peak, HBM bytes / HBM BW, collective bytes / (ICI / 2)); "
+             "leaves out small-collective latency, overlap, kernel efficiency"]
+    for name, note in (("decode", f"one step, full cache, {speed['decode_rows_per_chip']:.0f} rows/chip"),
+                       ("reshard", "learner -> sampler weights, once per RL step"),
+                       ("learner", "the whole step (microbatches x one)")):
+        r = speed[name]
+        lines.append(f"  {name:<9} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
+                     f"{r['collective_bytes'] / GB:9.3f} GB coll -> {r['seconds'] * 1e3:10.3f} ms "
+                     f"({r['bound']}-bound; {note})")
+    lines += [
+        f"  decode: {speed['decode_tok_s_chip']:,.0f} tokens/s per chip "
+        f"(= {speed['decode_rows_per_chip']:.0f} rows / {speed['decode']['seconds'] * 1e3:.3f} ms)",
+        f"  learner FLOPs / (6 x N_act x trained tokens {speed['trained_tokens']:,}) = "
+        f"{speed['learner_flops_ratio']:.2f} (trained tokens: each prompt once + G completions)",
+        f"  RL step estimate {speed['step_s_estimate']:.1f} s = prefill {speed['prefill_s']:.1f} "
+        f"(analytic, at the MFU) + decode {speed['rollout_s'] - speed['prefill_s']:.1f} + reshard "
+        f"{speed['reshard_s']:.3f} + learner {speed['learner_s']:.1f}",
+    ]
+    return lines
