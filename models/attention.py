@@ -161,18 +161,21 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 # ============================================================================ blockwise (flash) attention
-def _scores(q_blk: jax.Array, k_blk: jax.Array, scaling: float, dtype: Any) -> jax.Array:
-    """fp32 [B, nkv, G, bq, bk] scores of q_blk [B, bq, nkv, G, d] and k_blk [B, bk, nkv, d], rounded
-    to ``dtype`` and scaled in ``dtype`` (the reference's order)."""
-    s = jnp.einsum("bqkgd,bskd->bkgqs", q_blk.astype(dtype), k_blk.astype(dtype), preferred_element_type=_F32)
+def _scores(q_blk: jax.Array, k_blk: jax.Array, scaling: float, dtype: Any, kv: str = "bskd") -> jax.Array:
+    """fp32 [B, nkv, G, bq, bk] scores of q_blk [B, bq, nkv, G, d] and k_blk [B, bk, nkv, d]
+    (``kv="bksd"``: [B, nkv, bk, d], a heads-major cache block), rounded to ``dtype`` and scaled
+    in ``dtype`` (the reference's order)."""
+    s = jnp.einsum(f"bqkgd,{kv}->bkgqs", q_blk.astype(dtype), k_blk.astype(dtype), preferred_element_type=_F32)
     return (s.astype(dtype) * scaling).astype(_F32)
 
 
-def _online_softmax_step(carry, s: jax.Array, visible: jax.Array, v_blk: jax.Array, dtype: Any):
+def _online_softmax_step(carry, s: jax.Array, visible: jax.Array, v_blk: jax.Array, dtype: Any,
+                         kv: str = "bskd"):
     """One key block of the online softmax.
 
     carry (m [B,nkv,G,bq] running max, l [B,nkv,G,bq] running sum, acc fp32 [B,nkv,G,bq,d]);
-    s fp32 [B,nkv,G,bq,bk] scores; visible bool [B,1,1,bq,bk]; v_blk [B,bk,nkv,d].
+    s fp32 [B,nkv,G,bq,bk] scores; visible bool [B,1,1,bq,bk]; v_blk [B,bk,nkv,d] (``kv="bksd"``:
+    [B,nkv,bk,d]).
     Invisible keys contribute exactly 0; a row with no visible key so far keeps l = acc = 0.
     """
     m, l, acc = carry
@@ -181,7 +184,7 @@ def _online_softmax_step(carry, s: jax.Array, visible: jax.Array, v_blk: jax.Arr
     p = jnp.where(visible, jnp.exp(s - m_new[..., None]), 0.0)
     alpha = jnp.exp(m - m_new)  # both finite: 1 while the row has seen nothing
     l = alpha * l + jnp.sum(p, axis=-1)
-    pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(dtype), v_blk.astype(dtype), preferred_element_type=_F32)
+    pv = jnp.einsum(f"bkgqs,{kv}->bkgqd", p.astype(dtype), v_blk.astype(dtype), preferred_element_type=_F32)
     return m_new, l, alpha[..., None] * acc + pv
 
 
@@ -331,7 +334,8 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids:
 # ============================================================================ decode
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
                      filled: jax.Array | int, *, scaling: float, dtype: Any = None,
-                     layer: jax.Array | int | None = None, block_kv: int = 512) -> jax.Array:
+                     layer: jax.Array | int | None = None, block_kv: int = 512,
+                     heads_major: bool = False) -> jax.Array:
     """One query per row against the filled prefix of a KV cache, block by block.
 
     Args:
@@ -342,6 +346,7 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
       scaling, dtype: as `blockwise_attention`.
       layer: index into a layer stack (None: k_cache is one layer).
       block_kv: slots per block (clipped to S).
+      heads_major: the caches are [B, nkv, S, d] (or [L, B, nkv, S, d]): a "heads" KV cache.
 
     Returns:
       [B, 1, nq, d] in ``dtype`` (0 for a row with no visible slot).
@@ -354,12 +359,17 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
         raise ValueError(f"k_cache of shape {k_cache.shape} needs layer={'None' if k_cache.ndim == 4 else 'an index'}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
-    b, s, nkv, d = k_cache.shape[-4:]
+    if heads_major:
+        b, nkv, s, d = k_cache.shape[-4:]
+    else:
+        b, s, nkv, d = k_cache.shape[-4:]
     if q.ndim != 4 or q.shape[0] != b or q.shape[1] != 1 or q.shape[3] != d or q.shape[2] % nkv:
         raise ValueError(f"q must be [B, 1, nq, d] with B={b}, d={d}, nq a multiple of {nkv}; got {q.shape}")
     if kv_mask.shape != (b, s):
         raise ValueError(f"kv_mask must be [B, S] = {(b, s)}, got {kv_mask.shape}")
-    filled = _int_scalar(filled, "filled")
+    static = not isinstance(filled, jax.core.Tracer)   # a cost model of one step: the loop unrolls
+    if not static:
+        filled = _int_scalar(filled, "filled")
     dtype = jnp.dtype(dtype or q.dtype)
     nq = q.shape[2]
     g = nq // nkv
@@ -367,21 +377,37 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
     q5 = q.reshape(b, 1, nkv, g, d)
     lead = () if layer is None else (layer,)
 
-    def read(cache, start):
+    kv = "bksd" if heads_major else "bskd"   # the einsums read the blocks as stored
+
+    def read(cache, start):  # -> [B, bk, nkv, d] ([B, nkv, bk, d] heads-major)
+        if heads_major:
+            block = jax.lax.dynamic_slice(cache, (*lead, 0, 0, start, 0), (*(1,) * len(lead), b, nkv, bk, d))
+            return block.reshape(b, nkv, bk, d)
         block = jax.lax.dynamic_slice(cache, (*lead, 0, start, 0, 0), (*(1,) * len(lead), b, bk, nkv, d))
         return block.reshape(b, bk, nkv, d)
 
+    # The caches ride in the loop's carry, unchanged: a buffer that a while loop only closes
+    # over is copied by XLA when it is also the program's (donated, updated) output, i.e. the
+    # whole cache once per decode step; a pass-through carry element is aliased instead.
     def key_block(j, carry):
+        stats, (kc, vc) = carry
         start = jnp.minimum(j * bk, s - bk)  # the last block is shifted back into bounds
         pos = start + jnp.arange(bk)
         vis = (_slice(kv_mask, start, bk) != 0) & (pos >= j * bk)[None] & (pos < filled)[None]  # [B, bk]
-        sc = _scores(q5, read(k_cache, start), scaling, dtype)
-        return _online_softmax_step(carry, sc, vis[:, None, None, None, :], read(v_cache, start), dtype)
+        sc = _scores(q5, read(kc, start), scaling, dtype, kv)
+        return _online_softmax_step(stats, sc, vis[:, None, None, None, :], read(vc, start), dtype, kv), (kc, vc)
 
     init = (jnp.full((b, nkv, g, 1), _MASK_VALUE, _F32), jnp.zeros((b, nkv, g, 1), _F32),
             jnp.zeros((b, nkv, g, 1, d), _F32))
-    num_blocks = jnp.clip((filled + bk - 1) // bk, 0, -(-s // bk))
-    out, _ = _finish(*jax.lax.fori_loop(0, num_blocks, key_block, init))
+    carry = (init, (k_cache, v_cache))
+    if static:  # unrolled, so that XLA's cost analysis counts every block (it counts a loop body once)
+        for j in range(min(max((int(filled) + bk - 1) // bk, 0), -(-s // bk))):
+            carry = key_block(j, carry)
+        stats = carry[0]
+    else:
+        num_blocks = jnp.clip((filled + bk - 1) // bk, 0, -(-s // bk))
+        stats, _ = jax.lax.fori_loop(0, num_blocks, key_block, carry)
+    out, _ = _finish(*stats)
     return out.reshape(b, 1, nq, d).astype(dtype)
 
 

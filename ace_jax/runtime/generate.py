@@ -227,10 +227,12 @@ def model_eos_ids(config) -> tuple[int, ...]:
 def cache_layout(config) -> str:
     """The KV-cache layout the sampler uses for a model of ``config``: "decode" on CPU (per-layer
     buffers in the matmuls' operand layouts, unrolled layers: XLA:CPU otherwise copies and
-    transposes the cache and the weights in every decode step), "standard" elsewhere (one scanned
-    stack per layer group). The platform is the model's target (``config.platform``), so a CPU
-    host compiling ahead of time for TPU takes the TPU layout."""
-    return "decode" if model_configs.target_platform(config) == "cpu" else "standard"
+    transposes the cache and the weights in every decode step), "heads" elsewhere (one scanned
+    stack per layer group, heads-major: with "standard" [.., S, nkv, d] XLA's TPU compiler
+    transposes every layer's whole cache for the attention in every decode step). The platform
+    is the model's target (``config.platform``), so a CPU host compiling ahead of time for TPU
+    takes the TPU layout."""
+    return "decode" if model_configs.target_platform(config) == "cpu" else "heads"
 
 
 def _constrain_cache(cache: qwen3.KVCache, placement) -> qwen3.KVCache:
@@ -248,13 +250,15 @@ def decode_forward(model, tokens, positions, cache: qwen3.KVCache, cache_index, 
     return out.logits[:, -1, :], _constrain_cache(out.cache, placement)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(4,))
 def decode_step(graphdef, placement, params, knobs: SamplingKnobs, cache: qwen3.KVCache, logits,
-                positions, cache_index, key):
-    """One step of the rollout's decode loop as a program of its own (the dry run compiles and
-    costs it): sample from ``logits`` float32 [N, V], then `decode_forward` the sampled tokens
-    at ``positions`` int32 [N] / ``cache_index``. Returns (tokens [N], logprobs [N], next logits,
-    cache); the cache is donated (updated in place, as in the loop)."""
+                positions, cache_index: int, key):
+    """One step of the rollout's decode loop as a function of its own, for the dry run to compile
+    and cost (`ace_jax.train.dry_run_programs.decode_step_program` jits it): sample from
+    ``logits`` float32 [N, V], then `decode_forward` the sampled tokens at ``positions`` int32
+    [N] into slot ``cache_index``. Returns (tokens [N], logprobs [N], next logits, cache).
+    ``cache_index`` is a Python int here (the loop's is traced), so the attention's loop over
+    the filled key blocks unrolls and XLA's cost analysis counts every block (it counts a loop
+    body once)."""
     model = nnx.merge(graphdef, params)
     tok, lp = sample_token(key, logits, knobs)
     logits, cache = decode_forward(model, tok, positions, cache, cache_index, placement)

@@ -8,7 +8,8 @@ model on every step. As tunix gives each role its mesh, the sampler gets a `Samp
   experts split over it (E / n per chip, kept in place: tokens travel, `models.moe_sharding`
   "expert"), every dense weight replicated (``vocab`` / ``heads`` / ``mlp`` may go tensor-
   parallel over a ``tensor`` axis instead), rows over every non-tensor axis;
-- the model's code paths for that layout (``moe_parallelism``), as a graphdef of its own;
+- the model's code paths for that layout (``moe_parallelism``; no remat), as a graphdef of its
+  own;
 - the weights in the compute dtype (bf16 on the pod: half the bytes every decode step reads);
 - `reshard`: ONE jitted program, learner params -> sampler params (cast + the sampler's
   shardings), run once per RL step after the update; the dry run compiles and costs it.
@@ -71,7 +72,9 @@ def _model_config(mc: model_configs.ModelConfig, cfg: ml_collections.ConfigDict
     if cfg.weight_dtype not in ("compute", "param"):
         raise ValueError(f"sampler_mesh.weight_dtype must be 'compute' or 'param', got "
                          f"{cfg.weight_dtype!r}")
-    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism))
+    # no remat: nothing is differentiated, and jax.checkpoint's optimisation barrier around a
+    # layer makes XLA copy the KV cache it updates (the whole cache, every decode step)
+    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none")
     if cfg.weight_dtype == "compute":
         changes["param_dtype"] = mc.dtype
     return mc.replace(**changes)
@@ -145,9 +148,9 @@ class SamplerLayout:
     def resharder(self, params: Any):
         """The jitted learner -> sampler resharding for params shaped like ``params`` (the
         learner's): cast to the sampler's weight dtype and lay out on its mesh. Identity when
-        shared. The same program the dry run compiles and costs."""
+        shared (a program that moves nothing). The same program the dry run compiles and costs."""
         if self.shared:
-            return lambda p: p
+            return jax.jit(lambda p: p)
         dtype = self._weight_dtype()
         out = jax.tree.map(lambda s: s.sharding, self.abstract_params(params))
         return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype or x.dtype), p),

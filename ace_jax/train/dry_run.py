@@ -42,7 +42,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from ace_jax.rl import learner
-from ace_jax.runtime import placement as placement_lib, sharding, tpu_compile
+from ace_jax.runtime import placement as placement_lib, sampler_layout, sharding, tpu_compile
 from ace_jax.train import dry_run_analytic as analytic
 from ace_jax.train.dry_run_analytic import GB
 from ace_jax.train import dry_run_speed
@@ -240,9 +240,11 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
                                         state_sh, batch, platform=platform, compile=compile)
     # ---- speed: rooflines of the compiled decode step, resharding and learner microbatch
     costs = cost_programs(config, mc, shp, place, platform=platform) if compile else {}
+    layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
+    decode_min = analytic.decode_min_bytes(layout, params, mc, n, p + m // 2)
     speed = dry_run_speed.speed_section({k: v.to_dict() for k, v in costs.items()}, dry=dry,
                                         shp=shp, layers=L, chips=chips, n_act=n_act,
-                                        prefill_s=time_s["prefill_s"])
+                                        prefill_s=time_s["prefill_s"], decode_min=decode_min)
 
     report = {
         "model": dict(preset=config.model.preset, hf_path=str(config.model.get("hf_path", "")),

@@ -91,6 +91,24 @@ def _axis_shards(mesh, rules, logical: str, dim: int) -> int:
     return math.prod(sizes[a] for a in axes) if axes else 1
 
 
+def decode_min_bytes(layout, params: nnx.State, mc: model_configs.ModelConfig, rows: int,
+                     fill: int) -> dict[str, float]:
+    """What one decode step must read from HBM per device, at least (exact from the sampler's
+    shardings): its weights once (the embedding table excepted: a step gathers N of its rows)
+    and the K / V of ``fill`` slots of its rows. ``layout``: a `sampler_layout.SamplerLayout`;
+    ``params``: the learner's abstract Param state. Bytes."""
+    sampler = layout.abstract_params(params)
+    flat = jax.tree_util.tree_leaves_with_path(sampler)
+    weights = sum(_shard_bytes(x.shape, x.dtype, x.sharding) for path, x in flat
+                  if "embed_tokens" not in jax.tree_util.keystr(path))
+    kv_sh = layout.placement.sharding(("batch",), (rows,))
+    rows_per_device = int(kv_sh.shard_shape((rows,))[0])
+    kv_heads_split = mc.num_key_value_heads // int(layout.placement.sharding(
+        ("kv_heads",), (mc.num_key_value_heads,)).shard_shape((mc.num_key_value_heads,))[0])
+    kv = rows_per_device * fill * kv_bytes_per_token(mc) / kv_heads_split
+    return dict(weights=float(weights), kv=float(kv), total=float(weights + kv))
+
+
 def matmul_active_params(mc: model_configs.ModelConfig, total: int, active: int) -> int:
     """Spec §5.1's N_act: parameters a token multiplies (per-token active, minus the embedding
     lookup table unless it is tied to the lm_head, minus the final norm)."""

@@ -100,51 +100,81 @@ def _abstract_model(mc: model_configs.ModelConfig):
     return nnx.split(model, nnx.Param)
 
 
+def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
+                        shp: dict[str, int], place: placement_lib.Placement, cache_index: int, *,
+                        platform: str | None) -> tpu_compile.CompiledProgram:
+    """`generate.decode_step` compiled in the sampler's layout for a model of ``mc``: ``N`` rows,
+    a ``P + M`` cache filled up to slot ``cache_index``. The cache's memory layout is left to
+    the compiler (``Layout.AUTO``), as the rollout's loop, which carries the cache, leaves it:
+    with the default layout of a program's parameters XLA would transpose the whole cache in and
+    out of every standalone step."""
+    from jax.experimental.layout import Format, Layout  # local: only this program needs it
+
+    n, p, m = shp["rows"], shp["prompt_len"], shp["new_tokens"]
+    graphdef, params = _abstract_model(mc)
+    layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
+    splace = layout.placement
+    knobs, key = _knobs_and_key(config, mc, splace)
+    cache = jax.eval_shape(lambda: qwen3.init_cache(layout.model_config, n, p + m,
+                                                    layout=generate.cache_layout(mc)))
+    cache_sh = splace.kv_cache(cache)
+    auto = qwen3.KVCache(k=tuple(Format(Layout.AUTO, s) for s in cache_sh.k),
+                         v=tuple(Format(Layout.AUTO, s) for s in cache_sh.v),
+                         kv_mask=cache_sh.kv_mask, layout=cache_sh.layout)
+    rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
+        shape, dt, sharding=splace.sharding(sharding.batch_axes(len(shape)), shape))
+    sampler_graphdef = layout.graphdef(graphdef)
+
+    def step(params, knobs, cache, logits, positions, key):
+        return generate.decode_step(sampler_graphdef, splace, params, knobs, cache, logits, positions,
+                                    cache_index, key)
+
+    jitted = jax.jit(step, in_shardings=(None, None, auto, None, None, None),
+                     out_shardings=(None, None, None, auto), donate_argnums=(2,))
+    args = (layout.abstract_params(params), knobs, jax.tree.map(with_sharding, cache, cache_sh),
+            rows((n, mc.vocab_size), jnp.float32), rows((n,), jnp.int32), key)
+    with splace.context():
+        info, lowered = _trace_and_lower(jitted, args, platform)
+    return _compile(lowered, info)
+
+
 def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
-                  shp: dict[str, int], place: placement_lib.Placement, *, platform: str | None
-                  ) -> dict[str, tpu_compile.CompiledProgram]:
+                  shp: dict[str, int], place: placement_lib.Placement, *, platform: str | None,
+                  learner_programs: bool = True) -> dict[str, tpu_compile.CompiledProgram]:
     """The programs the speed section reads (`ace_jax.train.dry_run_speed`), compiled:
 
-    - ``decode_step_L1`` / ``_L2``: `generate.decode_step` (one step of the rollout's loop) in
-      the sampler's layout, ``N`` rows, a full ``P + M`` cache, layers unrolled (1 and 2);
+    - ``decode_step_L1`` / ``_L2``: `decode_step_program` at the mean fill of a rollout (slot
+      ``P + M / 2``: a step's cost is affine in the filled key blocks it reads, so this is the
+      rollout's average step), layers unrolled (1 and 2); ``decode_last_L1`` / ``_L2``: the
+      last step (a full cache);
     - ``reshard``: the sampler layout's learner -> sampler resharding of the whole model;
     - ``learner_microbatch_L1`` / ``_L2``: `learner.jit_learner_step` on ONE microbatch's rows,
-      one log-prob chunk, layers unrolled (1 and 2).
+      one log-prob chunk, layers unrolled (1 and 2) (skipped without ``learner_programs``).
 
     Unrolled because XLA counts a loop body once; the speed section extrapolates to L layers.
     """
-    n, p, m = shp["rows"], shp["prompt_len"], shp["new_tokens"]
+    p, m = shp["prompt_len"], shp["new_tokens"]
     out: dict[str, tpu_compile.CompiledProgram] = {}
     for layers in (1, 2):
         small = mc.replace(num_hidden_layers=layers, scan_layers=False)
+        for name, index in (("decode_step", p + m // 2), ("decode_last", p + m - 1)):
+            out[f"{name}_L{layers}"] = decode_step_program(config, small, shp, place, index,
+                                                           platform=platform)
+        if not learner_programs:
+            continue
         graphdef, params = _abstract_model(small)
-        # one decode step in the sampler's layout
-        layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, small)
-        splace = layout.placement
-        knobs, key = _knobs_and_key(config, small, splace)
-        cache = jax.eval_shape(lambda: qwen3.init_cache(layout.model_config, n, p + m))
-        cache = jax.tree.map(with_sharding, cache, splace.kv_cache(cache))
-        rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
-            shape, dt, sharding=splace.sharding(sharding.batch_axes(len(shape)), shape))
-        index = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(splace.mesh))
-        args = (layout.graphdef(graphdef), splace, layout.abstract_params(params), knobs, cache,
-                rows((n, small.vocab_size), jnp.float32), rows((n,), jnp.int32), index, key)
-        with splace.context():
-            info, lowered = _trace_and_lower(generate.decode_step, args, platform)
-        out[f"decode_step_L{layers}"] = _compile(lowered, info)
-        # one learner microbatch
         optim = ml_collections.ConfigDict(config.optim.to_dict())
         optim.microbatches = 1
         optim.logprob_chunk_tokens = m
-        k = shp["rows_per_microbatch"]
         state_sh = learner.state_shardings(place, params, optim)
         tx, _ = learner.make_optimizer(optim)
         state_in = jax.tree.map(with_sharding, learner.LearnerState(
             params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), jnp.int32)), state_sh)
         jitted = learner.jit_learner_step(graphdef, config.grpo, optim, shp["group_size"], place,
                                           params, temperature=config.sampling.temperature)
+        batch = abstract_batch(shp["rows_per_microbatch"], p, m, place)
         with place.context():
-            info, lowered = _trace_and_lower(jitted, (state_in, abstract_batch(k, p, m, place)), platform)
+            info, lowered = _trace_and_lower(jitted, (state_in, batch), platform)
         out[f"learner_microbatch_L{layers}"] = _compile(lowered, info)
     # the resharding of the whole model, learner -> sampler
     graphdef, params = _abstract_model(mc)

@@ -43,6 +43,7 @@ def summary(report: dict) -> dict:
     sp = report.get("speed") or {}
     if sp:
         out.update(decode_tok_s_chip=round(sp["decode_tok_s_chip"], 1),
+                   decode_min_tok_s_chip=round(sp["decode_min_tok_s_chip"], 1),
                    decode_hbm_gb=round(sp["decode_hbm_gb"], 3),
                    decode_collective_gb=round(sp["decode_collective_gb"], 4),
                    reshard_s=round(sp["reshard_s"], 4),

@@ -17,8 +17,9 @@ and for two layers, and the cost of L layers is extrapolated exactly (every laye
 the same program): ``cost(L) = cost(1) + (L - 1) x (cost(2) - cost(1))``. The learner is costed
 per microbatch (one microbatch's rows, one log-prob chunk) and multiplied by the microbatches.
 
-Decode is costed at a full cache (prompt + all new tokens: the last step, the slowest), so the
-tokens/s is a lower bound of the roofline over a rollout.
+Decode is costed at the mean fill of a rollout (slot P + M/2): a step reads the filled key
+blocks only, so its cost is affine in the fill and the mean-fill step is the rollout's average
+step; the last step (a full cache, the slowest) is reported beside it.
 """
 from __future__ import annotations
 
@@ -65,30 +66,36 @@ def chip_figures(dry) -> dict[str, Any]:
 
 
 def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers: int, chips: int,
-                  n_act: int, prefill_s: float) -> dict[str, Any]:
+                  n_act: int, prefill_s: float, decode_min: dict[str, float]) -> dict[str, Any]:
     """The report's ``speed`` section from the cost programs (`cost_programs`), or {} when any
-    is missing or failed. Per chip; seconds; tokens/s."""
-    names = ("decode_step_L1", "decode_step_L2", "reshard", "learner_microbatch_L1",
-             "learner_microbatch_L2")
+    is missing or failed. Per chip; seconds; tokens/s. ``decode_min``: the bytes a decode step
+    must read at the mean fill (`dry_run_analytic.decode_min_bytes`), whose HBM time is the
+    bound beside the compiled figure."""
+    names = ("decode_step_L1", "decode_step_L2", "decode_last_L1", "decode_last_L2", "reshard",
+             "learner_microbatch_L1", "learner_microbatch_L2")
     if not all(compiled.get(n, {}).get("ok") for n in names):
         return {}
     chip = chip_figures(dry)
     n, m, p, g, b = shp["rows"], shp["new_tokens"], shp["prompt_len"], shp["group_size"], shp["prompts"]
     k = shp["microbatches"]
     decode = roofline(extrapolate(compiled["decode_step_L1"], compiled["decode_step_L2"], layers), chip)
+    last = roofline(extrapolate(compiled["decode_last_L1"], compiled["decode_last_L2"], layers), chip)
     reshard = roofline(_cost(compiled["reshard"]), chip)
     mb = extrapolate(compiled["learner_microbatch_L1"], compiled["learner_microbatch_L2"], layers)
     learner = roofline({key: k * v for key, v in mb.items()}, chip)
     rows_per_chip = n / chips
     decode_tok_s_chip = rows_per_chip / decode["seconds"]
+    min_s = decode_min["total"] / (chip["hbm_gbps"] * GB)
     # tokens the step trains on: each group's prompt once and its G completions
     trained_tokens = b * (p + g * m)
     learner_flops_ratio = learner["flops"] * chips / (6.0 * n_act * trained_tokens)
     rollout_s = prefill_s + m * decode["seconds"]
     step_s = rollout_s + reshard["seconds"] + learner["seconds"]
     return dict(
-        chip=chip, decode=decode, reshard=reshard, learner=learner,
+        chip=chip, decode=decode, decode_last=last, reshard=reshard, learner=learner,
         decode_rows_per_chip=rows_per_chip, decode_tok_s_chip=decode_tok_s_chip,
+        decode_last_tok_s_chip=rows_per_chip / last["seconds"],
+        decode_min=dict(decode_min, seconds=min_s), decode_min_tok_s_chip=rows_per_chip / min_s,
         decode_hbm_gb=decode["hbm_bytes"] / GB, decode_collective_gb=decode["collective_bytes"] / GB,
         reshard_s=reshard["seconds"], learner_flops_ratio=learner_flops_ratio,
         trained_tokens=trained_tokens, prefill_s=prefill_s, rollout_s=rollout_s,
@@ -105,16 +112,22 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
                  f"{c['ici_gbps']:.0f} GB/s bidirectional; {c['source']}) --",
              "  t = max(FLOP / peak, HBM bytes / HBM BW, collective bytes / (ICI / 2)); "
              "leaves out small-collective latency, overlap, kernel efficiency"]
-    for name, note in (("decode", f"one step, full cache, {speed['decode_rows_per_chip']:.0f} rows/chip"),
+    for name, note in (("decode", f"one step at the mean fill, {speed['decode_rows_per_chip']:.0f} rows/chip"),
+                       ("decode_last", "the last step, full cache"),
                        ("reshard", "learner -> sampler weights, once per RL step"),
                        ("learner", "the whole step (microbatches x one)")):
         r = speed[name]
-        lines.append(f"  {name:<9} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
+        lines.append(f"  {name:<11} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
                      f"{r['collective_bytes'] / GB:9.3f} GB coll -> {r['seconds'] * 1e3:10.3f} ms "
                      f"({r['bound']}-bound; {note})")
     lines += [
         f"  decode: {speed['decode_tok_s_chip']:,.0f} tokens/s per chip "
-        f"(= {speed['decode_rows_per_chip']:.0f} rows / {speed['decode']['seconds'] * 1e3:.3f} ms)",
+        f"(= {speed['decode_rows_per_chip']:.0f} rows / {speed['decode']['seconds'] * 1e3:.3f} ms; "
+        f"{speed['decode_last_tok_s_chip']:,.0f} at the last step)",
+        f"  decode bound from the bytes a step must read (exact from the shardings, analytic): weights "
+        f"{speed['decode_min']['weights'] / GB:.2f} GB + KV {speed['decode_min']['kv'] / GB:.2f} GB -> "
+        f"{speed['decode_min']['seconds'] * 1e3:.3f} ms, {speed['decode_min_tok_s_chip']:,.0f} tokens/s per chip. "
+        "The compiled figure is the one this report uses; the bound is what a step cannot do without",
         f"  learner FLOPs / (6 x N_act x trained tokens {speed['trained_tokens']:,}) = "
         f"{speed['learner_flops_ratio']:.2f} (trained tokens: each prompt once + G completions)",
         f"  RL step estimate {speed['step_s_estimate']:.1f} s = prefill {speed['prefill_s']:.1f} "

@@ -138,7 +138,7 @@ def test_receive_buffer_bound():
     # a token's k experts are distinct: at most min(k, E_local) of them are on one device
     assert moe_sharding.local_expert_rows(512, 8, 2, gmm=False) == 1024
     assert moe_sharding.local_expert_rows(100, 8, 32, gmm=False) == 800
-    assert moe_sharding.local_expert_rows(100, 8, 2, gmm=True) == 256   # padded to gmm's row tile
+    assert moe_sharding.local_expert_rows(100, 8, 2, gmm=True) == 512   # padded to gmm's row tile
 
 
 def test_gmm_only_at_training_token_counts():

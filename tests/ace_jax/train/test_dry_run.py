@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from ace_jax.runtime import tpu_compile
-from ace_jax.train import dry_run, dry_run_analytic, dry_run_report
+from ace_jax.train import dry_run, dry_run_analytic, dry_run_report, dry_run_speed
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -236,3 +236,69 @@ def test_without_libtpu_nothing_is_compiled_and_the_report_says_so(monkeypatch):
     s = dry_run_report.summary(report)
     assert s["compiled"] is False and s["topology"] is None
     assert "pip install" in dry_run_report.format_report(report)
+
+
+# ------------------------------------------------------------------------------------ speed
+
+def test_collective_bytes_from_optimised_hlo():
+    """Per kind, from result shapes: all-gather the result, all-reduce twice the operand,
+    reduce-scatter the operand (result x group), async starts once (results half)."""
+    hlo = "\n".join([
+        "%ag = bf16[32,8]{1,0:T(8,128)(2,1)} all-gather(%p), replica_groups={{0,1,2,3},{4,5,6,7}}",
+        "%ar = (bf16[32,2048]{1,0}, bf16[32,8]{1,0}) all-reduce(%a, %b), replica_groups={{0,1}}",
+        "%rs = f32[8,2048]{1,0} reduce-scatter(%x), replica_groups=[2,4]<=[8], dimensions={0}",
+        "%ags = (bf16[8,2048]{1,0}, bf16[64,2048]{1,0}) all-gather-start(%y), replica_groups={{0,1}}",
+        "%agd = bf16[64,2048]{1,0} all-gather-done(%ags)",
+        "%cp = (f32[16]{0}, f32[16]{0}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%z)",
+        "%a2a = s32[4,4]{1,0} all-to-all(%w), replica_groups={{0,1,2,3}}",
+        "%add = f32[8]{0} add(%u, %v)",
+    ])
+    got = tpu_compile.collective_bytes(hlo)
+    assert got["all-gather"] == 32 * 8 * 2 + 64 * 2048 * 2
+    assert got["all-reduce"] == 2 * (32 * 2048 * 2 + 32 * 8 * 2)
+    assert got["reduce-scatter"] == 8 * 2048 * 4 * 4
+    assert got["collective-permute"] == 16 * 4 and got["all-to-all"] == 16 * 4
+    assert got["total"] == sum(got[k] for k in tpu_compile.COLLECTIVES)
+
+
+def test_roofline_names_the_binding_term_and_layers_extrapolate():
+    chip = dict(peak_tflops_bf16=100.0, hbm_gbps=1000.0, ici_gbps=200.0)
+    one = dict(flops=1e12, hbm_bytes=2e9, collective_bytes={"total": 1e8})
+    two = dict(flops=3e12, hbm_bytes=3e9, collective_bytes={"total": 1e8})
+    cost = dry_run_speed.extrapolate(one, two, 4)            # + 3 layers of (2e12, 1e9, 0)
+    assert cost == dict(flops=7e12, hbm_bytes=5e9, collective_bytes=1e8)
+    r = dry_run_speed.roofline(cost, chip)
+    assert r["bound"] == "flops" and r["seconds"] == pytest.approx(0.07)
+    assert r["hbm_s"] == pytest.approx(0.005) and r["ici_s"] == pytest.approx(0.001)
+
+
+@needs_libtpu
+def test_sampler_layout_decode_moves_tokens_not_weights():
+    """The reduced ace30b compiled for 8 v5p chips: in the sampler's own layout (experts over
+    8 chips, tokens travel) one decode layer moves under a quarter of a layer's expert weights
+    over ICI (its 32 rows of tokens); in the learner's layout ("shared", weights gathered) over
+    half of them (7/8 are gathered) and more than 4x the sampler's. The summary carries the
+    speed fields."""
+    per_layer = {}
+    for layout in ("own", "shared"):
+        cfg = reduced_config()
+        cfg.dry_run.topology = "v5p:2x2x2"
+        cfg.sampler_mesh.layout = layout
+        report = dry_run.run_dry_run(cfg)
+        costs = report["cost_programs"]
+        assert all(c["ok"] for c in costs.values()), {k: c["error"] for k, c in costs.items()}
+        per_layer[layout] = (costs["decode_step_L2"]["collective_bytes"]["total"]
+                             - costs["decode_step_L1"]["collective_bytes"]["total"])
+        s, speed = dry_run_report.summary(report), report["speed"]
+        for key in ("decode_tok_s_chip", "decode_min_tok_s_chip", "decode_hbm_gb",
+                    "decode_collective_gb", "reshard_s", "learner_flops_ratio", "step_s_estimate"):
+            assert key in s and speed[key] >= 0, (key, s)
+        assert speed["decode_tok_s_chip"] > 0 and speed["learner_flops_ratio"] > 0, speed
+        # the roofline is the compiled program's: t = max of its three terms
+        d = speed["decode"]
+        assert d["seconds"] == max(d["flops_s"], d["hbm_s"], d["ici_s"]) > 0
+        assert "tokens/s per chip" in dry_run_report.format_report(report)
+    expert_weights = 3 * E * H * IM * 2                         # one layer, bf16
+    assert per_layer["own"] < expert_weights / 4, per_layer    # 32 rows x H, not the weights
+    assert per_layer["shared"] > expert_weights / 2, per_layer  # the gathered weights (7/8 of them)
+    assert per_layer["shared"] > 4 * per_layer["own"], per_layer
