@@ -16,8 +16,8 @@ Sizes (reference/qwen3_moe_spec.md §5): 64 states x G=8 = 512 rollouts per step
 + 4k new tokens; the learner sees 1 rollout per chip per microbatch (512 / 64 chips = 8
 microbatches). Memory is fp32 master weights + fp32 AdamW moments + fp32 gradients = 16 B/param
 (488.5 GB), fully sharded over 64 chips; compute in bfloat16 with full remat. Compiled by XLA's
-TPU compiler for v5p:4x4x4 (`--dry_run`): learner step 26.3 GB and rollout 16.2 GB per chip at
-8k + 4k tokens; 43.6 GB and 35.5 GB at 28k + 4k (`--config.rl.max_prompt_tokens=28672`).
+TPU compiler for v5p:4x4x4 (`--dry_run`, docs/tpu.md): learner step 33.9 GB and rollout 29.3 GB
+per chip at 8k + 4k tokens, with the speed of the compiled programs beside them.
 """
 import ml_collections
 

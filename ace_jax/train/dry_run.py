@@ -26,9 +26,14 @@ status 1 when a program does not fit). Nothing is allocated and no weights are r
 Units: bytes and decimal GB (1 GB = 1e9 B; the compiler's own messages print GiB), FLOP,
 seconds. "Per device" means per chip.
 
-The decode estimate assumes ``dry_run.decode_replicas`` model replicas each reading its weights
-once per step (spec §5.5), while `ace_jax.runtime.generate` runs in the training (FSDP) layout; the
-report also gives the worst case where XLA all-gathers the weights every step.
+6. speed from compiled programs (`ace_jax.train.dry_run_speed`, with compile): a decode step of
+   the sampler in its own layout (`sampler_layout`), the learner -> sampler resharding and a
+   learner microbatch, compiled with unrolled layers (`dry_run_programs.cost_programs`); their
+   FLOPs, HBM bytes and collective bytes give a roofline per program, the decode tokens/s per
+   chip, the learner's FLOPs against 6 N_act per trained token and an RL step estimate.
+
+The analytic decode estimate of 5. assumes ``dry_run.decode_replicas`` model replicas each reading
+its weights once per step (spec §5.5); the compiled figures of 6. are the measure.
 """
 from __future__ import annotations
 
