@@ -161,21 +161,18 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 # ============================================================================ blockwise (flash) attention
-def _scores(q_blk: jax.Array, k_blk: jax.Array, scaling: float, dtype: Any, kv: str = "bskd") -> jax.Array:
-    """fp32 [B, nkv, G, bq, bk] scores of q_blk [B, bq, nkv, G, d] and k_blk [B, bk, nkv, d]
-    (``kv="bksd"``: [B, nkv, bk, d], a heads-major cache block), rounded to ``dtype`` and scaled
-    in ``dtype`` (the reference's order)."""
-    s = jnp.einsum(f"bqkgd,{kv}->bkgqs", q_blk.astype(dtype), k_blk.astype(dtype), preferred_element_type=_F32)
+def _scores(q_blk: jax.Array, k_blk: jax.Array, scaling: float, dtype: Any) -> jax.Array:
+    """fp32 [B, nkv, G, bq, bk] scores of q_blk [B, bq, nkv, G, d] and k_blk [B, bk, nkv, d], rounded
+    to ``dtype`` and scaled in ``dtype`` (the reference's order)."""
+    s = jnp.einsum("bqkgd,bskd->bkgqs", q_blk.astype(dtype), k_blk.astype(dtype), preferred_element_type=_F32)
     return (s.astype(dtype) * scaling).astype(_F32)
 
 
-def _online_softmax_step(carry, s: jax.Array, visible: jax.Array, v_blk: jax.Array, dtype: Any,
-                         kv: str = "bskd"):
+def _online_softmax_step(carry, s: jax.Array, visible: jax.Array, v_blk: jax.Array, dtype: Any):
     """One key block of the online softmax.
 
     carry (m [B,nkv,G,bq] running max, l [B,nkv,G,bq] running sum, acc fp32 [B,nkv,G,bq,d]);
-    s fp32 [B,nkv,G,bq,bk] scores; visible bool [B,1,1,bq,bk]; v_blk [B,bk,nkv,d] (``kv="bksd"``:
-    [B,nkv,bk,d]).
+    s fp32 [B,nkv,G,bq,bk] scores; visible bool [B,1,1,bq,bk]; v_blk [B,bk,nkv,d].
     Invisible keys contribute exactly 0; a row with no visible key so far keeps l = acc = 0.
     """
     m, l, acc = carry
@@ -184,7 +181,7 @@ def _online_softmax_step(carry, s: jax.Array, visible: jax.Array, v_blk: jax.Arr
     p = jnp.where(visible, jnp.exp(s - m_new[..., None]), 0.0)
     alpha = jnp.exp(m - m_new)  # both finite: 1 while the row has seen nothing
     l = alpha * l + jnp.sum(p, axis=-1)
-    pv = jnp.einsum(f"bkgqs,{kv}->bkgqd", p.astype(dtype), v_blk.astype(dtype), preferred_element_type=_F32)
+    pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(dtype), v_blk.astype(dtype), preferred_element_type=_F32)
     return m_new, l, alpha[..., None] * acc + pv
 
 
@@ -334,8 +331,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids:
 # ============================================================================ decode
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
                      filled: jax.Array | int, *, scaling: float, dtype: Any = None,
-                     layer: jax.Array | int | None = None, block_kv: int = 512,
-                     heads_major: bool = False) -> jax.Array:
+                     layer: jax.Array | int | None = None, block_kv: int = 512) -> jax.Array:
     """One query per row against the filled prefix of a KV cache, block by block.
 
     Args:
@@ -346,7 +342,6 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
       scaling, dtype: as `blockwise_attention`.
       layer: index into a layer stack (None: k_cache is one layer).
       block_kv: slots per block (clipped to S).
-      heads_major: the caches are [B, nkv, S, d] (or [L, B, nkv, S, d]): a "heads" KV cache.
 
     Returns:
       [B, 1, nq, d] in ``dtype`` (0 for a row with no visible slot).
@@ -359,10 +354,7 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
         raise ValueError(f"k_cache of shape {k_cache.shape} needs layer={'None' if k_cache.ndim == 4 else 'an index'}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
-    if heads_major:
-        b, nkv, s, d = k_cache.shape[-4:]
-    else:
-        b, s, nkv, d = k_cache.shape[-4:]
+    b, s, nkv, d = k_cache.shape[-4:]
     if q.ndim != 4 or q.shape[0] != b or q.shape[1] != 1 or q.shape[3] != d or q.shape[2] % nkv:
         raise ValueError(f"q must be [B, 1, nq, d] with B={b}, d={d}, nq a multiple of {nkv}; got {q.shape}")
     if kv_mask.shape != (b, s):
@@ -377,12 +369,7 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
     q5 = q.reshape(b, 1, nkv, g, d)
     lead = () if layer is None else (layer,)
 
-    kv = "bksd" if heads_major else "bskd"   # the einsums read the blocks as stored
-
-    def read(cache, start):  # -> [B, bk, nkv, d] ([B, nkv, bk, d] heads-major)
-        if heads_major:
-            block = jax.lax.dynamic_slice(cache, (*lead, 0, 0, start, 0), (*(1,) * len(lead), b, nkv, bk, d))
-            return block.reshape(b, nkv, bk, d)
+    def read(cache, start):  # -> [B, bk, nkv, d]
         block = jax.lax.dynamic_slice(cache, (*lead, 0, start, 0, 0), (*(1,) * len(lead), b, bk, nkv, d))
         return block.reshape(b, bk, nkv, d)
 
@@ -394,8 +381,8 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
         start = jnp.minimum(j * bk, s - bk)  # the last block is shifted back into bounds
         pos = start + jnp.arange(bk)
         vis = (_slice(kv_mask, start, bk) != 0) & (pos >= j * bk)[None] & (pos < filled)[None]  # [B, bk]
-        sc = _scores(q5, read(kc, start), scaling, dtype, kv)
-        return _online_softmax_step(stats, sc, vis[:, None, None, None, :], read(vc, start), dtype, kv), (kc, vc)
+        sc = _scores(q5, read(kc, start), scaling, dtype)
+        return _online_softmax_step(stats, sc, vis[:, None, None, None, :], read(vc, start), dtype), (kc, vc)
 
     init = (jnp.full((b, nkv, g, 1), _MASK_VALUE, _F32), jnp.zeros((b, nkv, g, 1), _F32),
             jnp.zeros((b, nkv, g, 1, d), _F32))

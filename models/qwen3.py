@@ -436,7 +436,7 @@ class Qwen3Attention(nnx.Module):
         mask: the `AttentionMask` of the T queries over the attended keys (the T new ones without a
           cache or for a prefill into an empty cache, else the kv_len leading cache slots); its
           ``impl`` picks the kernel (`attend`). A decode step (T == 1) of a blockwise / splash model
-          into a "standard" / "heads" cache reads the filled slots block by block (`decode_attention`).
+          into a "standard" cache reads the filled slots block by block (`decode_attention`).
 
         kv_cache: None, or this layer's (k, v):
           kv_layout "standard": one layer [B,S,nkv,d] (``layer_index`` None), or a whole layer stack
@@ -471,33 +471,26 @@ class Qwen3Attention(nnx.Module):
                     kt, vt = kt[..., :kv_len], vt[:, :, :kv_len]
                 out = dot_product_attention_kv_major(q, kt, vt, mask.as_dense(), self.scaling, self.dtype)
             return self.o_proj(out), (k_cache, v_cache)
-        heads = kv_layout == "heads"   # [.., B, nkv, S, d]: the new keys go in head-major
-        if heads:
-            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, nkv, T, d]
-        at = (0, 0, cache_index, 0) if heads else (0, cache_index, 0, 0)
         if layer_index is None:
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k, at)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v, at)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, cache_index, 0, 0))
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, cache_index, 0, 0))
             read = lambda c: c  # noqa: E731
         else:
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], (layer_index, *at))
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], (layer_index, *at))
+            start = (layer_index, 0, cache_index, 0, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], start)
             read = lambda c: jax.lax.dynamic_index_in_dim(c, layer_index, 0, keepdims=False)  # noqa: E731
-        if heads:  # attend() takes [B, S, nkv, d]
-            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-            read_standard = read
-            read = lambda c: jnp.swapaxes(read_standard(c), 1, 2)  # noqa: E731
         if fresh:
             out = attend(q, k, v, mask, self.scaling, self.dtype)
         elif x.shape[1] == 1 and mask.impl != "dot":
             # a decode step: read the filled blocks only
             # a concrete index (the mask's static offset) unrolls the block loop (the dry run's cost model)
             filled = cache_index + 1 if _traced(mask.offset) else int(mask.offset) + 1
-            slots = k_cache.shape[-2] if heads else k_cache.shape[-3]
+            slots = k_cache.shape[-3]
             kv_mask = mask.kv_segment_ids  # [B, kv_len]: pad to the cache's S slots
             kv_mask = jnp.pad(kv_mask, ((0, 0), (0, slots - kv_mask.shape[1])))
             out = decode_attention(q, k_cache, v_cache, kv_mask, filled, scaling=self.scaling,
-                                   dtype=self.dtype, layer=layer_index, heads_major=heads)
+                                   dtype=self.dtype, layer=layer_index)
         else:
             k, v = read(k_cache), read(v_cache)
             if kv_len is not None and kv_len < k.shape[1]:
@@ -914,7 +907,7 @@ def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask,
                layer_params: tuple | None = None):
     """Runs the ``Lg`` layers of one group over h [B,T,H].
 
-    kv: None, or (k, v): [Lg, B, S, nkv, d] each ("standard" layout; "heads": [Lg, B, nkv, S, d]), or tuples of Lg per-layer
+    kv: None, or (k, v): [Lg, B, S, nkv, d] each ("standard" layout), or tuples of Lg per-layer
     arrays ("decode" layout, see `KVCache`). Returns (h, new kv or None, (counts [E], prob_sum [E])
     or None, router_logits [Lg, B*T, E] or None).
 
@@ -977,10 +970,6 @@ class KVCache:
 
     k, v: the normed + rotated keys and the values, laid out per ``layout``:
       "standard": one array per layer group, k and v [Lg, B, S_max, nkv, head_dim];
-      "heads":    one array per layer group, k and v [Lg, B, nkv, S_max, head_dim]: heads-major,
-                  so a decode step's attention reads each head's filled slots as contiguous
-                  [slots, head_dim] tiles (the accelerator sampler's choice: with "standard" XLA's
-                  TPU compiler transposes each layer's whole cache on every decode step);
       "decode":   one array per LAYER, k [B, nkv, head_dim, S_max] and v [B, nkv, S_max, head_dim]:
                   the operand layouts of the two attention matmuls, each layer its own buffer, so a
                   decode step updates the cache in place and reads it without slicing or
@@ -1004,7 +993,7 @@ class KVCache:
         return self.kv_mask.shape[1]
 
 
-KV_LAYOUTS = ("standard", "heads", "decode")
+KV_LAYOUTS = ("standard", "decode")
 
 
 def cache_shapes(config: ModelConfig, batch: int, max_len: int, layout: str = "standard"):
@@ -1015,8 +1004,6 @@ def cache_shapes(config: ModelConfig, batch: int, max_len: int, layout: str = "s
     nkv, d = config.num_key_value_heads, config.head_dim
     if layout == "decode":
         return [((batch, nkv, d, max_len), (batch, nkv, max_len, d))] * config.num_hidden_layers
-    if layout == "heads":
-        return [((g.count, batch, nkv, max_len, d),) * 2 for g in config.layer_groups()]
     return [((g.count, batch, max_len, nkv, d),) * 2 for g in config.layer_groups()]
 
 

@@ -227,12 +227,10 @@ def model_eos_ids(config) -> tuple[int, ...]:
 def cache_layout(config) -> str:
     """The KV-cache layout the sampler uses for a model of ``config``: "decode" on CPU (per-layer
     buffers in the matmuls' operand layouts, unrolled layers: XLA:CPU otherwise copies and
-    transposes the cache and the weights in every decode step), "heads" elsewhere (one scanned
-    stack per layer group, heads-major: with "standard" [.., S, nkv, d] XLA's TPU compiler
-    transposes every layer's whole cache for the attention in every decode step). The platform
-    is the model's target (``config.platform``), so a CPU host compiling ahead of time for TPU
-    takes the TPU layout."""
-    return "decode" if model_configs.target_platform(config) == "cpu" else "heads"
+    transposes the cache and the weights in every decode step), "standard" elsewhere (one scanned
+    stack per layer group). The platform is the model's target (``config.platform``), so a CPU
+    host compiling ahead of time for TPU takes the TPU layout."""
+    return "decode" if model_configs.target_platform(config) == "cpu" else "standard"
 
 
 def _constrain_cache(cache: qwen3.KVCache, placement) -> qwen3.KVCache:

@@ -42,11 +42,9 @@ __all__ = [
 
 # Logical axes of a `models.qwen3.KVCache`'s k / v arrays, per cache layout:
 #   "standard": one array per layer group, k and v [Lg, B, S, nkv, d];
-#   "heads":    one array per layer group, k and v [Lg, B, nkv, S, d];
 #   "decode":   one array per layer, k [B, nkv, d, S] and v [B, nkv, S, d].
 KV_CACHE_AXES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "standard": (("layers", "batch", "cache_length", "kv_heads", "head_dim"),) * 2,
-    "heads": (("layers", "batch", "kv_heads", "cache_length", "head_dim"),) * 2,
     "decode": (("batch", "kv_heads", "head_dim", "cache_length"),
                ("batch", "kv_heads", "cache_length", "head_dim")),
 }

@@ -72,8 +72,7 @@ def _model_config(mc: model_configs.ModelConfig, cfg: ml_collections.ConfigDict
     if cfg.weight_dtype not in ("compute", "param"):
         raise ValueError(f"sampler_mesh.weight_dtype must be 'compute' or 'param', got "
                          f"{cfg.weight_dtype!r}")
-    # no remat: nothing is differentiated, and jax.checkpoint's optimisation barrier around a
-    # layer makes XLA copy the KV cache it updates (the whole cache, every decode step)
+    # no remat: sampling differentiates nothing
     changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none")
     if cfg.weight_dtype == "compute":
         changes["param_dtype"] = mc.dtype

@@ -207,7 +207,7 @@ def test_n_samples_of_one_prompt_reproduce_the_generator_group(served):
 
 def test_the_engine_matches_the_generator_on_the_accelerator_cache_layout(served):
     """A model whose code paths are the GPU's (platform="gpu") keeps its KV cache in the
-    "heads" layout of TPU / GPU, also on CPU: n samples of each prompt are the groups of
+    "standard" layout of TPU / GPU, also on CPU: n samples of each prompt are the groups of
     Generator.generate, token for token."""
     from flax import nnx
 
@@ -220,7 +220,7 @@ def test_the_engine_matches_the_generator_on_the_accelerator_cache_layout(served
         MODEL_OVERRIDES, vocab_size=len(tokenizer), platform="gpu"))
     policy = JaxPolicy(qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(1)), tokenizer,
                        max_new_tokens=MAX_TOKENS)
-    assert generate.cache_layout(cfg) == "heads"
+    assert generate.cache_layout(cfg) == "standard"
     sampling = dataclasses.replace(policy.sampling, group_size=2, temperature=1.0)
     want = policy.generator.generate([policy.encode(c)[0] for c in CONVS[:3]],
                                      jax.random.key(5), sampling)

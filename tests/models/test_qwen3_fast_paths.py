@@ -147,7 +147,7 @@ def test_decode_layout_cache_matches_full_forward(kw):
         out = model(ids, pos, attention_mask=mask, cache=cache, cache_index=index, layer_params=model.layer_params())
         return out.logits, out.cache
 
-    for layout in ("decode", "standard", "heads"):
+    for layout in ("decode", "standard"):
         cache = init_cache(cfg, b, total + 3, layout=layout)
         assert [(k.shape, v.shape) for k, v in zip(cache.k, cache.v)] == cache_shapes(cfg, b, total + 3, layout)
         logits, cache = prefill_fn(state, ids[:, :prefill], pos[:, :prefill], mask[:, :prefill], cache)
