@@ -32,9 +32,10 @@ from jax.sharding import AbstractMesh, Mesh
 from ace_jax.runtime import placement as placement_lib, sharding
 from models import configs as model_configs
 
-__all__ = ["LAYOUTS", "SAMPLER_RULES", "default_config", "SamplerLayout"]
+__all__ = ["LAYOUTS", "WEIGHT_DTYPES", "SAMPLER_RULES", "default_config", "SamplerLayout"]
 
 LAYOUTS = ("shared", "own")
+WEIGHT_DTYPES = ("compute", "param")  # the model's compute dtype | the params' as stored
 
 # Logical axis -> mesh axes for decode (see the module docstring).
 SAMPLER_RULES: dict[str, str] = {
@@ -69,8 +70,8 @@ def default_config() -> ml_collections.ConfigDict:
 
 def _model_config(mc: model_configs.ModelConfig, cfg: ml_collections.ConfigDict
                   ) -> model_configs.ModelConfig:
-    if cfg.weight_dtype not in ("compute", "param"):
-        raise ValueError(f"sampler_mesh.weight_dtype must be 'compute' or 'param', got "
+    if cfg.weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"sampler_mesh.weight_dtype must be one of {list(WEIGHT_DTYPES)}, got "
                          f"{cfg.weight_dtype!r}")
     # no remat: sampling differentiates nothing
     changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none")

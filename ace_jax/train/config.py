@@ -192,7 +192,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     if cfg.tasks.source not in tasks.SOURCES:
         raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(tasks.SOURCES)}")
     _check_mesh(cfg.mesh, num_devices, num_processes)
-    _check_sampler_mesh(cfg.sampler_mesh, num_devices, num_processes)
+    _check_sampler_mesh(cfg.sampler_mesh, num_devices)
     if not cfg.model.get("hf_path", "") and not cfg.model.get("init_from_run", ""):
         from models import configs as model_configs
 
@@ -211,8 +211,7 @@ def check_context(cfg: ml_collections.ConfigDict, max_position_embeddings: int) 
                           f"model's max_position_embeddings ({max_position_embeddings})")
 
 
-def _check_sampler_mesh(sm: ml_collections.ConfigDict, num_devices: Optional[int],
-                        num_processes: Optional[int]) -> None:
+def _check_sampler_mesh(sm: ml_collections.ConfigDict, num_devices: Optional[int]) -> None:
     """The ``sampler_mesh`` section: a known layout, and (own layout) a mesh over the devices."""
     import jax  # local: validate may run before the backend is chosen
 
@@ -222,9 +221,9 @@ def _check_sampler_mesh(sm: ml_collections.ConfigDict, num_devices: Optional[int
     if sm.moe_parallelism not in moe_sharding.MOE_PARALLELISM:
         raise ConfigError(f"sampler_mesh.moe_parallelism must be one of "
                           f"{list(moe_sharding.MOE_PARALLELISM)}, got {sm.moe_parallelism!r}")
-    if sm.weight_dtype not in ("compute", "param"):
-        raise ConfigError(f"sampler_mesh.weight_dtype must be 'compute' or 'param', got "
-                          f"{sm.weight_dtype!r}")
+    if sm.weight_dtype not in sampler_layout.WEIGHT_DTYPES:
+        raise ConfigError(f"sampler_mesh.weight_dtype must be one of "
+                          f"{list(sampler_layout.WEIGHT_DTYPES)}, got {sm.weight_dtype!r}")
     if sm.layout == "shared":
         return
     n = jax.device_count() if num_devices is None else num_devices

@@ -245,9 +245,10 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
                                         state_sh, batch, platform=platform, compile=compile)
     # ---- speed: rooflines of the compiled decode step, resharding and learner microbatch
     costs = cost_programs(config, mc, shp, place, platform=platform) if compile else {}
+    costs = {k: v.to_dict() for k, v in costs.items()}
     layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
     decode_min = analytic.decode_min_bytes(layout, params, mc, n, p + m // 2)
-    speed = dry_run_speed.speed_section({k: v.to_dict() for k, v in costs.items()}, dry=dry,
+    speed = dry_run_speed.speed_section(costs, dry=dry,
                                         shp=shp, layers=L, chips=chips, n_act=n_act,
                                         prefill_s=time_s["prefill_s"], decode_min=decode_min)
 
@@ -274,7 +275,7 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
         "time": time_s,
         "lowering": lowering,
         "compiled": {k: v.to_dict() for k, v in compiled.items()},
-        "cost_programs": {k: v.to_dict() for k, v in costs.items()},
+        "cost_programs": costs,
         "speed": speed,
         "sampler": dict(layout=str(config.sampler_mesh.layout),
                         moe_parallelism=str(config.sampler_mesh.moe_parallelism)),
