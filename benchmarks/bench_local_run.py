@@ -15,7 +15,8 @@ Speed of the RL loop (warm start excluded), from the per-step ``perf/step_second
 ``perf/compile_seconds`` (XLA compile time inside the step, jax's own compile events):
 ``rl_steps_per_min`` (steps / minutes of RL steps, compiling excluded), ``compile_s`` (total
 compile seconds inside RL steps, reported apart), ``rl_steps_per_min_with_compile`` and
-``compiling_steps`` (steps that compiled for more than a second: a new prompt bucket).
+``compiling_steps`` (steps that compiled for more than a second: a new prompt bucket) and
+``compiles_after_first_step`` (how many of them came after the first RL step).
 Programs compiled by an earlier run come from XLA's persistent cache (``compile_cache_dir``), so
 ``compile_s`` is that of a first run only on a cold cache: add ``--config.compile_cache_dir=``
 to measure one.
@@ -44,7 +45,11 @@ def loop_speed(rows: list[dict]) -> dict:
             "rl_steps_per_min_with_compile": round(60 * len(timed) / max(step_s, 1e-9), 3),
             "compile_s": round(compile_s, 1),
             "compiling_steps": [r["step"] for r in timed
-                                if r.get("perf/compile_seconds", 0.0) > 1.0]}
+                                if r.get("perf/compile_seconds", 0.0) > 1.0],
+            # the generator compiles once (the paged engine's fixed shapes); the learner once
+            # per prompt-length bucket: 0 needs a warm compile cache or one bucket
+            "compiles_after_first_step": sum(r.get("perf/compile_seconds", 0.0) > 1.0
+                                             for r in timed[1:])}
 
 
 def main() -> None:

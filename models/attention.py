@@ -32,6 +32,12 @@ Kernels:
   * `decode_attention`: one query per row against a KV cache whose filled prefix length is a
     traced scalar (the decode loop's index): reads only the ceil(filled / block) filled key
     blocks, with an online softmax.
+  * `paged_write` / `paged_attention`: a PAGED cache (fixed-size pages in a pool shared by all
+    rows, a page table per row; `models.qwen3.PagedKVCache`): T new tokens per row written at
+    the row's own fill, and T queries per row (a decode step: T = 1; a prefill chunk: T > 1)
+    against the row's filled pages only, block by block, with an online softmax. The pure-JAX
+    reference of the ragged paged attention kernel the TPU engines use
+    (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``), with the same inputs.
 
 Which platform picks which kernel (`resolve_attention_impl`, ``ModelConfig.attention_impl``
 "auto"): "splash" on TPU; elsewhere "dot" (the exact [B, T, S] path) up to `DOT_MAX_KEYS` keys and
@@ -69,6 +75,8 @@ __all__ = [
     "blockwise_attention",
     "splash_attention",
     "decode_attention",
+    "paged_write",
+    "paged_attention",
 ]
 
 _F32 = jnp.float32
@@ -396,6 +404,91 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
         stats, _ = jax.lax.fori_loop(0, num_blocks, key_block, carry)
     out, _ = _finish(*stats)
     return out.reshape(b, 1, nq, d).astype(dtype)
+
+
+# ============================================================================ paged cache
+def _page_slots(page_table: jax.Array, start: jax.Array, t: int, page_size: int):
+    """(page int32 [B, T], offset int32 [B, T], in_table bool [B, T]) of slots start[b] + 0..T-1."""
+    pos = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    index = pos // page_size
+    in_table = index < page_table.shape[1]
+    page = jnp.take_along_axis(page_table, jnp.minimum(index, page_table.shape[1] - 1), axis=1)
+    return page, pos % page_size, in_table
+
+
+def paged_write(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Array, layer,
+                page_table: jax.Array, start: jax.Array, valid: jax.Array):
+    """Writes the keys / values of T new tokens per row into a page pool.
+
+    Args:
+      k_pages, v_pages: a layer stack's pool [L, num_pages, page_size, nkv, d].
+      k, v: [B, T, nkv, d], token t of row b going to the row's slot ``start[b] + t``, i.e. page
+        ``page_table[b, (start[b] + t) // page_size]`` at offset ``(start[b] + t) % page_size``.
+      layer: int scalar (may be traced), the layer of the stack.
+      page_table: int32 [B, pages_per_row] page ids.
+      start: int32 [B], the slots already filled in each row.
+      valid: bool or int [B, T], nonzero for real tokens; the others (and slots past the page
+        table) are not written.
+
+    Returns the updated (k_pages, v_pages). Rows must not share the pages they write into (the
+    engine copies a shared partial page before a row writes to it).
+    """
+    num_pages, page_size = k_pages.shape[1:3]
+    page, offset, in_table = _page_slots(page_table, start, k.shape[1], page_size)
+    page = jnp.where((valid != 0) & in_table, page, num_pages)    # out of bounds: dropped
+    k_pages = k_pages.at[layer, page, offset].set(k.astype(k_pages.dtype), mode="drop")
+    v_pages = v_pages.at[layer, page, offset].set(v.astype(v_pages.dtype), mode="drop")
+    return k_pages, v_pages
+
+
+def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
+                    page_table: jax.Array, start: jax.Array, *, scaling: float, dtype: Any = None,
+                    block_slots: int = 512) -> jax.Array:
+    """T queries per row against the row's pages of a paged cache (after `paged_write`).
+
+    Args:
+      q: [B, T, nq, d]; query t of row b sits at slot ``start[b] + t`` and sees the row's slots
+        s <= start[b] + t (the cache's earlier tokens and the chunk's causal prefix).
+      k_pages, v_pages: [L, num_pages, page_size, nkv, d]; layer: the stack index (may be traced).
+      page_table: int32 [B, pages_per_row]; start: int32 [B].
+      scaling, dtype: as `blockwise_attention`.
+      block_slots: slots read per step of the loop (rounded to whole pages).
+
+    Returns [B, T, nq, d] in ``dtype``. Reads only the blocks of pages up to the largest row's
+    last visible slot (a ``fori_loop`` with a traced bound; forward only), each block gathered
+    from the pool by page id. Same numerics as `decode_attention`.
+    """
+    b, t, nq, d = q.shape
+    _, _, page_size, nkv, _ = k_pages.shape
+    if nq % nkv or k_pages.shape != v_pages.shape or page_table.shape[0] != b or start.shape != (b,):
+        raise ValueError(f"paged_attention: q {q.shape}, pages {k_pages.shape} / {v_pages.shape}, "
+                         f"page_table {page_table.shape}, start {start.shape} do not agree")
+    dtype = jnp.dtype(dtype or q.dtype)
+    g = nq // nkv
+    pages_per_block = max(1, min(block_slots // page_size, page_table.shape[1]))
+    blocks = -(-page_table.shape[1] // pages_per_block)
+    table = _pad_axis(page_table, 1, blocks * pages_per_block)
+    bk = pages_per_block * page_size
+    q5 = q.reshape(b, t, nkv, g, d)
+    last = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]        # [B, T]
+
+    def read(pool, ids):  # -> [B, bk, nkv, d]
+        return pool[layer, ids].reshape(b, bk, nkv, d)
+
+    def key_block(j, carry):  # the pools ride in the carry unchanged (see decode_attention)
+        stats, (kp, vp) = carry
+        ids = jax.lax.dynamic_slice_in_dim(table, j * pages_per_block, pages_per_block, axis=1)
+        pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
+        vis = pos[None, None, :] <= last[:, :, None]                        # [B, T, bk]
+        sc = _scores(q5, read(kp, ids), scaling, dtype)
+        return _online_softmax_step(stats, sc, vis[:, None, None], read(vp, ids), dtype), (kp, vp)
+
+    init = (jnp.full((b, nkv, g, t), _MASK_VALUE, _F32), jnp.zeros((b, nkv, g, t), _F32),
+            jnp.zeros((b, nkv, g, t, d), _F32))
+    num_blocks = jnp.clip(jnp.max(last) // bk + 1, 0, blocks)
+    stats, _ = jax.lax.fori_loop(0, num_blocks, key_block, (init, (k_pages, v_pages)))
+    out, _ = _finish(*stats)                                                # [B, nkv, G, T, d]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, nq, d).astype(dtype)
 
 
 # ============================================================================ splash (Pallas TPU)

@@ -61,7 +61,9 @@ per-expert buffers, drops overflow); see `Qwen3MoeExperts`.
 KV cache: `init_cache` / ``Qwen3ForCausalLM.init_cache`` -> `KVCache` (one k and one v array per
 layer group, each [Lg, B, S_max, nkv, d], plus ``kv_mask`` bool [B, S_max]; or, with
 ``layout="decode"``, one k [B, nkv, d, S_max] and one v [B, nkv, S_max, d] per layer). See
-``Qwen3ForCausalLM.__call__`` for the masking rules.
+``Qwen3ForCausalLM.__call__`` for the masking rules. `init_paged_cache` -> `PagedKVCache`: a pool
+of fixed-size pages per layer group shared by the rows through per-row page tables (the rollout
+engine's cache, `ace_jax.runtime.engine`); each row fills its own slots from 0.
 
 Attention kernels (``config.attention_impl``, one dispatch: `attend`): "dot" builds the [B, T, S]
 mask and runs `dot_product_attention` (HF eager order, the parity reference); "blockwise" (CPU /
@@ -97,6 +99,8 @@ from flax import nnx
 from models.attention import (
     blockwise_attention,
     decode_attention,
+    paged_attention,
+    paged_write,
     resolve_attention_impl,
     segment_mask,
     splash_attention,
@@ -108,9 +112,11 @@ __all__ = [
     "AttentionMask",
     "KVCache",
     "ModelOutput",
+    "PagedKVCache",
     "Qwen3ForCausalLM",
     "Qwen3DecoderLayer",
     "init_cache",
+    "init_paged_cache",
     "cache_shapes",
     "flat_params",
     "set_flat_params",
@@ -443,7 +449,10 @@ class Qwen3Attention(nnx.Module):
             [Lg,B,S,nkv,d] with this layer at ``layer_index``: the new keys / values are written in
             place at (layer_index, :, cache_index) and the stack is returned (a scan then carries
             the cache instead of slicing it out and stacking it back every step);
-          kv_layout "decode": one layer, k [B,nkv,d,S] and v [B,nkv,S,d] (see `KVCache`).
+          kv_layout "decode": one layer, k [B,nkv,d,S] and v [B,nkv,S,d] (see `KVCache`);
+          kv_layout "paged": a layer stack's page pools [Lg,P,page_size,nkv,d] (this layer at
+            ``layer_index``); ``cache_index`` is then (page_table [B, pages], start [B]) and the T
+            tokens of row b go to its slots start[b]..start[b]+T-1 (`PagedKVCache`).
         kv_len: static number of leading cache slots the queries may see (``mask`` covers kv_len
           keys); None = all S. ``kv_len == T`` with ``cache_index == 0`` attends to the new keys
           directly.
@@ -456,6 +465,13 @@ class Qwen3Attention(nnx.Module):
         if kv_cache is None:  # causal self-attention over the T tokens
             return self.o_proj(attend(q, k, v, mask, self.scaling, self.dtype)), None
         k_cache, v_cache = kv_cache
+        if kv_layout == "paged":  # cache_index: (page_table [B, pages_per_row], start [B])
+            page_table, start = cache_index
+            k_cache, v_cache = paged_write(k_cache, v_cache, k, v, layer_index, page_table, start,
+                                           mask.q_segment_ids)
+            out = paged_attention(q, k_cache, v_cache, layer_index, page_table, start,
+                                  scaling=self.scaling, dtype=self.dtype)
+            return self.o_proj(out), (k_cache, v_cache)
         k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
         # kv_len == T: a prefill into an empty cache (the index is 0, whether traced or not): the
         # queries see exactly the T new keys
@@ -904,7 +920,7 @@ def _remat(fn, config: ModelConfig):
 
 def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask, token_mask, kv, cache_index,
                keep_router_logits: bool, kv_len: int | None = None, kv_layout: str = "standard",
-               layer_params: tuple | None = None):
+               layer_params: tuple | None = None, cache_as_xs: bool = False):
     """Runs the ``Lg`` layers of one group over h [B,T,H].
 
     kv: None, or (k, v): [Lg, B, S, nkv, d] each ("standard" layout), or tuples of Lg per-layer
@@ -918,6 +934,9 @@ def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask,
     updates it in place instead of copying the whole cache every step. ``mask`` (an
     `AttentionMask`), ``kv_len``: see `Qwen3Attention.__call__`. ``layer_params``: the Lg per-layer
     parameter states (see `Qwen3ForCausalLM.layer_params`) to use instead of slicing the stack here.
+    ``cache_as_xs``: a "standard" cache goes through the scan as per-layer inputs and outputs
+    instead of the carry (for a forward that is differentiated: the backward of a scan saves its
+    carry at every layer, i.e. the whole cache stack Lg times).
     """
     graphdef, params = nnx.split(stack)
     top_k = config.num_experts_per_tok
@@ -938,7 +957,15 @@ def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask,
                 router_logits = None
         return (h, kv), (stats, router_logits)
 
-    if config.scan_layers and not per_layer and layer_params is None:
+    if (config.scan_layers and kv_layout == "standard" and layer_params is None and kv is not None
+            and cache_as_xs):
+        def xs_body(h, xs):  # this layer's (k, v) [B, S, nkv, d] in and out
+            lp, k_i, v_i = xs
+            (h, kv_i), ys = body((h, (k_i, v_i)), lp, None)
+            return h, (kv_i, ys)
+
+        h, (kv, (stats, router_logits)) = jax.lax.scan(_remat(xs_body, config), h, (params, *kv))
+    elif config.scan_layers and not per_layer and layer_params is None:
         scan_body = _remat(lambda carry, xs: body(carry, *xs), config)
         (h, kv), (stats, router_logits) = jax.lax.scan(
             scan_body, (h, kv), (params, jnp.arange(num_layers, dtype=jnp.int32)))
@@ -994,6 +1021,60 @@ class KVCache:
 
 
 KV_LAYOUTS = ("standard", "decode")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PagedKVCache:
+    """Paged KV cache: one pool of fixed-size pages per layer group, shared by all rows.
+
+    k, v: per layer group [Lg, num_pages, page_size, nkv, d] (normed + rotated keys, values).
+    page_table: int32 [B, pages_per_row]: the pages of row b, in order (slot s of the row is
+      offset s % page_size of page ``page_table[b, s // page_size]``); several rows may list the
+      same page (a shared prompt) as long as none of them writes into it.
+    lengths: int32 [B]: the slots each row has filled; a call's T tokens of row b go to slots
+      lengths[b] .. lengths[b] + T - 1 (the real ones: ``attention_mask`` is right-padded) and the
+      returned cache has lengths + the number of real tokens.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    page_table: jax.Array
+    lengths: jax.Array
+    layout = "paged"
+
+    @property
+    def batch_size(self) -> int:
+        return self.page_table.shape[0]
+
+    @property
+    def page_size(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k[0].shape[1]
+
+    @property
+    def max_len(self) -> int:
+        """Slots a row can hold (pages_per_row x page_size)."""
+        return self.page_table.shape[1] * self.page_size
+
+
+def init_paged_cache(config: ModelConfig, batch: int, *, num_pages: int, page_size: int,
+                     pages_per_row: int, dtype: Any = None) -> PagedKVCache:
+    """An empty `PagedKVCache`: pools of ``num_pages`` pages of ``page_size`` slots, ``batch``
+    rows with page tables of ``pages_per_row`` entries (all page 0) and lengths 0."""
+    if min(batch, num_pages, page_size, pages_per_row) < 1:
+        raise ValueError(f"init_paged_cache: batch, num_pages, page_size and pages_per_row must be "
+                         f"positive, got {batch}, {num_pages}, {page_size}, {pages_per_row}")
+    dtype = dtype or config.dtype
+    nkv, d = config.num_key_value_heads, config.head_dim
+    shapes = [(g.count, num_pages, page_size, nkv, d) for g in config.layer_groups()]
+    return PagedKVCache(k=tuple(jnp.zeros(x, dtype) for x in shapes),
+                        v=tuple(jnp.zeros(x, dtype) for x in shapes),
+                        page_table=jnp.zeros((batch, pages_per_row), jnp.int32),
+                        lengths=jnp.zeros((batch,), jnp.int32))
 
 
 def cache_shapes(config: ModelConfig, batch: int, max_len: int, layout: str = "standard"):
@@ -1065,20 +1146,24 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None, *,
                  attention_mask: jax.Array | None = None,
-                 cache: KVCache | None = None, cache_index: jax.Array | int | None = None,
+                 cache: KVCache | PagedKVCache | None = None,
+                 cache_index: jax.Array | int | None = None,
                  compute_logits: bool = True, return_router_logits: bool = False,
-                 layer_params: tuple | None = None) -> ModelOutput:
+                 layer_params: tuple | None = None, cache_as_xs: bool = False) -> ModelOutput:
         """Forward pass.
 
         Args:
           input_ids: int [B, T] token ids.
           positions: int [B, T] RoPE positions (left-padded rows start at 0 at their first real
             token: the caller gives them). None: 0..T-1 in every row, or with a cache
-            cache_index..cache_index+T-1, which needs a concrete cache_index (a traced one raises).
+            cache_index..cache_index+T-1, which needs a concrete cache_index (a traced one raises),
+            or with a paged cache lengths[b]..lengths[b]+T-1.
           attention_mask: bool [B, T] (or 0/1 ints), True = real token; None = all real.
-          cache: None, or a `KVCache` with S_max >= cache_index + T slots.
+          cache: None, a `KVCache` with S_max >= cache_index + T slots, or a `PagedKVCache`
+            (then no ``cache_index``: each row's tokens go to its own ``lengths[b]`` onwards, and
+            ``attention_mask`` must be right-padded).
           cache_index: int32 scalar, the slot of the first new token (same for every row); required
-            iff ``cache`` is given. The caller keeps cache_index + T <= S_max: a concrete index is
+            iff a `KVCache` is given. The caller keeps cache_index + T <= S_max: a concrete index is
             checked, a traced one cannot be (``dynamic_update_slice`` would clamp it).
           compute_logits: False skips the [B, T, V] logits (logits=None); the caller can then apply
             `lm_logits` to chunks of ``hidden_states``.
@@ -1086,6 +1171,10 @@ class Qwen3ForCausalLM(nnx.Module):
           layer_params: None, or `layer_params()` computed OUTSIDE an enclosing loop: the layers
             then run unrolled on these per-layer weights (a decode ``while_loop`` reads each
             layer's weights in place instead of slicing them out of the stacks every step).
+          cache_as_xs: a scanned "standard" cache passes through the layers as per-layer scan
+            inputs / outputs, not in the carry: set it when the forward is differentiated (the
+            learner's shared-prompt pass), else the backward keeps a copy of the whole cache
+            per layer. Decode loops keep the default (the carried cache is updated in place).
 
         Masking: without a cache, query t sees key t' iff t' <= t and attention_mask[b, t']. With a
         cache, the T new keys/values are written to slots [cache_index, cache_index + T), kv_mask of
@@ -1102,7 +1191,14 @@ class Qwen3ForCausalLM(nnx.Module):
                                                                   cache_index)
         b, t = input_ids.shape
         kv_len = None
-        if cache is None:
+        platform = target_platform(cfg)
+        paged = isinstance(cache, PagedKVCache)
+        if paged:  # the paged kernels read the mask from the segment ids and the row lengths
+            kv_mask = None
+            ids = attention_mask.astype(jnp.int32)
+            mask = AttentionMask(ids, ids, 0, None, impl="paged", platform=platform)
+            cache_index = (cache.page_table, cache.lengths)
+        elif cache is None:
             kv_mask, kv_keys, offset = None, attention_mask, 0
         else:
             # A concrete cache_index bounds the slots the queries can see: attention reads only the
@@ -1115,9 +1211,9 @@ class Qwen3ForCausalLM(nnx.Module):
             cache_index = jnp.asarray(cache_index, jnp.int32)
             kv_mask = jax.lax.dynamic_update_slice(cache.kv_mask, attention_mask, (0, cache_index))
             kv_keys = kv_mask[:, :kv_len]
-        platform = target_platform(cfg)
-        impl = resolve_attention_impl(cfg.attention_impl, platform, kv_keys.shape[1])
-        mask = _attention_mask_for(impl, platform, attention_mask, kv_keys, offset)
+        if not paged:
+            impl = resolve_attention_impl(cfg.attention_impl, platform, kv_keys.shape[1])
+            mask = _attention_mask_for(impl, platform, attention_mask, kv_keys, offset)
 
         h = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, cfg)
@@ -1137,7 +1233,8 @@ class Qwen3ForCausalLM(nnx.Module):
                 kv = (cache.k[g], cache.v[g])
             h, kv, stats, router_logits = _run_group(stack, cfg, h, cos, sin, mask, token_mask, kv, cache_index,
                                                      return_router_logits, kv_len, layout,
-                                                     None if layer_params is None else layer_params[g])
+                                                     None if layer_params is None else layer_params[g],
+                                                     cache_as_xs)
             if kv is not None and layout == "decode":
                 new_k.extend(kv[0])
                 new_v.extend(kv[1])
@@ -1156,8 +1253,12 @@ class Qwen3ForCausalLM(nnx.Module):
             aux_loss = jnp.zeros((), _F32)
         else:
             aux_loss = load_balancing_loss(counts, prob_sum, cfg.num_moe_layers * jnp.sum(token_mask))
-        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask,
-                                                       layout=cache.layout)
+        if paged:
+            new_cache = PagedKVCache(k=tuple(new_k), v=tuple(new_v), page_table=cache.page_table,
+                                     lengths=cache.lengths + jnp.sum(attention_mask, axis=1, dtype=jnp.int32))
+        else:
+            new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask,
+                                                           layout=cache.layout)
         return ModelOutput(logits=logits, cache=new_cache, aux_loss=aux_loss, hidden_states=h,
                            router_logits=tuple(all_router_logits) if return_router_logits else None)
 
@@ -1195,6 +1296,8 @@ class Qwen3ForCausalLM(nnx.Module):
             if attention_mask.shape != input_ids.shape:
                 raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
             attention_mask = attention_mask.astype(bool)
+        if isinstance(cache, PagedKVCache):
+            return self._check_paged(input_ids, positions, attention_mask, cache, cache_index)
         if (cache is None) != (cache_index is None):
             raise ValueError("cache and cache_index must be given together (or neither)")
         if cache is not None:
@@ -1227,6 +1330,27 @@ class Qwen3ForCausalLM(nnx.Module):
             raise ValueError(f"positions shape {positions.shape} != input_ids shape {input_ids.shape}")
         if not jnp.issubdtype(positions.dtype, jnp.integer):
             raise TypeError(f"positions must be integer, got {positions.dtype}")
+        return input_ids, positions, attention_mask
+
+    def _check_paged(self, input_ids, positions, attention_mask, cache: PagedKVCache, cache_index):
+        if cache_index is not None:
+            raise ValueError("a PagedKVCache carries each row's start (lengths): pass no cache_index")
+        groups = self.config.layer_groups()
+        nkv, d = self.config.num_key_value_heads, self.config.head_dim
+        if len(cache.k) != len(groups) or len(cache.v) != len(groups):
+            raise ValueError(f"paged cache has {len(cache.k)} layer groups, the model has {len(groups)}")
+        for g, (k, v) in enumerate(zip(cache.k, cache.v)):
+            want = (groups[g].count, cache.num_pages, cache.page_size, nkv, d)
+            if k.shape != want or v.shape != want:
+                raise ValueError(f"paged cache group {g}: k/v shapes {k.shape}/{v.shape}, expected {want}")
+        if cache.page_table.shape[0] != input_ids.shape[0] or cache.lengths.shape != (input_ids.shape[0],):
+            raise ValueError(f"paged cache of {cache.page_table.shape[0]} rows (lengths "
+                             f"{cache.lengths.shape}) for input_ids of {input_ids.shape[0]} rows")
+        if positions is None:
+            positions = cache.lengths[:, None] + jnp.arange(input_ids.shape[1], dtype=jnp.int32)[None, :]
+        positions = jnp.asarray(positions)
+        if positions.shape != input_ids.shape:
+            raise ValueError(f"positions shape {positions.shape} != input_ids shape {input_ids.shape}")
         return input_ids, positions, attention_mask
 
     @staticmethod

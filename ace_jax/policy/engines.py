@@ -83,14 +83,15 @@ class JaxEngine:
         state = prefill(gen.graphdef, ids.shape[1] + max_tokens, gen.params, jnp.asarray(ids),
                         jnp.asarray(pos), jnp.asarray(mask), jnp.asarray(rows))
         knobs = generate.SamplingKnobs.from_config(sampling)
-        key = jax.random.key(seed)
+        keys = generate.row_keys(jax.random.key(seed), jnp.asarray(rows),
+                                 jnp.asarray([j for _, j, _ in owners], jnp.int32))
         streams = [SampleStream(self.tokenizer, max_tokens=max_tokens, stop=p.request.stop,
                                 eos_ids=sampling.eos_ids) for p, _, _ in owners]
         done = np.zeros(len(owners), bool)
         steps_done = 0
         while not done.all():
             state, tokens = decode_chunk(gen.graphdef, self.chunk_tokens, gen.params, knobs, state,
-                                         key, jnp.int32(ids.shape[1]), jnp.int32(max_tokens),
+                                         keys, jnp.int32(ids.shape[1]), jnp.int32(max_tokens),
                                          jnp.asarray(done))
             tokens, step = np.asarray(tokens), int(state.step)
             new, steps_done = step - steps_done, step
@@ -169,10 +170,10 @@ def _jitted_steps():
     prefill(graphdef, cache_len, params, ids [B, P], positions [B, P], mask [B, P], rows [N])
       -> state: the B prompts prefilled into a cache of cache_len = P + M slots, then row r of
       the N rows a copy of prompt rows[r] (cache, next-token logits, next position).
-    decode_chunk(graphdef, chunk, params, knobs, state, key, prompt_len, max_new_tokens,
+    decode_chunk(graphdef, chunk, params, knobs, state, keys, prompt_len, max_new_tokens,
       host_done [N]) -> (state, tokens int32 [N, chunk]): up to ``chunk`` more decode steps
-      (fewer when every row is done or the budget is spent); step t samples with
-      ``fold_in(key, t)`` as ``_rollout`` does. Rows done (EOS, or marked by the host) get
+      (fewer when every row is done or the budget is spent); row r's step t samples with
+      ``fold_in(keys[r], t)`` (`generate.row_keys`) as ``_rollout`` does. Rows done (EOS, or marked by the host) get
       ``pad_id``. ``state.step`` counts the steps decoded so far.
     """
     from typing import NamedTuple
@@ -205,7 +206,7 @@ def _jitted_steps():
         return State(jnp.int32(0), logits[rows], cache, positions[rows, -1] + 1,
                      jnp.zeros(rows.shape, bool))
 
-    def decode_chunk(graphdef, chunk, params, knobs, state, key, prompt_len, max_new_tokens,
+    def decode_chunk(graphdef, chunk, params, knobs, state, keys, prompt_len, max_new_tokens,
                      host_done):
         model = nnx.merge(graphdef, params)
         layer_params = model.layer_params() if state.cache.layout == "decode" else None
@@ -217,7 +218,7 @@ def _jitted_steps():
 
         def body(carry):
             i, s, tokens = carry
-            tok, _ = generate.sample_token(jax.random.fold_in(key, s.step), s.logits, knobs)
+            tok, _ = generate.sample_token(generate.step_keys(keys, s.step), s.logits, knobs)
             tok = jnp.where(s.done, knobs.pad_id, tok)
             hit_eos = jnp.any(tok[:, None] == knobs.eos_ids[None, :], axis=-1)
             out = model(tok[:, None], (s.next_pos + s.step)[:, None],

@@ -48,20 +48,49 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.aux_loss_coef = 0.0         # router load-balancing loss coefficient
     cfg.logprob_chunk_tokens = DEFAULT_CHUNK_TOKENS  # completion positions per lm_head chunk:
     #                                 the fp32 [rows, M, vocab] logits are never formed whole
-    # Run each group's prompt once, not G times (its G completions attend to one KV cache, as
-    # in sampling): same values, 1/G of the prompt work. Needs microbatches = 1 (a microbatch
-    # takes every k-th row, splitting groups) and aux_loss_coef = 0 (the router statistics then
-    # come from two calls).
+    # Run each group's prompt once per microbatch, not once per row (its completions attend to
+    # one KV cache, as in sampling): the same values, a fraction of the prompt work. Needs
+    # aux_loss_coef = 0 (the router statistics then come from two calls).
     cfg.share_prompts = False
+    # How microbatches hold the groups when prompts are shared (`microbatch_split`): "groups":
+    # whole groups (each prompt runs once; the groups must divide by microbatches);
+    # "within_groups": G / microbatches rows of every group (each prompt runs once per
+    # microbatch; for a device holding one group, as ace30b's 64 groups on 64 chips).
+    cfg.prompt_split = "groups"
     return cfg
 
 
-def check_share_prompts(cfg: ml_collections.ConfigDict) -> None:
-    """ValueError when ``cfg.share_prompts`` is set with microbatches or the router aux loss."""
-    if cfg.get("share_prompts", False) and (cfg.microbatches != 1 or cfg.aux_loss_coef):
-        raise ValueError(f"optim.share_prompts needs optim.microbatches = 1 and "
-                         f"optim.aux_loss_coef = 0, got {cfg.microbatches} and {cfg.aux_loss_coef}")
+PROMPT_SPLITS = ("groups", "within_groups")
 
+
+def check_share_prompts(cfg: ml_collections.ConfigDict, groups: int | None = None,
+                        group_size: int | None = None) -> None:
+    """ValueError when ``cfg.share_prompts`` is set with the router aux loss or an unknown
+    ``cfg.prompt_split``, or (given the batch's ``groups`` and ``group_size``) when its
+    microbatches cannot be made that way."""
+    if not cfg.get("share_prompts", False):
+        return
+    split, k = cfg.get("prompt_split", "groups"), cfg.microbatches
+    if split not in PROMPT_SPLITS:
+        raise ValueError(f"optim.prompt_split must be one of {list(PROMPT_SPLITS)}, got {split!r}")
+    if cfg.aux_loss_coef:
+        raise ValueError(f"optim.share_prompts needs optim.aux_loss_coef = 0, got "
+                         f"{cfg.aux_loss_coef}")
+    if split == "groups" and groups is not None and groups % k:
+        raise ValueError(f"optim.share_prompts makes microbatches of whole groups: {groups} "
+                         f"groups are not divisible by optim.microbatches = {k}")
+    if split == "within_groups" and group_size is not None and group_size % k:
+        raise ValueError(f"optim.prompt_split='within_groups' splits every group: group size "
+                         f"{group_size} is not divisible by optim.microbatches = {k}")
+
+
+def prompt_rows(cfg: ml_collections.ConfigDict, group_size: int) -> int:
+    """Rows per prompt in a microbatch: 1 (prompts not shared), G (whole groups) or G / k."""
+    if not cfg.get("share_prompts", False):
+        return 1
+    if cfg.get("prompt_split", "groups") == "within_groups":
+        return group_size // cfg.microbatches
+    return group_size
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
                                                              optax.Schedule]:
@@ -96,8 +125,8 @@ def jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size: int, placement=N
     shardings from) the state's in / out shardings are pinned to the placement's; the batch keeps
     the sharding it arrives with (`Learner.step` places it by the 'batch' rule).
 
-    Raises ValueError for ``optim.share_prompts`` with microbatches or the router aux loss
-    (`check_share_prompts`): a microbatch would hold rows of several groups' prompts."""
+    Raises ValueError for ``optim.share_prompts`` with the router aux loss
+    (`check_share_prompts`)."""
     check_share_prompts(optim_cfg)
     tx, schedule = make_optimizer(optim_cfg)
     step_fn = functools.partial(_learner_step, graphdef, tx, schedule, grpo_cfg, optim_cfg,
@@ -180,6 +209,7 @@ class Learner:
             raise ValueError(f"batch of {n} rows is not divisible by optim.microbatches={mb}")
         if n % self.group_size:
             raise ValueError(f"batch of {n} rows is not divisible by group_size={self.group_size}")
+        check_share_prompts(self.optim_cfg, n // self.group_size, self.group_size)
         if self.placement is None:
             self.state, metrics = self._step(self.state, batch)
             return metrics
@@ -197,7 +227,7 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, group_size, par
     logprobs, entropy, aux = completion_logprobs(
         model, mb, temperature,
         chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS),
-        group_size=group_size if optim_cfg.get("share_prompts", False) else 1)
+        group_size=prompt_rows(optim_cfg, group_size))
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
         advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
@@ -220,11 +250,10 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
     else:
         sequence_mask = jnp.ones((n,), bool)
     keep = batch.completion_mask * sequence_mask[:, None].astype(jnp.float32)
-    # Microbatch i takes rows i, k + i, 2k + i, ...: with the rows split over devices in
-    # contiguous blocks (the 'batch' rule), every device keeps its own rows in every microbatch,
-    # so the split moves no data. Advantages are computed above, so row order does not matter.
-    split = lambda x: jnp.swapaxes(x.reshape((n // k, k) + x.shape[1:]), 0, 1)
-    micro = jax.tree.map(split, (batch, advantages, sequence_mask))
+    split = (optim_cfg.get("prompt_split", "groups") if optim_cfg.get("share_prompts", False)
+             else "rows")
+    micro = jax.tree.map(functools.partial(microbatch_split, k=k, group_size=group_size,
+                                           split=split), (batch, advantages, sequence_mask))
     # One denominator for the whole batch: the microbatch losses then sum to the batch loss.
     den_total = grpo.aggregation_denominator(
         keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
@@ -261,6 +290,25 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
         advantage_abs_mean=jnp.abs(advantages).mean(),
         tokens=jnp.sum(batch.attention_mask).astype(jnp.float32))
     return new_state, metrics
+
+
+def microbatch_split(x: jax.Array, *, k: int, group_size: int, split: str = "rows") -> jax.Array:
+    """[N, ...] rows (groups of G consecutive rows) -> [k, N / k, ...] microbatches.
+
+    ``split`` "rows": microbatch i takes rows i, k + i, 2k + i, ...; "groups": groups i, k + i,
+    2k + i, ..., each group's G rows together and in order; "within_groups": rows
+    [i G/k, (i+1) G/k) of every group, together and in order. With the rows split over devices
+    in contiguous blocks (the 'batch' rule) every device keeps its own rows in every microbatch,
+    so the split moves no data ("groups": when each device holds a multiple of k groups;
+    "within_groups": when it holds whole groups). Advantages are computed before the split, so
+    row order is free."""
+    n = x.shape[0]
+    if split == "within_groups":
+        x = x.reshape((n // group_size, k, group_size // k) + x.shape[1:])
+    else:
+        unit = group_size if split == "groups" else 1
+        x = x.reshape((n // (k * unit), k, unit) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape((k, n // k) + x.shape[3:])
 
 
 def _reduce_micro_metrics(micro: dict[str, jax.Array]) -> dict:

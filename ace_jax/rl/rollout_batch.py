@@ -101,14 +101,16 @@ def _shared_prompt_hidden(model, batch: TrainBatch, g: int) -> tuple[jax.Array, 
     prompt = lambda x: x[::g, :p]          # every group's first row: the group's prompt
     out_p = model(prompt(batch.input_ids), prompt(batch.positions),
                   attention_mask=prompt(batch.attention_mask),
-                  cache=model.init_cache(n // g, s), cache_index=0, compute_logits=False)
+                  cache=model.init_cache(n // g, s), cache_index=0, compute_logits=False,
+                  cache_as_xs=True)
     last = jnp.repeat(out_p.hidden_states[:, -1:, :], g, axis=0)     # predicts completion token 0
     if s - p == 1:
         return last, out_p.aux_loss
     rest = lambda x: x[:, p:s - 1]          # completion tokens 0..M-2 predict tokens 1..M-1
     out_c = model(rest(batch.input_ids), rest(batch.positions),
                   attention_mask=rest(batch.attention_mask),
-                  cache=generate.share_cache(out_p.cache, g), cache_index=p, compute_logits=False)
+                  cache=generate.share_cache(out_p.cache, g), cache_index=p, compute_logits=False,
+                  cache_as_xs=True)
     return jnp.concatenate([last, out_c.hidden_states], axis=1), out_c.aux_loss
 
 

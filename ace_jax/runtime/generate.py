@@ -20,8 +20,10 @@ sampled token (greedy: temperature 1). Top-k / top-p truncation changes which to
 but is not folded into the recorded log-probability, which is what the learner recomputes; keep
 them off (``top_k=0, top_p=1``) for on-policy RL, as the local config does.
 
-Sampling is deterministic for a given key: step t uses ``fold_in(key, t)``; the draw equals
-``jax.random.categorical`` with that key.
+Sampling is deterministic for a given key, row by row: sample g of prompt b draws step t with
+``fold_in(row_key(key, b, g), t)`` (`row_keys`), and the draw equals ``jax.random.categorical``
+with that key. The rule depends on nothing else in the batch, so the paged engine
+(`ace_jax.runtime.engine`), which decodes rows in any order and slot, draws the same tokens.
 
 On CPU the cache uses the model's "decode" layout (`cache_layout`): per-layer k^T / v buffers that
 the decode loop updates in place and the attention reads without copies, the layers unrolled over
@@ -166,8 +168,32 @@ class SamplingKnobs(NamedTuple):
                    jnp.asarray(_stop_table(cfg.stop_sequences)), jnp.int32(cfg.pad_id))
 
 
-def sample_token(key: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
-    """Draws one token per row. logits float32 [N, V] -> (token int32 [N], logprob float32 [N]).
+def row_keys(key: jax.Array, prompt_index: jax.Array, sample_index: jax.Array) -> jax.Array:
+    """The sampling keys of rows [N]: ``fold_in(fold_in(key, prompt_index), sample_index)``;
+    step t of a row draws with ``fold_in(row key, t)`` (`step_keys`)."""
+    fold = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
+    return jax.vmap(jax.random.fold_in)(fold(key, prompt_index), sample_index)
+
+
+def step_keys(keys: jax.Array, steps: jax.Array) -> jax.Array:
+    """keys [N] (`row_keys`) at the rows' decode steps (int [N] or a scalar) -> keys [N]."""
+    return jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(steps, keys.shape))
+
+
+def check_stop(tok: jax.Array, window: jax.Array, knobs: SamplingKnobs):
+    """After sampling ``tok`` int32 [N]: (the window of the last L tokens [N, L], hit_eos [N],
+    hit_stop [N]); ``window`` holds the previous L tokens (-2 before the first)."""
+    stops = knobs.stop_table
+    window = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
+    hit_eos = jnp.any(tok[:, None] == knobs.eos_ids[None, :], axis=-1)
+    hit_stop = (jnp.any(jnp.all((stops[None] == -1) | (stops[None] == window[:, None]), axis=-1),
+                        axis=-1) if stops.shape[0] else jnp.zeros(tok.shape, bool))
+    return window, hit_eos, hit_stop
+
+
+def sample_token(keys: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
+    """Draws one token per row with its own key. keys [N] (typed PRNG keys), logits float32
+    [N, V] -> (token int32 [N], logprob float32 [N]).
 
     The log-prob is that of log_softmax(logits / T) (T = 1 when greedy), before top-k / top-p.
     With top-k and top-p off (the RL setting) the vocabulary sort is skipped at run time
@@ -178,9 +204,10 @@ def sample_token(key: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
     logp = jax.nn.log_softmax(scaled, axis=-1)
     untruncated = (knobs.top_k <= 0) & (knobs.top_p >= 1.0)
     filtered = jax.lax.cond(untruncated, lambda s: s, lambda s: _truncate(s, knobs), scaled)
-    # = jax.random.categorical(key, filtered, axis=-1) (Gumbel-max with the same noise), with an
-    # argmax that XLA:CPU runs ~5x faster than its variadic-reduce jnp.argmax
-    sampled = _argmax_last(filtered + jax.random.gumbel(key, filtered.shape, filtered.dtype))
+    # = jax.random.categorical(keys[i], filtered[i]) per row (Gumbel-max with the same noise),
+    # with an argmax that XLA:CPU runs ~5x faster than its variadic-reduce jnp.argmax
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, filtered.shape[1:], filtered.dtype))(keys)
+    sampled = _argmax_last(filtered + gumbel)
     token = jnp.where(greedy, _argmax_last(logits), sampled).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
@@ -249,16 +276,16 @@ def decode_forward(model, tokens, positions, cache: qwen3.KVCache, cache_index, 
 
 
 def decode_step(graphdef, placement, params, knobs: SamplingKnobs, cache: qwen3.KVCache, logits,
-                positions, cache_index: int, key):
+                positions, cache_index: int, keys):
     """One step of the rollout's decode loop as a function of its own, for the dry run to compile
     and cost (`ace_jax.train.dry_run_programs.decode_step_program` jits it): sample from
-    ``logits`` float32 [N, V], then `decode_forward` the sampled tokens at ``positions`` int32
-    [N] into slot ``cache_index``. Returns (tokens [N], logprobs [N], next logits, cache).
+    ``logits`` float32 [N, V] with ``keys`` [N] (this step's, `step_keys`), then `decode_forward`
+    the sampled tokens at ``positions`` int32 [N] into slot ``cache_index``. Returns (tokens [N], logprobs [N], next logits, cache).
     ``cache_index`` is a Python int here (the loop's is traced), so the attention's loop over
     the filled key blocks unrolls and XLA's cost analysis counts every block (it counts a loop
     body once)."""
     model = nnx.merge(graphdef, params)
-    tok, lp = sample_token(key, logits, knobs)
+    tok, lp = sample_token(keys, logits, knobs)
     logits, cache = decode_forward(model, tok, positions, cache, cache_index, placement)
     return tok, lp, logits, cache
 
@@ -280,8 +307,9 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
     last_logits = jnp.repeat(model.lm_logits(out.hidden_states[:, -1, :]), g, axis=0)
     cache = _constrain_cache(share_cache(out.cache, g), placement)
     next_pos = jnp.repeat(positions[:, -1] + 1, g, axis=0)
-    stops = knobs.stop_table
-    window0 = jnp.full((n, stops.shape[1]), -2, jnp.int32)
+    prompt_index = jnp.repeat(jnp.arange(b, dtype=jnp.int32), g)
+    keys = row_keys(key, prompt_index, jnp.tile(jnp.arange(g, dtype=jnp.int32), b))
+    window0 = jnp.full((n, knobs.stop_table.shape[1]), -2, jnp.int32)
 
     def cond(state):
         t, done = state[0], state[5]
@@ -289,16 +317,13 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
 
     def body(state):
         t, logits, cache, tokens, logprobs, done, lengths, reason, window = state
-        tok, lp = sample_token(jax.random.fold_in(key, t), logits, knobs)
+        tok, lp = sample_token(step_keys(keys, t), logits, knobs)
         tok = jnp.where(done, knobs.pad_id, tok)
         lp = jnp.where(done, 0.0, lp)
         tokens = tokens.at[:, t].set(tok)
         logprobs = logprobs.at[:, t].set(lp)
         lengths = lengths + jnp.logical_not(done).astype(jnp.int32)
-        window = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
-        hit_eos = jnp.any(tok[:, None] == knobs.eos_ids[None, :], axis=-1)
-        hit_stop = jnp.any(jnp.all((stops[None] == -1) | (stops[None] == window[:, None]), axis=-1),
-                           axis=-1) if stops.shape[0] else jnp.zeros_like(done)
+        window, hit_eos, hit_stop = check_stop(tok, window, knobs)
         new_reason = jnp.where(hit_eos, int(FinishReason.EOS),
                                jnp.where(hit_stop, int(FinishReason.STOP), int(FinishReason.LENGTH)))
         finishing = jnp.logical_not(done) & (hit_eos | hit_stop)
@@ -312,7 +337,6 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
             jnp.zeros((n, m), jnp.float32), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32),
             jnp.full((n,), int(FinishReason.LENGTH), jnp.int32), window0)
     _, _, _, tokens, logprobs, _, lengths, reason, _ = jax.lax.while_loop(cond, body, init)
-    prompt_index = jnp.repeat(jnp.arange(b, dtype=jnp.int32), g)
     return GenerationResult(tokens, logprobs, lengths, reason, prompt_index)
 
 

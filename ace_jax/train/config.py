@@ -13,6 +13,7 @@ place that lists the sections) and ``configs/*.py`` state only what differs from
   ``sampler_mesh`` ``ace_jax.runtime.sampler_layout...``         the sampler's own layout
   ``rl``         `rl_config`                                     the RL loop
   ``sampling``   ``ace_jax.runtime.generate.default_config``     rollout sampling
+  ``engine``     ``ace_jax.runtime.engine.default_config``       the rollout engine
   ``grpo``       ``ace_jax.rl.grpo.default_config``              the GRPO loss
   ``optim``      ``ace_jax.rl.learner.default_config``           optimizer and schedule
   ``buffer``     ``ace_jax.curriculum.buffer.default_config``    the Evolving Data Buffer
@@ -45,7 +46,7 @@ from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards, tasks
 from ace_jax.registry import UnknownNameError
 from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, compile_cache, generate, sampler_layout, sharding
+from ace_jax.runtime import checkpoint, compile_cache, engine, generate, sampler_layout, sharding
 from models import moe_sharding
 from ace_jax.train import sft
 from sandbox import pool
@@ -54,7 +55,7 @@ __all__ = ["ConfigError", "SECTIONS", "OPTIONAL_SECTIONS", "MODES", "default_con
            "model_config", "rl_config", "tasks_config", "validate", "check_context"]
 
 # The sections of `default_config`, in its order, and the optional ones (see the module doc).
-SECTIONS = ("model", "mesh", "sampler_mesh", "rl", "sampling", "grpo", "optim", "buffer", "lp", "sandbox",
+SECTIONS = ("model", "mesh", "sampler_mesh", "rl", "sampling", "engine", "grpo", "optim", "buffer", "lp", "sandbox",
             "agent", "rewards", "sft", "tasks", "checkpoint")
 OPTIONAL_SECTIONS = ("dry_run", "ideator")
 # ``mode`` (top level, optional): which trainer launch/tpu_train.py builds.
@@ -125,6 +126,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sampler_mesh = sampler_layout.default_config()
     c.rl = rl_config()
     c.sampling = generate.default_config()
+    c.engine = engine.default_config()
     c.grpo = grpo.default_config()
     c.optim = learner.default_config()
     c.buffer = buffer.default_config()
@@ -182,7 +184,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
         raise ConfigError(f"rows = rl.batch_states x rl.group_size = {rows} is not divisible by "
                           f"optim.microbatches = {k}")
     try:
-        learner.check_share_prompts(cfg.optim)
+        learner.check_share_prompts(cfg.optim, rl.batch_states, rl.group_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:
@@ -193,6 +195,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
         raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(tasks.SOURCES)}")
     _check_mesh(cfg.mesh, num_devices, num_processes)
     _check_sampler_mesh(cfg.sampler_mesh, num_devices)
+    _check_engine(cfg, num_devices)
     if not cfg.model.get("hf_path", "") and not cfg.model.get("init_from_run", ""):
         from models import configs as model_configs
 
@@ -209,6 +212,25 @@ def check_context(cfg: ml_collections.ConfigDict, max_position_embeddings: int) 
     if ctx > max_position_embeddings:
         raise ConfigError(f"rl.max_prompt_tokens + sampling.max_new_tokens = {ctx} exceeds the "
                           f"model's max_position_embeddings ({max_position_embeddings})")
+
+
+def _check_engine(cfg: ml_collections.ConfigDict, num_devices: Optional[int]) -> None:
+    """The ``engine`` section: a known kind that runs on this mesh, and valid shapes."""
+    import jax  # local: validate may run before the backend is chosen
+
+    e = cfg.engine
+    n = jax.device_count() if num_devices is None else num_devices
+    try:
+        kind = engine.resolve_kind(e.kind, n)
+        shapes = {k: e[k] for k in ("slots", "page_size", "num_pages", "prefill_chunk", "sync_every")}
+        engine.EngineConfig(max_context=e.max_context or 1, **shapes)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if kind == "paged" and cfg.sampler_mesh.layout != "shared":
+        raise ConfigError("engine.kind='paged' decodes in the learner's layout: it needs "
+                          "sampler_mesh.layout='shared'")
+    if e.max_context < 0:
+        raise ConfigError(f"engine.max_context must be >= 0, got {e.max_context}")
 
 
 def _check_sampler_mesh(sm: ml_collections.ConfigDict, num_devices: Optional[int]) -> None:

@@ -115,6 +115,7 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
     splace = layout.placement
     knobs, key = _knobs_and_key(config, mc, splace)
+    keys = jax.ShapeDtypeStruct((n,), key.dtype, sharding=splace.sharding(sharding.batch_axes(1), (n,)))
     cache = jax.eval_shape(lambda: qwen3.init_cache(layout.model_config, n, p + m,
                                                     layout=generate.cache_layout(mc)))
     cache_sh = splace.kv_cache(cache)
@@ -125,14 +126,14 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
         shape, dt, sharding=splace.sharding(sharding.batch_axes(len(shape)), shape))
     sampler_graphdef = layout.graphdef(graphdef)
 
-    def step(params, knobs, cache, logits, positions, key):
+    def step(params, knobs, cache, logits, positions, keys):
         return generate.decode_step(sampler_graphdef, splace, params, knobs, cache, logits, positions,
-                                    cache_index, key)
+                                    cache_index, keys)
 
     jitted = jax.jit(step, in_shardings=(None, None, auto, None, None, None),
                      out_shardings=(None, None, None, auto), donate_argnums=(2,))
     args = (layout.abstract_params(params), knobs, jax.tree.map(with_sharding, cache, cache_sh),
-            rows((n, mc.vocab_size), jnp.float32), rows((n,), jnp.int32), key)
+            rows((n, mc.vocab_size), jnp.float32), rows((n,), jnp.int32), keys)
     with splace.context():
         info, lowered = _trace_and_lower(jitted, args, platform)
     return _compile(lowered, info)
@@ -166,11 +167,16 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
         optim = ml_collections.ConfigDict(config.optim.to_dict())
         optim.microbatches = 1
         optim.logprob_chunk_tokens = m
+        # one microbatch's rows, in groups of prompt_rows rows per prompt when prompts are
+        # shared (whole groups, or slices of them)
+        rows_per_prompt = learner.prompt_rows(config.optim, shp["group_size"])
+        optim.share_prompts, optim.prompt_split = rows_per_prompt > 1, "groups"
+        rows_per_prompt = rows_per_prompt if rows_per_prompt > 1 else shp["group_size"]
         state_sh = learner.state_shardings(place, params, optim)
         tx, _ = learner.make_optimizer(optim)
         state_in = jax.tree.map(with_sharding, learner.LearnerState(
             params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), jnp.int32)), state_sh)
-        jitted = learner.jit_learner_step(graphdef, config.grpo, optim, shp["group_size"], place,
+        jitted = learner.jit_learner_step(graphdef, config.grpo, optim, rows_per_prompt, place,
                                           params, temperature=config.sampling.temperature)
         batch = abstract_batch(shp["rows_per_microbatch"], p, m, place)
         with place.context():

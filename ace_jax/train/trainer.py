@@ -51,7 +51,7 @@ from ace_jax.curriculum import buffer as buffer_lib, buffer_store, learnability,
 from ace_jax import config_utils
 from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner as learner_lib
-from ace_jax.runtime import (checkpoint as ckpt_lib, generate, multihost,
+from ace_jax.runtime import (checkpoint as ckpt_lib, engine, generate, multihost,
                              placement as placement_lib, sampler_layout)
 from ace_jax.train import config as train_config, environment, metrics as metrics_lib, setup
 from ace_jax.train.rollouts import Rollout, StepRollouts
@@ -137,7 +137,7 @@ class Trainer:
         self.compile_clock = metrics_lib.CompileClock()   # started by run()
         self.pool: Optional[SandboxPool] = None
         self.learner: Optional[learner_lib.Learner] = None
-        self.generator: Optional[generate.Generator] = None
+        self.generator: Any = None          # engine.make_sampler: an Engine or a Generator
         self.next_step = 0                  # the next RL step to generate
         self.iteration = 0                  # loop iterations done (checkpoint / commit tag)
         self.rng = self.placement.replicate(jax.random.key(cfg.seed))
@@ -156,8 +156,10 @@ class Trainer:
         self.pool = SandboxPool.from_config(cfg.sandbox)
         self.compile_clock.start()
         self.learner = self._make_learner()
-        self.generator = generate.Generator(self.model, self.sampling, placement=self.placement,
-                                            layout=self.sampler_layout)
+        self.generator = engine.make_sampler(
+            self.model, self.sampling, cfg.engine, placement=self.placement,
+            layout=self.sampler_layout,
+            max_context=cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens)
         warm = {}
         if not self._restore():
             warm = self._warm_start()
@@ -305,12 +307,19 @@ class Trainer:
 
     def _log_rollouts(self, s: StepRollouts) -> None:
         """Writes ``<workdir>/rollouts/<step>.jsonl``: every completion of the step with its
-        state, parsed action, status, dev score and reward (rewritten identically on resume)."""
+        state, token counts (prompt, completion) and finish reason, parsed action, status, dev
+        score and reward (rewritten identically on resume)."""
         if not self.is_writer:
             return
         d = pathlib.Path(self.workdir) / "rollouts"
         d.mkdir(exist_ok=True)
-        rows = [json.dumps(self._rollout_record(s.step, r)) for r in s.rollouts]
+        g = s.gen
+        rows = [json.dumps(dict(
+            self._rollout_record(s.step, r),
+            prompt_tokens=len(s.prompts[int(g.prompt_index[i])]),
+            completion_tokens=int(g.lengths[i]),
+            finish_reason=generate.FinishReason(int(g.finish_reason[i])).name.lower()))
+            for i, r in enumerate(s.rollouts)]
         tmp = d / f"{s.step:06d}.jsonl.tmp"
         tmp.write_text("\n".join(rows) + "\n")
         os.replace(tmp, d / f"{s.step:06d}.jsonl")

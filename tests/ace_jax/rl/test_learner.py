@@ -51,6 +51,45 @@ def test_microbatching_is_exact():
         assert_close(np.asarray(a), np.asarray(b), reduction_len=tokens)
 
 
+def test_microbatches_of_whole_groups_with_shared_prompts_are_exact():
+    """``share_prompts`` with microbatches: each microbatch holds whole groups (prompt run once
+    per group) and the update equals the unshared, unmicrobatched one."""
+    model, batch = _setup()
+    g, o1 = _cfgs(microbatches=1, eps=1e-2)
+    _, o3 = _cfgs(microbatches=3, eps=1e-2, share_prompts=True)
+    l1 = learner.Learner.create(model, g, o1, group_size=G)
+    l3 = learner.Learner.create(model, g, o3, group_size=G)
+    m1, m3 = l1.step(batch), l3.step(batch)
+    tokens = int(np.sum(batch.completion_mask))
+    assert_close(m1["loss"], m3["loss"], reduction_len=tokens, scale=1.0)
+    np.testing.assert_allclose(m1["grad_norm"], m3["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(l1.params), jax.tree.leaves(l3.params)):
+        assert_close(np.asarray(a), np.asarray(b), reduction_len=tokens)
+    _, o2 = _cfgs(microbatches=2, share_prompts=True)       # 3 groups do not split in 2
+    with pytest.raises(ValueError, match="3 groups are not divisible by optim.microbatches = 2"):
+        learner.Learner.create(model, g, o2, group_size=G).step(batch)
+    # ... but each group of 4 splits in 2 halves, each half's prompt run once
+    _, o2 = _cfgs(microbatches=2, eps=1e-2, share_prompts=True, prompt_split="within_groups")
+    l2 = learner.Learner.create(model, g, o2, group_size=G)
+    m2 = l2.step(batch)
+    assert_close(m1["loss"], m2["loss"], reduction_len=tokens, scale=1.0)
+    for a, b in zip(jax.tree.leaves(l1.params), jax.tree.leaves(l2.params)):
+        assert_close(np.asarray(a), np.asarray(b), reduction_len=tokens)
+    _, o3 = _cfgs(microbatches=3, share_prompts=True, prompt_split="within_groups")
+    with pytest.raises(ValueError, match="group size 4 is not divisible by optim.microbatches = 3"):
+        learner.Learner.create(model, g, o3, group_size=G).step(batch)
+
+
+def test_microbatch_split_keeps_groups_whole():
+    rows = jnp.arange(12)
+    by_row = learner.microbatch_split(rows, k=3, group_size=2, split="rows")
+    np.testing.assert_array_equal(by_row, [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]])
+    by_group = learner.microbatch_split(rows, k=3, group_size=2, split="groups")
+    np.testing.assert_array_equal(by_group, [[0, 1, 6, 7], [2, 3, 8, 9], [4, 5, 10, 11]])
+    within = learner.microbatch_split(rows, k=2, group_size=4, split="within_groups")
+    np.testing.assert_array_equal(within, [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 11]])
+
+
 def test_on_policy_first_step_metrics():
     model, batch = _setup()
     g, o = _cfgs()

@@ -29,11 +29,11 @@ def test_sample_token_equals_categorical(temperature):
     logits = 3.0 * jax.random.normal(jax.random.key(1), (16, 300))
     knobs = SamplingKnobs.from_config(SamplingConfig(temperature=temperature, top_k=0, top_p=1.0))
     for i in range(5):
-        key = jax.random.key(10 + i)
-        tok, lp = jax.jit(sample_token)(key, logits, knobs)
+        keys = jax.random.split(jax.random.key(10 + i), logits.shape[0])   # one key per row
+        tok, lp = jax.jit(sample_token)(keys, logits, knobs)
         t = temperature if temperature > 0 else 1.0
-        want = (jnp.argmax(logits, -1) if temperature == 0
-                else jax.random.categorical(key, logits / t, axis=-1))
+        want = (jnp.argmax(logits, -1) if temperature == 0 else jnp.stack(
+            [jax.random.categorical(k, row / t) for k, row in zip(keys, logits)]))
         np.testing.assert_array_equal(tok, want)
         logp = jax.nn.log_softmax(logits / t, axis=-1)
         assert_close(lp, jnp.take_along_axis(logp, want[:, None], -1)[:, 0], reduction_len=logits.shape[-1])

@@ -10,7 +10,7 @@ from ace_jax.config_utils import ConfigError
 from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, generate, sampler_layout, sharding
+from ace_jax.runtime import checkpoint, engine, generate, sampler_layout, sharding
 from ace_jax.train import config as run_config, sft
 from sandbox import pool
 
@@ -18,6 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 OWNERS = {"model": run_config.model_config, "mesh": sharding.default_config,
           "sampler_mesh": sampler_layout.default_config,
           "rl": run_config.rl_config, "sampling": generate.default_config,
+          "engine": engine.default_config,
           "grpo": grpo.default_config, "optim": learner.default_config,
           "buffer": buffer.default_config, "lp": learnability.default_config,
           "sandbox": pool.default_config, "agent": agent.default_config,
@@ -152,12 +153,15 @@ def test_each_check_names_its_keys(cfg, key, value, match):
 
 def test_share_prompts_needs_whole_groups_and_no_router_loss(cfg):
     cfg.optim.share_prompts = True
+    cfg.rl.batch_states, cfg.optim.microbatches = 4, 2
     run_config.validate(cfg, num_devices=8, num_processes=1)
-    cfg.optim.microbatches = 2
-    with pytest.raises(ConfigError, match="optim.share_prompts needs optim.microbatches = 1"):
+    cfg.optim.microbatches = 4 * cfg.rl.group_size       # divides the rows, not the groups
+    with pytest.raises(ConfigError, match="whole groups: 4 groups are not divisible by "
+                                          "optim.microbatches = "):
         run_config.validate(cfg, num_devices=8, num_processes=1)
     cfg.optim.microbatches, cfg.optim.aux_loss_coef = 1, 0.001
-    with pytest.raises(ConfigError, match="and optim.aux_loss_coef = 0, got 1 and 0.001"):
+    with pytest.raises(ConfigError, match="optim.share_prompts needs optim.aux_loss_coef = 0, "
+                                          "got 0.001"):
         run_config.validate(cfg, num_devices=8, num_processes=1)
     # the learner itself refuses it too (a Learner built without a run config)
     with pytest.raises(ValueError, match="optim.share_prompts needs"):

@@ -1,0 +1,178 @@
+"""The paged, continuously batched engine against the static generator (the oracle): the same
+tokens and behaviour log-probs, greedy and sampled; pages shared and returned; fixed shapes;
+clear errors for requests that cannot fit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ace_jax.runtime import engine, generate
+from models import configs, qwen3
+from tests.numerics import assert_close
+
+PROMPTS = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41], [5] * 20]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return qwen3.Qwen3ForCausalLM(configs.tiny_moe(num_hidden_layers=3, mlp_only_layers=(1,)),
+                                  rngs=nnx.Rngs(0))
+
+
+def _sampling(**kw):
+    base = dict(max_new_tokens=12, group_size=3, temperature=1.0, prompt_bucket=8, eos_ids=(7,))
+    return generate.SamplingConfig(**{**base, **kw})
+
+
+def _engine(model, sampling, **kw):
+    base = dict(slots=4, page_size=4, max_context=40, prefill_chunk=8, sync_every=3)
+    return engine.Engine(model, sampling, engine.EngineConfig(**{**base, **kw}))
+
+
+def _assert_same(ref, out):
+    for f in ("tokens", "lengths", "finish_reason", "prompt_index"):
+        np.testing.assert_array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(ref, f)), f)
+    assert_close(np.asarray(out.logprobs), np.asarray(ref.logprobs), reduction_len=64, scale=10.0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_engine_generates_what_the_static_generator_does(model, temperature):
+    """4 prompts x 3 samples through 4 slots (rows enter as others finish), pages of 4 (prompt
+    pages shared, the partial page copied), prefill in chunks of 8 (the 20-token prompt takes
+    3), 3 decode steps per host round trip: the rows equal the static generator's."""
+    s = _sampling(temperature=temperature)
+    ref = generate.Generator(model, s).generate(PROMPTS, jax.random.key(3))
+    eng = _engine(model, s)
+    out = eng.generate(PROMPTS, jax.random.key(3))
+    _assert_same(ref, out)
+    distinct = len(set(map(tuple, np.asarray(out.tokens).tolist())))
+    assert distinct == len(PROMPTS) if temperature == 0 else distinct > len(PROMPTS)
+    assert eng.stats["prefill_calls"] == 1 + 1 + 2 + 3                  # each prompt once
+    assert eng._page_refs == {} and len(eng._free_pages) == eng.config.pool_pages - 1
+
+
+def test_eos_stop_sequences_and_budgets_end_rows_as_in_the_static_generator(model):
+    greedy = generate.Generator(model, _sampling(temperature=0.0, eos_ids=())).generate(
+        PROMPTS, jax.random.key(0))
+    toks = np.asarray(greedy.tokens)
+    eos, stop = int(toks[0, 4]), (int(toks[3, 2]), int(toks[3, 3]))  # tokens some row produces
+    s = _sampling(temperature=0.0, eos_ids=(eos,), stop_sequences=(stop,))
+    ref = generate.Generator(model, s).generate(PROMPTS, jax.random.key(0))
+    assert {generate.FinishReason.EOS, generate.FinishReason.STOP} <= set(
+        np.asarray(ref.finish_reason).tolist())
+    _assert_same(ref, _engine(model, s).generate(PROMPTS, jax.random.key(0)))
+
+
+def test_requests_have_their_own_budgets_and_finish_as_they_finish(model):
+    s = _sampling(temperature=1.0, eos_ids=())
+    eng = _engine(model, s, slots=2, sync_every=2)
+    long_id = eng.submit(PROMPTS[0], n=1, key=jax.random.key(1), max_new_tokens=12)
+    short_id = eng.submit(PROMPTS[1], n=2, key=jax.random.key(2), max_new_tokens=3)
+    done = eng.drain()
+    assert [len(c.tokens) for c in done if c.request == short_id] == [3, 3]
+    assert [len(c.tokens) for c in done if c.request == long_id] == [12]
+    # the short request's samples finished first, and its second sample took a freed slot
+    assert done[0].request == short_id and done[-1].request == long_id
+    # the same rows as the static generator's with the same keys (prompt key, then sample)
+    ref = generate.Generator(model, _sampling(temperature=1.0, eos_ids=(), group_size=2,
+                                              max_new_tokens=3)).generate([PROMPTS[1]],
+                                                                          jax.random.key(9))
+    got = {c.sample: c.tokens for c in done if c.request == short_id}
+    key_of_prompt0 = jax.random.fold_in(jax.random.key(9), 0)
+    eng2 = _engine(model, s)
+    rid = eng2.submit(PROMPTS[1], n=2, key=key_of_prompt0, max_new_tokens=3)
+    again = {c.sample: c.tokens for c in eng2.drain() if c.request == rid}
+    assert [again[g] for g in (0, 1)] == np.asarray(ref.tokens).tolist()
+    assert got != again                                                  # other keys, other draws
+
+
+def test_shapes_are_fixed_one_compile_for_any_prompts(model):
+    eng = _engine(model, _sampling(temperature=1.0))
+    eng.generate(PROMPTS, jax.random.key(0))
+    sizes = (eng._prefill._cache_size(), eng._admit._cache_size(), eng._decode._cache_size())
+    eng.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9], [4] * 27], jax.random.key(1),
+                 _sampling(temperature=0.5, group_size=2, max_new_tokens=7))
+    # (the caches are per function, shared with the other tests' engines: count new entries)
+    assert (eng._prefill._cache_size(), eng._admit._cache_size(),
+            eng._decode._cache_size()) == sizes
+
+
+def test_prompt_pages_are_shared_and_all_pages_return(model):
+    """G samples of a 20-token prompt (5 full pages of 4) hold the 5 prompt pages once: the
+    peak is 5 + G x (own pages) pages, not G x the whole row."""
+    s = _sampling(temperature=1.0, eos_ids=(), max_new_tokens=8, group_size=4)
+    eng = _engine(model, s, slots=4)
+    eng.generate([[5] * 20], jax.random.key(0))
+    assert eng.stats["peak_pages"] == 5 + 4 * 2
+    assert eng._page_refs == {} and len(eng._free_pages) == eng.config.pool_pages - 1
+
+
+def test_a_small_pool_makes_rows_wait_not_fail(model):
+    s = _sampling(temperature=0.0)
+    ref = generate.Generator(model, s).generate(PROMPTS, jax.random.key(0))
+    eng = _engine(model, s, num_pages=16)        # room for ~2 rows of the longest request
+    _assert_same(ref, eng.generate(PROMPTS, jax.random.key(0)))
+    assert eng.stats["peak_pages"] <= 15
+
+
+def test_requests_that_cannot_fit_are_refused_by_name(model):
+    eng = _engine(model, _sampling(), max_context=16, num_pages=5)     # page 0 + 4
+    with pytest.raises(engine.EngineCapacityError, match="engine.max_context = 16"):
+        eng.submit([1] * 10, key=jax.random.key(0), max_new_tokens=8)
+    with pytest.raises(engine.EngineCapacityError, match=r"needs 5 pages, the pool has 4 \(engine.num_pages\)"):
+        eng.submit([1] * 9, key=jax.random.key(0), max_new_tokens=7)
+    with pytest.raises(ValueError, match="at least one token"):
+        eng.submit([], key=jax.random.key(0))
+    with pytest.raises(ValueError, match="engine.page_size must be >= 1"):
+        engine.EngineConfig(page_size=0)
+    # nothing was queued by the refusals
+    assert eng.drain() == []
+
+
+def test_update_weights_changes_what_is_sampled(model):
+    s = _sampling(temperature=0.0)
+    eng = _engine(model, s)
+    before = np.asarray(eng.generate(PROMPTS[:2], jax.random.key(0)).tokens)
+    params = nnx.state(model, nnx.Param)
+    eng.update_weights(jax.tree.map(lambda x: x * 1.5, params))
+    after = np.asarray(eng.generate(PROMPTS[:2], jax.random.key(0)).tokens)
+    assert (before != after).any()
+    with pytest.raises(ValueError, match="another structure"):
+        eng.update_weights({"w": jnp.zeros(3)})
+
+
+def test_kind_resolution_and_the_trainer_factory(model):
+    assert engine.resolve_kind("auto", 1) == "paged"
+    assert engine.resolve_kind("auto", 8) == "static"
+    with pytest.raises(ValueError, match="runs on one device; the mesh has 8"):
+        engine.resolve_kind("paged", 8)
+    with pytest.raises(ValueError, match="engine.kind must be one of"):
+        engine.resolve_kind("vllm", 1)
+    cfg = engine.default_config()
+    s = _sampling()
+    assert isinstance(engine.make_sampler(model, s, cfg, max_context=64), engine.Engine)
+    cfg.kind = "static"
+    assert isinstance(engine.make_sampler(model, s, cfg, max_context=64), generate.Generator)
+
+
+def test_paged_forward_equals_the_uncached_forward(model):
+    """The model with a PagedKVCache (pages in shuffled order, a prefill chunk right-padded,
+    then one token per call) gives the logits of the plain forward."""
+    cfg = model.config
+    ids = jax.random.randint(jax.random.key(1), (3, 13), 1, cfg.vocab_size)
+    ref = np.asarray(model(ids).logits)
+    cache = qwen3.init_paged_cache(cfg, 3, num_pages=20, page_size=4, pages_per_row=5)
+    table = np.random.RandomState(0).permutation(np.arange(1, 20))[:15].reshape(3, 5)
+    cache = qwen3.PagedKVCache(cache.k, cache.v, jnp.asarray(table, jnp.int32), cache.lengths)
+    chunk = jnp.pad(ids[:, :7], ((0, 0), (0, 1)))
+    out = model(chunk, attention_mask=jnp.broadcast_to(jnp.arange(8) < 7, (3, 8)), cache=cache)
+    assert_close(np.asarray(out.logits[:, :7]), ref[:, :7], reduction_len=13, scale=10.0)
+    c = out.cache
+    assert np.asarray(c.lengths).tolist() == [7, 7, 7]
+    for t in range(7, 13):
+        o = model(ids[:, t:t + 1], cache=c)
+        assert_close(np.asarray(o.logits[:, 0]), ref[:, t], reduction_len=13, scale=10.0)
+        c = o.cache
+    with pytest.raises(ValueError, match="pass no cache_index"):
+        model(ids[:, :1], cache=c, cache_index=0)
