@@ -67,7 +67,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.learning_rate = 1e-6
     c.optim.warmup_steps = 10
     c.optim.decay_steps = 400
-    c.optim.microbatches = 8          # 512 rows / 8 = 64 rows per microbatch = 1 per chip
+    # Each group's 8k prompt runs once per microbatch, not once per row: the 8 rows of a group
+    # sit on one chip, and each of the 2 microbatches takes 4 of them (prompt + 4 completions =
+    # 24k positions per chip, against 8 x 12k without sharing). Compiled: learner FLOPs 4.39x
+    # 6 N_act T (8.69 without), roofline 14.7 s (28.8 s), 60.5 GB per chip (33.9 GB).
+    c.optim.share_prompts = True
+    c.optim.prompt_split = "within_groups"
+    c.optim.microbatches = 2
 
     c.buffer.capacity = 16384
     c.buffer.store.url = "gs://YOUR_BUCKET/runs/ace30b/buffer"

@@ -192,10 +192,15 @@ def _prefill(graphdef, params, pools, ids, page_row, start, n_valid):
     return pools, model.lm_logits(jax.lax.dynamic_index_in_dim(h[0], n_valid - 1, 0, False))
 
 
-def _admit(state: _State, slot, page_rows, lengths, budgets, keys, logits, copy_src, copy_dst):
+def _admit(state: _State, slot, page_rows, lengths, budgets, request_keys, samples, logits,
+           copy_src, copy_dst):
     """Puts up to S samples into slots (``slot`` [S], S = none), each with its page row, filled
-    length, budget, key and first logits [S, V]; copies page copy_src[i] to copy_dst[i] first
-    (0 -> 0 for none)."""
+    length, budget, key ``fold_in(request key, sample)`` (``request_keys``: S keys) and first
+    logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for none). The
+    per-sample values come as fixed-length tuples, so that the host builds no array whose shape
+    depends on how many samples enter (each new shape would compile an op)."""
+    keys = jax.vmap(jax.random.fold_in)(jnp.stack(request_keys), samples)
+    logits = jnp.stack(logits)
     pools = tuple(tuple(p.at[:, copy_dst].set(p[:, copy_src]) for p in side)
                   for side in state.pools)
     put = lambda x, v: x.at[slot].set(v, mode="drop")  # noqa: E731
@@ -332,6 +337,8 @@ class Engine:
             raise EngineCapacityError(
                 f"a sample of this request needs {need} pages, the pool has "
                 f"{cfg.pool_pages - 1} (engine.num_pages)")
+        if not jax.dtypes.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+            key = jax.random.wrap_key_data(key)     # a raw uint32 key (jax.random.PRNGKey)
         rid = self._next_id
         self._next_id += 1
         self._requests[rid] = _Request(prompt, int(n), key, budgets)
@@ -377,7 +384,8 @@ class Engine:
     def generate(self, prompts: Sequence[Sequence[int]], key: jax.Array,
                  sampling: generate.SamplingConfig | None = None) -> generate.GenerationResult:
         """`generate.Generator.generate` on this engine: ``group_size`` samples of each prompt,
-        rows prompt-major, the same per-row keys (prompt b: ``fold_in(key, b)``)."""
+        rows prompt-major, the same per-row keys (prompt b: ``fold_in(key, b)``); the arrays of
+        the result are host (numpy) arrays."""
         cfg = sampling or self.sampling
         if cfg.eos_ids is None:
             cfg = dataclasses.replace(cfg, eos_ids=self.sampling.eos_ids)
@@ -408,8 +416,8 @@ class Engine:
             logprobs[row, :len(c.tokens)] = c.logprobs
             lengths[row], reason[row] = len(c.tokens), c.finish_reason
         prompt_index = np.repeat(np.arange(len(prompts), dtype=np.int32), g)
-        return generate.GenerationResult(*map(jnp.asarray, (tokens, logprobs, lengths, reason,
-                                                            prompt_index)))
+        # host arrays (as the trainer wants them): no transfer, no per-shape program
+        return generate.GenerationResult(tokens, logprobs, lengths, reason, prompt_index)
 
     # ------------------------------------------------------------------ pages and slots
     def _prompt_pages(self, p: int) -> int:
@@ -495,19 +503,17 @@ class Engine:
         budgets = np.zeros((s,), np.int32)
         src = np.zeros((s,), np.int32)
         dst = np.zeros((s,), np.int32)
-        keys, logits = [], []
+        samples = np.zeros((s,), np.int32)
+        keys, logits = [self._state.keys[0]] * s, [self._state.logits[0]] * s  # padding
         for i, (sl, rid, sample, pages, a, b) in enumerate(batch):
             req = self._requests[rid]
             slot[i], lengths[i], budgets[i], src[i], dst[i] = sl, len(req.prompt), req.budgets[sample], a, b
             rows[i, :len(pages)] = pages
-            keys.append(jax.random.fold_in(req.key, sample))
-            logits.append(req.logits)
-        pad = s - len(batch)
-        keys = jnp.concatenate([jnp.stack(keys), jax.random.split(jax.random.key(0), pad)]) if pad else jnp.stack(keys)
-        logits = jnp.stack(logits + [jnp.zeros_like(logits[0])] * pad)
+            samples[i], keys[i], logits[i] = sample, req.key, req.logits
         self._state = self._admit(self._state, jnp.asarray(slot), jnp.asarray(rows),
-                                  jnp.asarray(lengths), jnp.asarray(budgets), keys, logits,
-                                  jnp.asarray(src), jnp.asarray(dst))
+                                  jnp.asarray(lengths), jnp.asarray(budgets), tuple(keys),
+                                  jnp.asarray(samples), tuple(logits), jnp.asarray(src),
+                                  jnp.asarray(dst))
         for sl, rid, *_ in batch:   # a fully admitted request no longer needs its logits
             req = self._requests[rid]
             if req.admitted == req.n:

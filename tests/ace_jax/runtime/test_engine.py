@@ -87,15 +87,25 @@ def test_requests_have_their_own_budgets_and_finish_as_they_finish(model):
     assert got != again                                                  # other keys, other draws
 
 
-def test_shapes_are_fixed_one_compile_for_any_prompts(model):
+def test_shapes_are_fixed_nothing_compiles_after_the_first_run(model):
+    """After one run, other prompts (lengths, counts), group sizes (so other numbers of samples
+    entering at once), budgets and temperature trace and compile nothing: not the engine's
+    programs, not a host-side op."""
+    import jax.monitoring
+
     eng = _engine(model, _sampling(temperature=1.0))
     eng.generate(PROMPTS, jax.random.key(0))
-    sizes = (eng._prefill._cache_size(), eng._admit._cache_size(), eng._decode._cache_size())
-    eng.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9], [4] * 27], jax.random.key(1),
-                 _sampling(temperature=0.5, group_size=2, max_new_tokens=7))
-    # (the caches are per function, shared with the other tests' engines: count new entries)
-    assert (eng._prefill._cache_size(), eng._admit._cache_size(),
-            eng._decode._cache_size()) == sizes
+    events = []
+    listener = lambda name, secs, **kw: events.append(name)  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        eng.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9], [4] * 27, [3]], jax.random.key(1),
+                     _sampling(temperature=0.5, group_size=2, max_new_tokens=7))
+        eng.submit([9] * 13, n=1, key=jax.random.key(2), max_new_tokens=[5])
+        eng.drain()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert not [e for e in events if "compile" in e or "trace" in e], events
 
 
 def test_prompt_pages_are_shared_and_all_pages_return(model):
