@@ -13,11 +13,12 @@ ace_jax/train/dry_run.py). Every ``YOUR_BUCKET`` / ``/mnt/...`` value is a place
 override on the command line.
 
 Sizes (reference/qwen3_moe_spec.md §5): 64 states x G=8 = 512 rollouts per step, 8k-token prompts
-+ 4k new tokens; the learner sees 1 rollout per chip per microbatch (512 / 64 chips = 8
-microbatches). Memory is fp32 master weights + fp32 AdamW moments + fp32 gradients = 16 B/param
-(488.5 GB), fully sharded over 64 chips; compute in bfloat16 with full remat. Compiled by XLA's
-TPU compiler for v5p:4x4x4 (`--dry_run`, docs/tpu.md): learner step 33.9 GB and rollout 29.3 GB
-per chip at 8k + 4k tokens, with the speed of the compiled programs beside them.
++ 4k new tokens; the learner holds one group (8 rollouts) per chip and shares its prompt in 2
+microbatches of 4 rows. Memory is fp32 master weights + fp32 AdamW moments + fp32 gradients =
+16 B/param (488.5 GB), fully sharded over 64 chips; compute in bfloat16 with full remat. Compiled
+by XLA's TPU compiler for v5p:4x4x4 (`--dry_run`, docs/tpu.md): learner step 60.5 GB and rollout
+29.3 GB per chip at 8k + 4k tokens, with the speed of the compiled programs beside them; at 28k +
+4k turn prompt sharing off (docs/tpu.md).
 """
 import ml_collections
 

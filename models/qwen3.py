@@ -368,7 +368,8 @@ class AttentionMask:
     offset: int scalar (Python int when known at trace time), the slot of query 0: query t sees
       key s iff s <= t + offset and the key is real.
     dense: bool [B, T, S] (that rule as an array, HF's mask) when ``impl`` is "dot"; else None.
-    impl: "dot" | "blockwise" | "splash" (static); platform: "cpu" | "gpu" | "tpu" (static).
+    impl: "dot" | "blockwise" | "splash" | "paged" (a `PagedKVCache`: only the segment ids
+      are read, the rest is the cache's) (static); platform: "cpu" | "gpu" | "tpu" (static).
     """
 
     q_segment_ids: jax.Array

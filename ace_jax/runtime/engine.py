@@ -296,7 +296,7 @@ class Engine:
         self._slot_logprobs: list[list[float]] = [[] for _ in range(s)]
         self._next_id = 0
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
-                          slot_steps_live=0, peak_pages=0)
+                          peak_pages=0)
         self._prefill = jax.jit(_prefill, static_argnums=(0,), donate_argnums=(2,))
         self._admit = jax.jit(_admit, donate_argnums=(0,))
         self._decode = jax.jit(_decode, static_argnums=(0, 1), donate_argnums=(4,))
@@ -361,7 +361,6 @@ class Engine:
         self.stats["decode_steps"] += steps
         tokens, logprobs, emitted, done, reason = jax.device_get(
             (tokens, logprobs, emitted, self._state.done, self._state.reason))
-        self.stats["slot_steps_live"] += int(emitted.sum())
         self.stats["tokens"] += int(emitted.sum())
         finished = []
         for slot, owner in enumerate(self._slot_owner):

@@ -85,7 +85,8 @@ def test_local_values_that_matter():
     assert len(c.tasks.ids) == 6 and c.model.overrides.max_position_embeddings == 2048
     a = _load("ace30b.py")
     assert (a.rl.batch_states, a.rl.group_size, a.optim.microbatches, a.sampling.temperature) \
-        == (64, 8, 8, 1.0)
+        == (64, 8, 2, 1.0)
+    assert (a.optim.share_prompts, a.optim.prompt_split) == (True, "within_groups")
 
 
 def test_smoke_is_local_with_the_launch_tests_overrides():
