@@ -34,50 +34,38 @@ def _cfgs(**optim):
     return g, o
 
 
-def test_microbatching_is_exact():
+@pytest.mark.parametrize("optim", [
+    dict(microbatches=3),
+    dict(microbatches=3, share_prompts=True),                                # whole groups
+    dict(microbatches=2, share_prompts=True, prompt_split="within_groups"),  # half of each group
+], ids=["rows", "shared-groups", "shared-within-groups"])
+def test_microbatching_is_exact(optim):
+    """Microbatched updates (by rows, or with each prompt run once per microbatch) equal the
+    unshared one-microbatch update."""
     model, batch = _setup()
     # A large Adam eps keeps the update linear in the gradient, so float noise in near-zero
     # gradient entries is not amplified to +-lr by Adam's sign-like first step.
     g, o1 = _cfgs(microbatches=1, eps=1e-2)
-    _, o3 = _cfgs(microbatches=3, eps=1e-2)
+    _, ok = _cfgs(eps=1e-2, **optim)
     l1 = learner.Learner.create(model, g, o1, group_size=G)
-    l3 = learner.Learner.create(model, g, o3, group_size=G)
-    m1, m3 = l1.step(batch), l3.step(batch)
+    lk = learner.Learner.create(model, g, ok, group_size=G)
+    m1, mk = l1.step(batch), lk.step(batch)
     tokens = int(np.sum(batch.completion_mask))
     # the loss sums terms |A * ratio| / den <= 1 that cancel within each group (scale 1)
-    assert_close(m1["loss"], m3["loss"], reduction_len=tokens, scale=1.0)
-    np.testing.assert_allclose(m1["grad_norm"], m3["grad_norm"], rtol=1e-4)
-    for a, b in zip(jax.tree.leaves(l1.params), jax.tree.leaves(l3.params)):
+    assert_close(m1["loss"], mk["loss"], reduction_len=tokens, scale=1.0)
+    np.testing.assert_allclose(m1["grad_norm"], mk["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(l1.params), jax.tree.leaves(lk.params)):
         assert_close(np.asarray(a), np.asarray(b), reduction_len=tokens)
 
 
-def test_microbatches_of_whole_groups_with_shared_prompts_are_exact():
-    """``share_prompts`` with microbatches: each microbatch holds whole groups (prompt run once
-    per group) and the update equals the unshared, unmicrobatched one."""
-    model, batch = _setup()
-    g, o1 = _cfgs(microbatches=1, eps=1e-2)
-    _, o3 = _cfgs(microbatches=3, eps=1e-2, share_prompts=True)
-    l1 = learner.Learner.create(model, g, o1, group_size=G)
-    l3 = learner.Learner.create(model, g, o3, group_size=G)
-    m1, m3 = l1.step(batch), l3.step(batch)
-    tokens = int(np.sum(batch.completion_mask))
-    assert_close(m1["loss"], m3["loss"], reduction_len=tokens, scale=1.0)
-    np.testing.assert_allclose(m1["grad_norm"], m3["grad_norm"], rtol=1e-4)
-    for a, b in zip(jax.tree.leaves(l1.params), jax.tree.leaves(l3.params)):
-        assert_close(np.asarray(a), np.asarray(b), reduction_len=tokens)
-    _, o2 = _cfgs(microbatches=2, share_prompts=True)       # 3 groups do not split in 2
+def test_shared_prompt_microbatches_that_do_not_divide_are_refused():
+    model, batch = _setup()                                 # 3 groups of 4
+    g, o = _cfgs(microbatches=2, share_prompts=True)
     with pytest.raises(ValueError, match="3 groups are not divisible by optim.microbatches = 2"):
-        learner.Learner.create(model, g, o2, group_size=G).step(batch)
-    # ... but each group of 4 splits in 2 halves, each half's prompt run once
-    _, o2 = _cfgs(microbatches=2, eps=1e-2, share_prompts=True, prompt_split="within_groups")
-    l2 = learner.Learner.create(model, g, o2, group_size=G)
-    m2 = l2.step(batch)
-    assert_close(m1["loss"], m2["loss"], reduction_len=tokens, scale=1.0)
-    for a, b in zip(jax.tree.leaves(l1.params), jax.tree.leaves(l2.params)):
-        assert_close(np.asarray(a), np.asarray(b), reduction_len=tokens)
-    _, o3 = _cfgs(microbatches=3, share_prompts=True, prompt_split="within_groups")
+        learner.Learner.create(model, g, o, group_size=G).step(batch)
+    _, o = _cfgs(microbatches=3, share_prompts=True, prompt_split="within_groups")
     with pytest.raises(ValueError, match="group size 4 is not divisible by optim.microbatches = 3"):
-        learner.Learner.create(model, g, o3, group_size=G).step(batch)
+        learner.Learner.create(model, g, o, group_size=G).step(batch)
 
 
 def test_microbatch_split_keeps_groups_whole():
