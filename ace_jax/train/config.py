@@ -229,8 +229,15 @@ def _check_engine(cfg: ml_collections.ConfigDict, num_devices: Optional[int]) ->
     if kind == "paged" and cfg.sampler_mesh.layout != "shared":
         raise ConfigError("engine.kind='paged' decodes in the learner's layout: it needs "
                           "sampler_mesh.layout='shared'")
-    if e.max_context < 0:
-        raise ConfigError(f"engine.max_context must be >= 0, got {e.max_context}")
+    ctx = cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens
+    if e.max_context and e.max_context < ctx:
+        raise ConfigError(f"engine.max_context = {e.max_context} is below rl.max_prompt_tokens + "
+                          f"sampling.max_new_tokens = {ctx} (0 = exactly that)")
+    need = 2 + -(-max(e.max_context, ctx) // e.page_size)   # page 0, a row, a partial prompt page
+    if e.num_pages and e.num_pages < need:
+        raise ConfigError(f"engine.num_pages = {e.num_pages} cannot hold one row of "
+                          f"{max(e.max_context, ctx)} tokens in pages of {e.page_size}: "
+                          f"at least {need} (0 = room for every slot)")
 
 
 def _check_sampler_mesh(sm: ml_collections.ConfigDict, num_devices: Optional[int]) -> None:

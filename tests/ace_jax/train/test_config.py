@@ -145,6 +145,9 @@ def _set(c, key, value):
     ("rl.max_prompt_tokens", 1700, r"rl.max_prompt_tokens \+ sampling.max_new_tokens = 2084 "
                                    r"exceeds the model's max_position_embeddings \(2048\)"),
     ("model.preset", "gpt5", "model: .*unknown model config 'gpt5'"),
+    ("engine.kind", "vllm", "engine.kind must be one of"),
+    ("engine.max_context", 512, "engine.max_context = 512 is below rl.max_prompt_tokens"),
+    ("engine.num_pages", 10, "engine.num_pages = 10 cannot hold one row of 1152 tokens"),
 ])
 def test_each_check_names_its_keys(cfg, key, value, match):
     _set(cfg, key, value)
