@@ -280,7 +280,8 @@ def decode_step(graphdef, placement, params, knobs: SamplingKnobs, cache: qwen3.
     """One step of the rollout's decode loop as a function of its own, for the dry run to compile
     and cost (`ace_jax.train.dry_run_programs.decode_step_program` jits it): sample from
     ``logits`` float32 [N, V] with ``keys`` [N] (this step's, `step_keys`), then `decode_forward`
-    the sampled tokens at ``positions`` int32 [N] into slot ``cache_index``. Returns (tokens [N], logprobs [N], next logits, cache).
+    the sampled tokens at ``positions`` int32 [N] into slot ``cache_index``. Returns
+    (tokens [N], logprobs [N], next logits, cache).
     ``cache_index`` is a Python int here (the loop's is traced), so the attention's loop over
     the filled key blocks unrolls and XLA's cost analysis counts every block (it counts a loop
     body once)."""
