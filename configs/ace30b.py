@@ -17,7 +17,7 @@ Sizes (reference/qwen3_moe_spec.md §5): 64 states x G=8 = 512 rollouts per step
 microbatches of 4 rows. Memory is fp32 master weights + fp32 AdamW moments + fp32 gradients =
 16 B/param (488.5 GB), fully sharded over 64 chips; compute in bfloat16 with full remat. Compiled
 by XLA's TPU compiler for v5p:4x4x4 (`--dry_run`, docs/tpu.md): learner step 60.5 GB and rollout
-29.3 GB per chip at 8k + 4k tokens, with the speed of the compiled programs beside them; at 28k +
+28.8 GB per chip at 8k + 4k tokens, with the speed of the compiled programs beside them; at 28k +
 4k turn prompt sharing off (docs/tpu.md).
 """
 import ml_collections
