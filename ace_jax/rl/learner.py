@@ -84,13 +84,16 @@ def check_share_prompts(cfg: ml_collections.ConfigDict, groups: int | None = Non
                          f"{group_size} is not divisible by optim.microbatches = {k}")
 
 
+def split_mode(cfg: ml_collections.ConfigDict) -> str:
+    """How `microbatch_split` splits the batch: "rows" (prompts not shared), or the
+    ``prompt_split`` ("groups" / "within_groups")."""
+    return cfg.get("prompt_split", "groups") if cfg.get("share_prompts", False) else "rows"
+
+
 def prompt_rows(cfg: ml_collections.ConfigDict, group_size: int) -> int:
     """Rows per prompt in a microbatch: 1 (prompts not shared), G (whole groups) or G / k."""
-    if not cfg.get("share_prompts", False):
-        return 1
-    if cfg.get("prompt_split", "groups") == "within_groups":
-        return group_size // cfg.microbatches
-    return group_size
+    return {"rows": 1, "groups": group_size,
+            "within_groups": group_size // cfg.microbatches}[split_mode(cfg)]
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
                                                              optax.Schedule]:
@@ -250,10 +253,9 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
     else:
         sequence_mask = jnp.ones((n,), bool)
     keep = batch.completion_mask * sequence_mask[:, None].astype(jnp.float32)
-    split = (optim_cfg.get("prompt_split", "groups") if optim_cfg.get("share_prompts", False)
-             else "rows")
     micro = jax.tree.map(functools.partial(microbatch_split, k=k, group_size=group_size,
-                                           split=split), (batch, advantages, sequence_mask))
+                                           split=split_mode(optim_cfg)),
+                         (batch, advantages, sequence_mask))
     # One denominator for the whole batch: the microbatch losses then sum to the batch loss.
     den_total = grpo.aggregation_denominator(
         keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
