@@ -31,10 +31,11 @@ _MAX_PROMPT_TOKENS = flags.DEFINE_integer("max_prompt_tokens", 1024,
                                           "Prompts are cut from the left to this many tokens.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0,
                                   "Temperature of requests that do not give one.")
-_BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 20.0, "Requests arriving within this "
-                                      "many ms of the first waiting one are sampled together.")
-_MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 32, "Most samples (the sum of the "
-                                       "requests' n) decoded together; also the largest n.")
+_BATCH_WINDOW_MS = flags.DEFINE_float(
+    "batch_window_ms", 20.0, "When the server is idle, the first request waits this many ms for "
+    "others to start with it; requests arriving while it decodes join at the next step.")
+_MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 32, "Decode slots: the most samples "
+                                       "decoded together; also the largest n.")
 _DECODE_CHUNK_TOKENS = flags.DEFINE_integer(
     "decode_chunk_tokens", 8, "Decode steps between stop-string checks and streamed chunks: "
     "smaller streams more smoothly, larger syncs the host less often.", lower_bound=1)

@@ -1,18 +1,24 @@
-"""The decode engines behind the server's batcher: each decodes a group of requests together and
-puts the events of their replies on their ``Pending``.
+"""The engines behind the server's batcher (``ace_jax.policy.batching``): each takes requests as
+they arrive (``add``) and advances them (``step``), putting the events of their replies on their
+``Pending``.
 
-A ``JaxPolicy`` is decoded step-wise (``JaxEngine``: the prefill of ``generate._rollout``, then
-jitted chunks of its decode loop, same keys and sampling, with the stop and stream checks on the
-host between chunks). Any other policy with ``complete(...)`` (``CompletionEngine``) is sampled
-whole, its replies cut at stop strings after sampling and streamed once complete.
-``make_engine(policy)`` picks one.
+A ``JaxPolicy`` is served by the rollout engine (``JaxEngine`` over
+``ace_jax.runtime.engine.Engine``: paged KV cache, continuous batching, the same per-row keys
+and sampling as the trainer's rollouts), with the stop and stream checks on the host after each
+engine step. Any other policy with ``complete(...)`` (``CompletionEngine``) is sampled whole, its
+replies cut at stop strings after sampling and streamed once complete. ``make_engine(policy)``
+picks one.
+
+The interface the batcher uses: ``add(pending, seed)`` (seed None: the engine picks one; raises
+``RequestError`` for a request it can never serve), ``step()`` (may raise: the batcher then fails
+every request in flight and calls ``abort()``), ``abort()`` (forget everything in flight).
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
+import itertools
 import queue
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from ace_jax.policy.openai_api import ChatRequest, RequestError
 from ace_jax.policy.sample_stream import SampleStream, apply_stop, text_pieces
@@ -45,93 +51,127 @@ class Pending:
         self.events.put(event)
 
 
+@dataclasses.dataclass
+class _Live:
+    """A request in the engine: its reply's streams (one per sample) and how many are open."""
+    pending: Pending
+    streams: list[SampleStream]
+    prompt_tokens: int
+    open: int
+
+
 class JaxEngine:
-    """Step-wise decoding of a ``JaxPolicy``: prefill once, then jitted chunks of
-    ``chunk_tokens`` decode steps; between chunks the host feeds each sample's tokens to its
-    ``SampleStream`` (stop strings, EOS, budget), hands the new text to the requests (one delta
-    per token that adds text) and marks finished or abandoned rows done. Rows are ``n`` copies
-    of each request's prompt (request-major, as ``Generator``'s groups), sharing its prefilled
-    cache.
+    """A ``JaxPolicy`` on the rollout engine: requests enter its ``slots`` as they arrive (no
+    batch waits for its longest row); after every engine step (``sync_every`` decode steps) each
+    running sample's new tokens go through its ``SampleStream`` (stop strings, EOS, budget) and
+    out as text, one delta per token that adds text; a sample that completes a stop string is
+    cancelled in the engine at once (its slot and pages freed).
+
+    Keys: request with seed s samples choice j with ``fold_in(fold_in(key(s), 0), j)``: what
+    ``policy.complete([conversation], seed=s)`` draws for j = 0 and the group of
+    ``Generator.generate([prompt], key(s))`` for n samples. Requests without a seed get one
+    from a counter (1, 2, ...).
     """
 
-    def __init__(self, policy, *, chunk_tokens: int = DECODE_CHUNK_TOKENS):
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    def __init__(self, policy, *, slots: int = 32, max_new_tokens: Optional[int] = None,
+                 sync_every: int = DECODE_CHUNK_TOKENS):
         self.policy = policy
-        self.chunk_tokens = int(chunk_tokens)
         self.tokenizer = policy.tokenizer
+        self.config = policy.engine_config(max_new_tokens, slots=slots, sync_every=sync_every)
+        self.engine = policy.make_engine(self.config)
+        self._live: dict[int, _Live] = {}
+        self._seeds = itertools.count(1)
 
-    def decode(self, group: list[Pending], *, seed: int, temperature: float,
-               max_tokens: int) -> Iterator[None]:
-        """Decodes the requests of ``group`` together; yields after every chunk (its events
-        already put), ends after every request got "done"."""
+    def add(self, pending: Pending, seed: Optional[int]) -> None:
         import jax
-        import jax.numpy as jnp
-        import numpy as np
 
-        from ace_jax.runtime import generate
+        from ace_jax.runtime import engine as engine_lib
 
-        policy, gen = self.policy, self.policy.generator
-        prompts = [policy.encode(p.request.messages)[0] for p in group]
-        owners = [(p, j, len(prompts[i])) for i, p in enumerate(group)
-                  for j in range(p.request.n)]
-        rows = np.repeat(np.arange(len(group), dtype=np.int32), [p.request.n for p in group])
-        sampling = dataclasses.replace(policy.sampling, max_new_tokens=max_tokens,
-                                       temperature=temperature, group_size=1)
-        ids, pos, mask = generate.left_pad(prompts, sampling.prompt_bucket, sampling.pad_id)
-        prefill, decode_chunk = _jitted_steps()
-        state = prefill(gen.graphdef, ids.shape[1] + max_tokens, gen.params, jnp.asarray(ids),
-                        jnp.asarray(pos), jnp.asarray(mask), jnp.asarray(rows))
-        knobs = generate.SamplingKnobs.from_config(sampling)
-        keys = generate.row_keys(jax.random.key(seed), jnp.asarray(rows),
-                                 jnp.asarray([j for _, j, _ in owners], jnp.int32))
-        streams = [SampleStream(self.tokenizer, max_tokens=max_tokens, stop=p.request.stop,
-                                eos_ids=sampling.eos_ids) for p, _, _ in owners]
-        done = np.zeros(len(owners), bool)
-        steps_done = 0
-        while not done.all():
-            state, tokens = decode_chunk(gen.graphdef, self.chunk_tokens, gen.params, knobs, state,
-                                         keys, jnp.int32(ids.shape[1]), jnp.int32(max_tokens),
-                                         jnp.asarray(done))
-            tokens, step = np.asarray(tokens), int(state.step)
-            new, steps_done = step - steps_done, step
-            for r, (p, j, prompt_len) in enumerate(owners):
-                if done[r]:
-                    continue
-                if p.cancelled:
-                    done[r] = True
-                    continue
-                s = streams[r]
-                for t in tokens[r, :new].tolist():  # one delta per token with text
-                    s.push(t)
-                    piece = s.pop_text()
-                    if piece:
-                        p.put("delta", j, piece)
-                    if s.finished:
-                        break
-                if not s.finished and new == 0:  # never loop without progress
-                    raise RuntimeError(f"the decoder stopped at step {step} of {max_tokens} "
-                                       f"with sample {r} unfinished")
+        r = pending.request
+        prompt = self.policy.encode(r.messages)[0]
+        seed = next(self._seeds) if seed is None else seed
+        try:
+            rid = self.engine.submit(prompt, n=r.n, key=jax.random.fold_in(jax.random.key(seed), 0),
+                                     max_new_tokens=r.max_tokens, temperature=r.temperature)
+        except engine_lib.EngineCapacityError as e:
+            raise RequestError(f"the request does not fit the server's engine: {e}") from e
+        streams = [SampleStream(self.tokenizer, max_tokens=r.max_tokens, stop=r.stop,
+                                eos_ids=self.policy.sampling.eos_ids) for _ in range(r.n)]
+        self._live[rid] = _Live(pending, streams, len(prompt), r.n)
+
+    def step(self) -> None:
+        for rid, live in list(self._live.items()):   # clients that went away free their rows
+            if live.pending.cancelled:
+                self.engine.cancel(rid)
+                del self._live[rid]
+                live.pending.put("done")
+        finished = {(c.request, c.sample): c.tokens for c in self.engine.step()}
+        tokens = dict(finished)
+        for rid in self._live:
+            tokens.update({(rid, j): t for j, t in self.engine.progress(rid).items()})
+        for (rid, j), ids in tokens.items():
+            live = self._live[rid]
+            s = live.streams[j]
+            for t in ids[len(s.token_ids):]:
+                s.push(t)
+                piece = s.pop_text()
+                if piece:
+                    live.pending.put("delta", j, piece)
                 if s.finished:
-                    done[r] = True
-                    p.put("finish", j, s.completion(prompt_len))
-            yield
-        for p in group:
-            p.put("done")
+                    break
+            if not s.finished:
+                if (rid, j) in finished:
+                    raise RuntimeError(f"the engine ended sample {j} after {len(ids)} tokens "
+                                       f"but its stream did not (EOS ids or budget disagree)")
+                continue
+            if (rid, j) not in finished:
+                self.engine.cancel(rid, j)          # a stop string: the engine stops it too
+            live.pending.put("finish", j, s.completion(live.prompt_tokens))
+            live.open -= 1
+            if live.open == 0:
+                del self._live[rid]
+                live.pending.put("done")
+
+    def abort(self) -> None:
+        self.engine = self.policy.make_engine(self.config)   # its state may be half-updated
+        self._live.clear()
 
 
 class CompletionEngine:
-    """Any policy with ``complete(conversations, *, seed, max_new_tokens, temperature)``: the
-    samples of a group are sampled whole in one call, cut at stop strings afterwards
-    (``apply_stop``) and their text handed out at once."""
+    """Any policy with ``complete(conversations, *, seed, max_new_tokens, temperature)``: each
+    step samples every request added since the last one, whole, in one call per ``(temperature,
+    max_tokens, seed)``; replies are cut at stop strings afterwards (``apply_stop``) and their
+    text handed out at once. Requests without a seed share one server-chosen seed per step."""
 
     def __init__(self, policy):
         self.policy = policy
         self.tokenizer = getattr(policy, "tokenizer", None)
+        self._added: list[tuple[Pending, Optional[int]]] = []
+        self._seeds = itertools.count(1)
 
-    def decode(self, group: list[Pending], *, seed: int, temperature: float,
-               max_tokens: int) -> Iterator[None]:
+    def add(self, pending: Pending, seed: Optional[int]) -> None:
+        self._added.append((pending, seed))
+
+    def step(self) -> None:
+        added, self._added = self._added, []
+        shared_seed = next(self._seeds)
+        groups: dict[tuple, list[Pending]] = {}
+        for p, seed in added:
+            r = p.request
+            seed = 0 if r.temperature == 0 else shared_seed if seed is None else seed
+            groups.setdefault((r.temperature, r.max_tokens, seed), []).append(p)
+        for (temperature, max_tokens, seed), group in groups.items():
+            self._complete(group, seed=seed, temperature=temperature, max_tokens=max_tokens)
+
+    def _complete(self, group: list[Pending], *, seed: int, temperature: float,
+                  max_tokens: int) -> None:
+        for p in group:
+            if p.cancelled:
+                p.put("done")
+        group = [p for p in group if not p.cancelled]
         conversations = [p.request.messages for p in group for _ in range(p.request.n)]
+        if not conversations:
+            return
         out = self.policy.complete(conversations, seed=seed, max_new_tokens=max_tokens,
                                    temperature=temperature)
         if len(out) != len(conversations):
@@ -149,88 +189,18 @@ class CompletionEngine:
                     p.put("delta", j, piece)
                 p.put("finish", j, c)
             p.put("done")
-        yield
+
+    def abort(self) -> None:
+        self._added.clear()
 
 
-def make_engine(policy, *, decode_chunk_tokens: int = DECODE_CHUNK_TOKENS):
-    """``JaxEngine`` for a ``JaxPolicy``, ``CompletionEngine`` for any other policy."""
+def make_engine(policy, *, slots: int = 32, max_new_tokens: Optional[int] = None,
+                decode_chunk_tokens: int = DECODE_CHUNK_TOKENS):
+    """``JaxEngine`` for a ``JaxPolicy`` (``slots`` decode rows, replies of up to
+    ``max_new_tokens``), ``CompletionEngine`` for any other policy."""
     from ace_jax.policy.policy import JaxPolicy
 
     if isinstance(policy, JaxPolicy):
-        return JaxEngine(policy, chunk_tokens=decode_chunk_tokens)
+        return JaxEngine(policy, slots=slots, max_new_tokens=max_new_tokens,
+                         sync_every=decode_chunk_tokens)
     return CompletionEngine(policy)
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_steps():
-    """(prefill, decode_chunk): the two jitted halves of ``generate._rollout`` that
-    ``JaxEngine`` runs with the host in between (built on first use: importing this module
-    needs no JAX).
-
-    prefill(graphdef, cache_len, params, ids [B, P], positions [B, P], mask [B, P], rows [N])
-      -> state: the B prompts prefilled into a cache of cache_len = P + M slots, then row r of
-      the N rows a copy of prompt rows[r] (cache, next-token logits, next position).
-    decode_chunk(graphdef, chunk, params, knobs, state, keys, prompt_len, max_new_tokens,
-      host_done [N]) -> (state, tokens int32 [N, chunk]): up to ``chunk`` more decode steps
-      (fewer when every row is done or the budget is spent); row r's step t samples with
-      ``fold_in(keys[r], t)`` (`generate.row_keys`) as ``_rollout`` does. Rows done (EOS, or marked by the host) get
-      ``pad_id``. ``state.step`` counts the steps decoded so far.
-    """
-    from typing import NamedTuple
-
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from ace_jax.runtime import generate
-    from models import qwen3
-
-    class State(NamedTuple):
-        step: jax.Array       # int32 scalar: tokens decoded so far (t of _rollout)
-        logits: jax.Array     # float32 [N, V]: logits of the next token
-        cache: Any            # qwen3.KVCache of N rows, P + M slots
-        next_pos: jax.Array   # int32 [N]: RoPE position of each row's first new token
-        done: jax.Array       # bool [N]
-
-    def prefill(graphdef, cache_len, params, ids, positions, mask, rows):
-        model = nnx.merge(graphdef, params)
-        layout = generate.cache_layout(model.config)
-        cache = qwen3.init_cache(model.config, ids.shape[0], cache_len, layout=layout)
-        out = model(ids, positions, attention_mask=mask, cache=cache, cache_index=0,
-                    compute_logits=False)
-        logits = model.lm_logits(out.hidden_states[:, -1, :])
-        c, axis = out.cache, 0 if out.cache.layout == "decode" else 1
-        cache = qwen3.KVCache(k=tuple(jnp.take(x, rows, axis=axis) for x in c.k),
-                              v=tuple(jnp.take(x, rows, axis=axis) for x in c.v),
-                              kv_mask=c.kv_mask[rows], layout=c.layout)
-        return State(jnp.int32(0), logits[rows], cache, positions[rows, -1] + 1,
-                     jnp.zeros(rows.shape, bool))
-
-    def decode_chunk(graphdef, chunk, params, knobs, state, keys, prompt_len, max_new_tokens,
-                     host_done):
-        model = nnx.merge(graphdef, params)
-        layer_params = model.layer_params() if state.cache.layout == "decode" else None
-        n = state.logits.shape[0]
-
-        def cond(carry):
-            i, s, _ = carry
-            return (i < chunk) & (s.step < max_new_tokens) & jnp.logical_not(jnp.all(s.done))
-
-        def body(carry):
-            i, s, tokens = carry
-            tok, _ = generate.sample_token(generate.step_keys(keys, s.step), s.logits, knobs)
-            tok = jnp.where(s.done, knobs.pad_id, tok)
-            hit_eos = jnp.any(tok[:, None] == knobs.eos_ids[None, :], axis=-1)
-            out = model(tok[:, None], (s.next_pos + s.step)[:, None],
-                        attention_mask=jnp.ones((n, 1), bool), cache=s.cache,
-                        cache_index=prompt_len + s.step, layer_params=layer_params)
-            return i + 1, State(s.step + 1, out.logits[:, -1, :], out.cache, s.next_pos,
-                                s.done | hit_eos), tokens.at[:, i].set(tok)
-
-        state = state._replace(done=state.done | host_done)
-        init = (jnp.int32(0), state, jnp.full((n, chunk), knobs.pad_id, jnp.int32))
-        _, state, tokens = jax.lax.while_loop(cond, body, init)
-        return state, tokens
-
-    return (jax.jit(prefill, static_argnums=(0, 1)),
-            jax.jit(decode_chunk, static_argnums=(0, 1), donate_argnums=(4,)))

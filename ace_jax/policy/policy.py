@@ -10,8 +10,8 @@ through one small interface, ``ChatPolicy.complete``:
 
 Implementations:
 
-* ``JaxPolicy``: our Qwen3 / Qwen3-MoE Flax model + tokenizer, sampled with the jitted grouped
-  ``Generator`` (group size 1). Built from a model in memory, from an HF directory
+* ``JaxPolicy``: our Qwen3 / Qwen3-MoE Flax model + tokenizer, sampled with the rollout engine
+  (``ace_jax.runtime.engine.Engine``: paged KV cache, continuous batching). Built from a model in memory, from an HF directory
   (``JaxPolicy.from_hf``) or from a training run directory (``JaxPolicy.from_run``: its
   ``config.json``, ``tokenizer/`` and the newest (or a given) Orbax checkpoint).
 * ``OpenAIPolicy``: any OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, a frontier
@@ -117,13 +117,14 @@ class JaxPolicy:
     """Our Flax policy behind the ChatPolicy interface.
 
     Prompts are rendered with the Qwen3 chat template (thinking disabled), cut from the left to
-    ``max_prompt_tokens``, and sampled in one batch of ``len(conversations)`` samples with the
-    jitted ``Generator``. Deterministic for a given ``seed``.
+    ``max_prompt_tokens``, and sampled with the rollout engine (``engine``: ``slots`` rows
+    decoded together, refilled as rows finish; the same per-row keys as the static
+    ``generate.Generator``). Deterministic for a given ``seed``.
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, max_prompt_tokens: int = 1024,
-                 prompt_bucket: int = 64, name: str = "jax"):
+                 prompt_bucket: int = 64, slots: int = 8, name: str = "jax"):
         from ace_jax.runtime import generate
         from models import tokenizer as tok_lib
 
@@ -138,7 +139,35 @@ class JaxPolicy:
         self.sampling = generate.SamplingConfig(
             max_new_tokens=max_new_tokens, group_size=1, temperature=temperature, top_k=top_k,
             top_p=top_p, eos_ids=eos, pad_id=int(eos[-1]), prompt_bucket=prompt_bucket)
-        self.generator = generate.Generator(model, self.sampling)
+        self.slots = int(slots)
+        self._engine = None
+
+    def engine_config(self, max_new_tokens: Optional[int] = None, *, slots: Optional[int] = None,
+                      sync_every: Optional[int] = None):
+        """The ``EngineConfig`` for replies of up to ``max_new_tokens`` (default the policy's)
+        after a prompt of up to ``max_prompt_tokens``: ``slots`` rows (default the policy's),
+        ``sync_every`` decode steps per host round trip."""
+        from ace_jax.runtime import engine
+
+        d = engine.EngineConfig()
+        return engine.EngineConfig(
+            slots=slots or self.slots, sync_every=sync_every or d.sync_every,
+            max_context=self.max_prompt_tokens + (max_new_tokens or self.sampling.max_new_tokens))
+
+    def make_engine(self, config=None):
+        """A new rollout engine on this policy's model (``config``: `engine_config()`); the
+        engines of one policy share their compiled programs."""
+        from ace_jax.runtime import engine
+
+        return engine.Engine(self.model, self.sampling, config or self.engine_config())
+
+    @property
+    def engine(self):
+        """The engine ``complete`` samples with (built on first use, rebuilt larger when a call
+        asks for longer replies than it holds)."""
+        if self._engine is None:
+            self._engine = self.make_engine()
+        return self._engine
 
     # -- construction ------------------------------------------------------------------------
 
@@ -178,12 +207,14 @@ class JaxPolicy:
     def complete(self, conversations: Sequence[Conversation], *, seed: int = 0,
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None
                  ) -> list[Completion]:
-        """Samples one reply per conversation, all N in one jitted batch.
+        """Samples one reply per conversation through the engine (N requests, ``slots`` at a
+        time).
 
-        ``max_new_tokens`` / ``temperature`` override the policy's defaults for this call. One
-        PRNG key (``seed``) drives the whole batch, so at temperature > 0 a conversation's reply
-        depends on the batch it is in; greedy (temperature 0) replies do not depend on ``seed``.
-        Raises ``models.tokenizer.TokenizerError`` for a malformed conversation.
+        ``max_new_tokens`` / ``temperature`` override the policy's defaults for this call.
+        Conversation i samples with key ``fold_in(key(seed), i)`` (as ``Generator.generate``),
+        so at temperature > 0 its reply depends on its place in the list; greedy (temperature
+        0) replies do not depend on ``seed``. Raises ``models.tokenizer.TokenizerError`` for a
+        malformed conversation.
         """
         import jax
         import numpy as np
@@ -198,7 +229,9 @@ class JaxPolicy:
             sampling = dataclasses.replace(
                 sampling, max_new_tokens=max_new_tokens or sampling.max_new_tokens,
                 temperature=sampling.temperature if temperature is None else float(temperature))
-        out = self.generator.generate(prompts, jax.random.key(seed), sampling)
+        if self.engine.config.max_context < self.max_prompt_tokens + sampling.max_new_tokens:
+            self._engine = self.make_engine(self.engine_config(sampling.max_new_tokens))
+        out = self.engine.generate(prompts, jax.random.key(seed), sampling)
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         reasons = np.asarray(out.finish_reason)
         result = []

@@ -19,7 +19,7 @@ Endpoints (JSON bodies, UTF-8):
 Stop strings end decoding: a sample stops at the token that completes one (finish_reason "stop"),
 its text ends before it, and streamed text holds back a tail that could begin one. Decoding runs
 in chunks of ``decode_chunk_tokens`` tokens between checks, so a sample that stops mid-chunk costs
-at most that many wasted steps (never counted).
+at most that many wasted steps (never counted); its slot then takes the next request.
 
 Errors have the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``: 400
 ``invalid_request_error`` for an unparsable or invalid body, 404 for an unknown path, 500
@@ -28,20 +28,21 @@ chunk ends with one ``data: {"error": ...}`` event. A bad request never stops th
 client that goes away mid-stream frees its rows of the batch.
 
 Batching (``ace_jax.policy.batching``): handler threads parse and validate requests
-(``ace_jax.policy.openai_api``) and put them on a queue; one worker thread takes the first
-waiting request, collects whatever else arrives within ``batch_window_ms`` (up to
-``max_batch_size`` samples), and decodes each group of requests with equal ``(temperature,
-max_tokens)`` together. Greedy replies (temperature 0) are what ``policy.complete`` gives for the
-conversation alone; a sampled request with an explicit ``seed`` is run alone with key ``seed``,
-so it reproduces ``policy.complete([conversation], seed=seed)`` for ``n=1`` and
-``policy.generator.generate([prompt], key(seed), <group_size n>)`` for ``n > 1``; unseeded
-sampled requests share a batch and a server-chosen key.
+(``ace_jax.policy.openai_api``) and put them on a queue; one worker thread admits each into the
+engine as it arrives and steps the engine while any request is in flight (continuous admission:
+a request never waits for another batch to finish; when the engine is idle the first one waits
+``batch_window_ms`` for company). Greedy replies (temperature 0) are what ``policy.complete``
+gives for the conversation alone; a sampled request with an explicit ``seed`` reproduces
+``policy.complete([conversation], seed=seed)`` for ``n=1`` and the group of
+``Generator.generate([prompt], key(seed))`` for ``n > 1``, whatever is decoded beside it;
+unseeded sampled requests get a server-chosen seed.
 
-Engines (``ace_jax.policy.engines``): a ``JaxPolicy`` is decoded step-wise (``JaxEngine``: the
-prefill of ``generate._rollout``, then jitted chunks of its decode loop, same keys and sampling,
-with the stop and stream checks on the host between chunks, ``ace_jax.policy.sample_stream``).
-Any other policy with ``complete(...)`` (``CompletionEngine``) is sampled whole, its replies cut
-at stop strings after sampling and streamed once complete.
+Engines (``ace_jax.policy.engines``): a ``JaxPolicy`` is served by the rollout engine
+(``JaxEngine`` over ``ace_jax.runtime.engine.Engine``: ``max_batch_size`` decode slots over a
+paged KV cache, the trainer's keys and sampling), with the stop and stream checks on the host
+between engine steps (``ace_jax.policy.sample_stream``). Any other policy with
+``complete(...)`` (``CompletionEngine``) is sampled whole, its replies cut at stop strings after
+sampling and streamed once complete.
 
 ``start_server(policy, host, port)`` runs all of this in-process (``port=0`` picks a free port);
 ``shutdown(server)`` stops it. ``launch/serve.py`` is the command-line entry point.
@@ -93,8 +94,8 @@ class PolicyServer(ThreadingHTTPServer):
         self._started = False
         super().__init__(address, _Handler)
         self.batcher = Batcher(policy, window_s=batch_window_ms / 1000.0,
-                               max_batch_size=max_batch_size, engine=engine,
-                               decode_chunk_tokens=decode_chunk_tokens)
+                               max_batch_size=max_batch_size, max_new_tokens=self.max_new_tokens,
+                               engine=engine, decode_chunk_tokens=decode_chunk_tokens)
 
     @property
     def url(self) -> str:
@@ -102,7 +103,7 @@ class PolicyServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     def stats(self) -> dict:
-        """Batching counters: batches, requests, samples, max_batch (see ``Batcher``)."""
+        """Batching counters: steps, requests, samples, max_batch (see ``Batcher``)."""
         return self.batcher.stats()
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
@@ -203,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._reply(pending)
         except BaseException:
-            pending.cancelled = True  # its rows stop at the next chunk
+            pending.cancelled = True  # its rows stop at the next engine step
             raise
 
     def _reply(self, pending: Pending) -> None:
@@ -272,9 +273,10 @@ def start_server(policy, host: str = "127.0.0.1", port: int = 0, *,
                  ) -> tuple[PolicyServer, threading.Thread, str]:
     """Serves ``policy`` on ``host:port`` (``port=0``: a free one) from a background thread.
 
-    ``policy`` is a ``JaxPolicy`` (decoded step-wise, ``decode_chunk_tokens`` tokens between
-    stop / stream checks) or anything with ``complete(conversations, *, seed, max_new_tokens,
-    temperature) -> list[Completion]``; ``engine`` overrides ``make_engine(policy)``. Returns
+    ``policy`` is a ``JaxPolicy`` (on the rollout engine: ``max_batch_size`` slots,
+    ``decode_chunk_tokens`` tokens between stop / stream checks) or anything with
+    ``complete(conversations, *, seed, max_new_tokens, temperature) -> list[Completion]``;
+    ``engine`` overrides ``engines.make_engine(policy)``. Returns
     ``(server, thread, url)`` with ``url`` like ``http://127.0.0.1:PORT`` (clients use
     ``url + "/v1"``). Stop with ``shutdown``.
     """

@@ -9,10 +9,18 @@ a finished row's pages go back to the pool and its slot takes the next waiting s
 so no slot waits for the longest row of a batch. Every program has a fixed shape (slots, page
 size, pool, prefill chunk, pages per row), so a run compiles each once, whatever its prompts.
 
+Public surface: ``submit`` (a prompt, n samples, a key, budgets, a temperature) -> request id;
+``step`` (admit, decode ``sync_every`` steps) -> the `Completion`s that finished; ``drain``;
+``progress`` (the tokens of a request's running samples so far, for streaming); ``cancel`` (a
+request or one sample: its slot and pages freed at once); ``generate`` (`Generator.generate`'s
+contract); ``update_weights``; ``stats``. Its callers: the trainer (`make_sampler`), the server
+(`ace_jax.policy.engines.JaxEngine`) and evaluation (`ace_jax.policy.policy.JaxPolicy`).
+
 Programs (jitted once per engine): ``prefill`` (one prompt chunk into its pages, the logits of
 its last real token), ``admit`` (waiting samples into free slots: page table, budget, key,
 first logits; the partial prompt page copied), ``decode`` (``sync_every`` decode steps of all
-slots: sample, check EOS / stop / budget, forward). The host admits and collects between
+slots: sample, check EOS / stop / budget, forward), ``retire`` (cancelled rows marked done).
+The host admits and collects between
 ``decode`` calls (one device round trip per ``sync_every`` tokens).
 
 Sampling follows `generate`'s per-row rule: sample g of a request with key k draws step t with
@@ -156,18 +164,19 @@ class _State(NamedTuple):
     done: jax.Array        # bool [S]: no row, or finished
     reason: jax.Array      # int32 [S]: FinishReason
     window: jax.Array      # int32 [S, L]: last tokens, for stop sequences
+    temperature: jax.Array  # float32 [S]: each row's request's temperature (0 = greedy)
 
 
 @dataclasses.dataclass
 class _Request:
     prompt: list[int]
-    n: int
     key: jax.Array
     budgets: list[int]            # max new tokens of each sample
-    admitted: int = 0             # samples in a slot (or finished)
+    temperature: float
+    queue: collections.deque      # samples not admitted yet, in order
     prompt_pages: list[int] | None = None
     logits: jax.Array | None = None   # float32 [V] after the prefill
-    live: int = 0                 # samples admitted and not finished
+    live: int = 0                 # samples in a slot
 
 
 def _model_forward(model, layer_params, tokens, mask, pools, page_table, lengths):
@@ -192,11 +201,12 @@ def _prefill(graphdef, params, pools, ids, page_row, start, n_valid):
     return pools, model.lm_logits(jax.lax.dynamic_index_in_dim(h[0], n_valid - 1, 0, False))
 
 
-def _admit(state: _State, slot, page_rows, lengths, budgets, request_keys, samples, logits,
-           copy_src, copy_dst):
+def _admit(state: _State, slot, page_rows, lengths, budgets, temperatures, request_keys, samples,
+           logits, copy_src, copy_dst):
     """Puts up to S samples into slots (``slot`` [S], S = none), each with its page row, filled
-    length, budget, key ``fold_in(request key, sample)`` (``request_keys``: S keys) and first
-    logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for none). The
+    length, budget, temperature, key ``fold_in(request key, sample)`` (``request_keys``: S keys)
+    and first logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for
+    none). The
     per-sample values come as fixed-length tuples, so that the host builds no array whose shape
     depends on how many samples enter (each new shape would compile an op)."""
     keys = jax.vmap(jax.random.fold_in)(jnp.stack(request_keys), samples)
@@ -209,9 +219,15 @@ def _admit(state: _State, slot, page_rows, lengths, budgets, request_keys, sampl
         pools=pools, page_table=put(state.page_table, page_rows), lengths=put(state.lengths, lengths),
         logits=put(state.logits, logits), keys=put(state.keys, keys),
         produced=put(state.produced, jnp.zeros((s,), jnp.int32)), budget=put(state.budget, budgets),
+        temperature=put(state.temperature, temperatures),
         done=put(state.done, jnp.zeros((s,), bool)),
         reason=put(state.reason, jnp.full((s,), int(generate.FinishReason.LENGTH), jnp.int32)),
         window=put(state.window, jnp.full(state.window.shape, -2, jnp.int32)))
+
+
+def _retire(state: _State, slots):
+    """Ends the rows of ``slots`` (bool [S]) without a Completion (`Engine.cancel`)."""
+    return state._replace(done=state.done | slots)
 
 
 def _decode(graphdef, steps, params, knobs, state: _State):
@@ -221,6 +237,7 @@ def _decode(graphdef, steps, params, knobs, state: _State):
     token's keys / values into its pages."""
     model = nnx.merge(graphdef, params)
     layer_params = _layer_params(model)
+    knobs = knobs._replace(temperature=state.temperature)
 
     def step(state: _State, _):
         live = ~state.done
@@ -285,7 +302,8 @@ class Engine:
             keys=jax.random.split(jax.random.key(0), s), produced=jnp.zeros((s,), jnp.int32),
             budget=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
             reason=jnp.zeros((s,), jnp.int32),
-            window=jnp.full((s, self._knobs.stop_table.shape[1]), -2, jnp.int32))
+            window=jnp.full((s, self._knobs.stop_table.shape[1]), -2, jnp.int32),
+            temperature=jnp.zeros((s,), jnp.float32))
         self._free_pages = list(range(config.pool_pages - 1, 0, -1))   # page 0 reserved
         self._page_refs: dict[int, int] = {}
         self._requests: dict[int, _Request] = {}
@@ -299,6 +317,7 @@ class Engine:
                           peak_pages=0)
         self._prefill = jax.jit(_prefill, static_argnums=(0,), donate_argnums=(2,))
         self._admit = jax.jit(_admit, donate_argnums=(0,))
+        self._retire = jax.jit(_retire, donate_argnums=(0,))
         self._decode = jax.jit(_decode, static_argnums=(0, 1), donate_argnums=(4,))
 
     # ------------------------------------------------------------------ public surface
@@ -309,11 +328,12 @@ class Engine:
         self.params = params
 
     def submit(self, prompt: Sequence[int], *, n: int = 1, key: jax.Array,
-               max_new_tokens: int | Sequence[int] | None = None) -> int:
+               max_new_tokens: int | Sequence[int] | None = None,
+               temperature: float | None = None) -> int:
         """Queues ``n`` samples of ``prompt`` (token ids); sample g draws with
-        ``fold_in(key, g)`` (see the module docstring) and generates at most
-        ``max_new_tokens`` (one for all, or one per sample; default the sampling config's).
-        Returns the request id.
+        ``fold_in(key, g)`` (see the module docstring) at ``temperature`` (0 = greedy; default
+        the sampling config's) and generates at most ``max_new_tokens`` (one for all, or one
+        per sample; default the sampling config's). Returns the request id.
 
         Raises EngineCapacityError when the request can never fit the engine's shapes."""
         prompt = [int(t) for t in prompt]
@@ -327,6 +347,9 @@ class Engine:
         if n < 1 or len(budgets) != n or min(budgets) < 1:
             raise ValueError(f"submit: n >= 1 samples with max_new_tokens >= 1 each, got n={n} "
                              f"and {max_new_tokens}")
+        temperature = self.sampling.temperature if temperature is None else float(temperature)
+        if not temperature >= 0.0:
+            raise ValueError(f"submit: temperature must be >= 0, got {temperature}")
         m = max(budgets)
         if len(prompt) + m > cfg.pages_per_row * cfg.page_size:
             raise EngineCapacityError(
@@ -341,9 +364,37 @@ class Engine:
             key = jax.random.wrap_key_data(key)     # a raw uint32 key (jax.random.PRNGKey)
         rid = self._next_id
         self._next_id += 1
-        self._requests[rid] = _Request(prompt, int(n), key, budgets)
+        self._requests[rid] = _Request(prompt, key, budgets, temperature,
+                                       collections.deque(range(int(n))))
         self._waiting.append(rid)
         return rid
+
+    def progress(self, request: int) -> dict[int, list[int]]:
+        """The tokens generated so far by each sample of ``request`` now in a slot (as of the
+        last `step`); samples not admitted yet, finished or cancelled are not listed."""
+        return {owner[1]: list(self._slot_tokens[slot])
+                for slot, owner in enumerate(self._slot_owner)
+                if owner is not None and owner[0] == request}
+
+    def cancel(self, request: int, sample: int | None = None) -> None:
+        """Ends sample ``sample`` of ``request`` (every sample when None) without a
+        `Completion`: a waiting sample is dropped, a running one frees its slot and pages now.
+        Unknown or finished requests and samples are ignored (it may have just finished)."""
+        req = self._requests.get(request)
+        if req is None:
+            return
+        hit = (lambda g: True) if sample is None else (lambda g: g == sample)  # noqa: E731
+        req.queue = collections.deque(g for g in req.queue if not hit(g))
+        if not req.queue and request in self._waiting:
+            self._waiting.remove(request)
+        slots = np.zeros((self.config.slots,), bool)
+        for slot, owner in enumerate(self._slot_owner):
+            if owner is not None and owner[0] == request and hit(owner[1]):
+                slots[slot] = True
+                self._free_slot(slot)
+        if slots.any():
+            self._state = self._retire(self._state, jnp.asarray(slots))
+        self._forget_if_done(request)
 
     def step(self) -> list[Completion]:
         """Admits waiting samples into free slots, decodes ``sync_every`` steps, and returns
@@ -402,7 +453,8 @@ class Engine:
 
     def _generate(self, prompts, key, cfg) -> generate.GenerationResult:
         g, m = cfg.group_size, cfg.max_new_tokens
-        ids = {self.submit(p, n=g, key=jax.random.fold_in(key, b), max_new_tokens=m): b
+        ids = {self.submit(p, n=g, key=jax.random.fold_in(key, b), max_new_tokens=m,
+                           temperature=cfg.temperature): b
                for b, p in enumerate(prompts)}
         n = len(prompts) * g
         tokens = np.full((n, m), cfg.pad_id, np.int32)
@@ -471,7 +523,8 @@ class Engine:
         while free and self._waiting:
             rid = self._waiting[0]
             req = self._requests[rid]
-            p, m = len(req.prompt), req.budgets[req.admitted]
+            sample = req.queue[0]
+            p, m = len(req.prompt), req.budgets[sample]
             need = self._sample_pages(p, m)
             if req.prompt_pages is None:
                 need += self._prompt_pages(p)
@@ -486,13 +539,13 @@ class Engine:
             src = req.prompt_pages[-1] if p % ps else 0
             dst = own[0] if p % ps else 0
             slot = free.pop(0)
-            self._slot_owner[slot] = (rid, req.admitted)
+            self._slot_owner[slot] = (rid, sample)
             self._slot_pages[slot] = shared + own
             self._slot_tokens[slot], self._slot_logprobs[slot] = [], []
-            batch.append((slot, rid, req.admitted, shared + own, src, dst))
-            req.admitted += 1
+            batch.append((slot, rid, sample, shared + own, src, dst))
+            req.queue.popleft()
             req.live += 1
-            if req.admitted == req.n:
+            if not req.queue:
                 self._waiting.popleft()
         if not batch:
             return
@@ -500,6 +553,7 @@ class Engine:
         rows = np.zeros((s, cfg.pages_per_row), np.int32)
         lengths = np.zeros((s,), np.int32)
         budgets = np.zeros((s,), np.int32)
+        temperatures = np.zeros((s,), np.float32)
         src = np.zeros((s,), np.int32)
         dst = np.zeros((s,), np.int32)
         samples = np.zeros((s,), np.int32)
@@ -507,25 +561,37 @@ class Engine:
         for i, (sl, rid, sample, pages, a, b) in enumerate(batch):
             req = self._requests[rid]
             slot[i], lengths[i], budgets[i], src[i], dst[i] = sl, len(req.prompt), req.budgets[sample], a, b
+            temperatures[i] = req.temperature
             rows[i, :len(pages)] = pages
             samples[i], keys[i], logits[i] = sample, req.key, req.logits
         self._state = self._admit(self._state, jnp.asarray(slot), jnp.asarray(rows),
-                                  jnp.asarray(lengths), jnp.asarray(budgets), tuple(keys),
+                                  jnp.asarray(lengths), jnp.asarray(budgets),
+                                  jnp.asarray(temperatures), tuple(keys),
                                   jnp.asarray(samples), tuple(logits), jnp.asarray(src),
                                   jnp.asarray(dst))
         for sl, rid, *_ in batch:   # a fully admitted request no longer needs its logits
             req = self._requests[rid]
-            if req.admitted == req.n:
+            if not req.queue:
                 req.logits = None
+
+    def _free_slot(self, slot: int) -> None:
+        """The slot's row leaves it (host side: its pages go back, its request counts it)."""
+        rid, _ = self._slot_owner[slot]
+        self._drop_pages(self._slot_pages[slot])
+        self._slot_owner[slot], self._slot_pages[slot] = None, []
+        self._requests[rid].live -= 1
+
+    def _forget_if_done(self, rid: int) -> None:
+        """Drops a request with no sample running or waiting, and its prompt pages."""
+        req = self._requests[rid]
+        if req.live == 0 and not req.queue:
+            if req.prompt_pages is not None:
+                self._drop_pages(req.prompt_pages)
+            del self._requests[rid]
 
     def _release(self, slot: int, reason: int) -> Completion:
         rid, sample = self._slot_owner[slot]
-        req = self._requests[rid]
-        self._drop_pages(self._slot_pages[slot])
-        self._slot_owner[slot], self._slot_pages[slot] = None, []
-        req.live -= 1
-        if req.live == 0 and req.admitted == req.n:     # the last sample: the prompt goes too
-            self._drop_pages(req.prompt_pages)
-            del self._requests[rid]
+        self._free_slot(slot)
+        self._forget_if_done(rid)
         return Completion(rid, sample, self._slot_tokens[slot],
                           np.asarray(self._slot_logprobs[slot], np.float32), reason)

@@ -154,7 +154,7 @@ def _stop_table(stop_sequences: tuple[tuple[int, ...], ...]) -> np.ndarray:
 class SamplingKnobs(NamedTuple):
     """The traced (non-static) sampling parameters: changing them never recompiles."""
 
-    temperature: jax.Array   # float32 scalar; 0 = greedy
+    temperature: jax.Array   # float32 scalar (or [N], one per row); 0 = greedy
     top_k: jax.Array         # int32 scalar; 0 = off
     top_p: jax.Array         # float32 scalar; 1 = off
     eos_ids: jax.Array       # int32 [n_eos] (-1 = none)
@@ -193,14 +193,17 @@ def check_stop(tok: jax.Array, window: jax.Array, knobs: SamplingKnobs):
 
 def sample_token(keys: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
     """Draws one token per row with its own key. keys [N] (typed PRNG keys), logits float32
-    [N, V] -> (token int32 [N], logprob float32 [N]).
+    [N, V] -> (token int32 [N], logprob float32 [N]). ``knobs.temperature`` may be one per row
+    (float32 [N]: the engine's requests each have their own).
 
     The log-prob is that of log_softmax(logits / T) (T = 1 when greedy), before top-k / top-p.
     With top-k and top-p off (the RL setting) the vocabulary sort is skipped at run time
     (``lax.cond`` on the traced knobs), which is most of the cost of a decode step on CPU.
     """
-    greedy = knobs.temperature <= 0.0
-    scaled = logits / jnp.where(greedy, 1.0, knobs.temperature)
+    temperature = jnp.asarray(knobs.temperature)          # a scalar, or one per row [N]
+    greedy = temperature <= 0.0
+    t = jnp.where(greedy, 1.0, temperature)
+    scaled = logits / (t[:, None] if t.ndim else t)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     untruncated = (knobs.top_k <= 0) & (knobs.top_p >= 1.0)
     filtered = jax.lax.cond(untruncated, lambda s: s, lambda s: _truncate(s, knobs), scaled)

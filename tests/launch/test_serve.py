@@ -21,6 +21,7 @@ import pytest
 
 from ace_jax.policy import engines, openai_api, sample_stream, serving
 from ace_jax.policy.policy import Completion, JaxPolicy, OpenAIPolicy
+from ace_jax.runtime import generate
 from tests.run_fixture import make_tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -113,7 +114,8 @@ def test_concurrent_requests_are_batched(served, direct):
         assert status == 200, body
         assert json.loads(body)["choices"][0]["message"]["content"] == want.text
     assert after["requests"] - before["requests"] == 4
-    assert after["batches"] - before["batches"] < 4, (before, after)
+    # together: the steps of the longest reply (<= ceil(8 / CHUNK) = 3), not >= 1 per request
+    assert after["steps"] - before["steps"] < 4, (before, after)
     assert after["max_batch"] >= 2
 
 
@@ -179,10 +181,12 @@ def test_stop_strings_end_decoding_and_count_the_tokens_generated(served, direct
 
 
 def _generate_group(policy, conv, *, seed, n, temperature):
-    """The texts and token counts of Generator.generate([prompt], key(seed), group_size=n)."""
+    """The texts and token counts of Generator.generate([prompt], key(seed), group_size=n): the
+    static generator, the oracle of the engine."""
     sampling = dataclasses.replace(policy.sampling, max_new_tokens=MAX_TOKENS, group_size=n,
                                    temperature=temperature)
-    out = policy.generator.generate([policy.encode(conv)[0]], jax.random.key(seed), sampling)
+    out = generate.Generator(policy.model, sampling).generate(
+        [policy.encode(conv)[0]], jax.random.key(seed))
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     return [(policy.tokenizer.decode(tokens[j, :lengths[j]].tolist(), skip_special_tokens=True),
              int(lengths[j])) for j in range(n)]
@@ -207,11 +211,10 @@ def test_n_samples_of_one_prompt_reproduce_the_generator_group(served):
 
 def test_the_engine_matches_the_generator_on_the_accelerator_cache_layout(served):
     """A model whose code paths are the GPU's (platform="gpu") keeps its KV cache in the
-    "standard" layout of TPU / GPU, also on CPU: n samples of each prompt are the groups of
+    "standard" layout of TPU / GPU, also on CPU: the policy's engine samples the groups of
     Generator.generate, token for token."""
     from flax import nnx
 
-    from ace_jax.runtime import generate
     from models import configs as model_configs, qwen3
     from tests.run_fixture import MODEL_OVERRIDES
 
@@ -219,21 +222,14 @@ def test_the_engine_matches_the_generator_on_the_accelerator_cache_layout(served
     cfg = model_configs.get_model_config("tiny_moe", **dict(
         MODEL_OVERRIDES, vocab_size=len(tokenizer), platform="gpu"))
     policy = JaxPolicy(qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(1)), tokenizer,
-                       max_new_tokens=MAX_TOKENS)
+                       max_new_tokens=MAX_TOKENS, slots=4)
     assert generate.cache_layout(cfg) == "standard"
     sampling = dataclasses.replace(policy.sampling, group_size=2, temperature=1.0)
-    want = policy.generator.generate([policy.encode(c)[0] for c in CONVS[:3]],
-                                     jax.random.key(5), sampling)
-    tokens, lengths = np.asarray(want.tokens), np.asarray(want.lengths)
-    group = [engines.Pending(openai_api.ChatRequest(messages=c, max_tokens=MAX_TOKENS,
-                                                    temperature=1.0, n=2)) for c in CONVS[:3]]
-    for _ in engines.JaxEngine(policy, chunk_tokens=CHUNK).decode(
-            group, seed=5, temperature=1.0, max_tokens=MAX_TOKENS):
-        pass
-    for i, p in enumerate(group):
-        got = {e[1]: e[2].token_ids for e in _drain(p) if e[0] == "finish"}
-        assert [got[j] for j in range(2)] == \
-            [tokens[2 * i + j, :lengths[2 * i + j]].tolist() for j in range(2)]
+    prompts = [policy.encode(c)[0] for c in CONVS[:3]]
+    want = generate.Generator(policy.model, sampling).generate(prompts, jax.random.key(5))
+    got = policy.engine.generate(prompts, jax.random.key(5), sampling)
+    np.testing.assert_array_equal(got.tokens, np.asarray(want.tokens))
+    np.testing.assert_array_equal(got.lengths, np.asarray(want.lengths))
 
 
 def _drain(pending) -> list:
@@ -243,20 +239,24 @@ def _drain(pending) -> list:
     return out
 
 
-def test_the_engine_hands_out_text_chunk_by_chunk(served, direct):
-    """JaxEngine.decode yields after every chunk of CHUNK steps with the new text already on
-    the requests' queues; a request abandoned on the way stops there, the others finish."""
+def test_the_engine_hands_out_text_step_by_step(served, direct):
+    """JaxEngine.step puts each request's new text on its queue after every engine step of
+    CHUNK tokens; a request abandoned on the way stops there (its slot freed), the others
+    finish with what the policy gives."""
     policy = served[1]
-    engine = engines.JaxEngine(policy, chunk_tokens=CHUNK)
+    engine = engines.JaxEngine(policy, slots=4, max_new_tokens=MAX_TOKENS, sync_every=CHUNK)
     group = [engines.Pending(openai_api.ChatRequest(messages=c, max_tokens=MAX_TOKENS,
                                                     temperature=0.0)) for c in CONVS]
-    chunks = engine.decode(group, seed=0, temperature=0.0, max_tokens=MAX_TOKENS)
-    next(chunks)
+    for p in group:
+        engine.add(p, seed=None)
+    engine.step()
     first = [_drain(p) for p in group]
     assert all(ev and {e[0] for e in ev} == {"delta"} for ev in first), first
     group[0].cancelled = True
-    for _ in chunks:
-        pass
+    for _ in range(MAX_TOKENS):
+        if all(p.closed for p in group):
+            break
+        engine.step()
     events = [ev + _drain(p) for ev, p in zip(first, group)]
     assert [e[0] for e in events[0]][-1] == "done" and "finish" not in [e[0] for e in events[0]]
     for ev, want in zip(events[1:], direct[1:]):
@@ -264,6 +264,8 @@ def test_the_engine_hands_out_text_chunk_by_chunk(served, direct):
         assert "".join(e[2] for e in ev if e[0] == "delta") == fin.text == want.text
         assert (fin.completion_tokens, fin.finish_reason) == (want.completion_tokens,
                                                              want.finish_reason)
+        assert ev[-1] == ("done",)
+    assert engine.engine._requests == {} and engine._live == {}
 
 
 @pytest.mark.parametrize("body,needle", [
@@ -306,7 +308,7 @@ def test_models_and_health(served):
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [policy.name]
     health = _get(url, "/health")
     assert health["status"] == "ok" and health["model"] == policy.name
-    assert {"batches", "requests", "max_batch"} <= set(health)
+    assert {"steps", "requests", "max_batch"} <= set(health)
 
 
 def test_text_pieces_concatenate_to_the_text(served):
@@ -372,26 +374,36 @@ def test_a_reply_with_an_error_gives_500_and_the_others_are_answered():
 
 
 class _GatedEngine:
-    """Hands out "hello", then waits for ``gate`` before " world" (or, with ``fail``, raises):
-    a client that gets "hello" while the engine waits got it as it was decoded."""
+    """Hands out "hello" at a request's first step, then waits for ``gate`` at its second before
+    " world" (or, with ``fail``, raises): a client that gets "hello" while the engine waits got
+    it as it was decoded."""
 
     def __init__(self, fail: bool = False):
         self.gate = threading.Event()
         self.fail = fail
+        self.started = {}        # Pending -> whether "hello" went out
 
-    def decode(self, group, *, seed, temperature, max_tokens):
-        for p in group:
-            p.put("delta", 0, "hello")
-        yield
+    def add(self, p, seed):
+        self.started[p] = False
+
+    def step(self):
+        if not all(self.started.values()):
+            for p in self.started:
+                p.put("delta", 0, "hello")
+                self.started[p] = True
+            return
         self.gate.wait(60)
         if self.fail:
             raise RuntimeError("device on fire")
-        for p in group:
+        for p in self.started:
             p.put("delta", 0, " world")
             p.put("finish", 0, Completion(text="hello world", prompt_tokens=3,
                                           completion_tokens=2))
             p.put("done")
-        yield
+        self.started.clear()
+
+    def abort(self):
+        self.started.clear()
 
 
 def _open_stream(url):

@@ -241,7 +241,7 @@ def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, mon
     t.model = qwen3.Qwen3ForCausalLM(t.model.config, rngs=nnx.Rngs(123))  # not what was saved
     frozen = t.env._self_implementer()
     assert frozen.name == "implementer:self"
-    restored = [np.asarray(x) for x in jax.tree.leaves(frozen.generator.params)]
+    restored = [np.asarray(x) for x in jax.tree.leaves(nnx.state(frozen.model, nnx.Param))]
     assert all(np.array_equal(a, b) for a, b in zip(saved, restored))
     (c,) = frozen.complete([[{"role": "user", "content": "Write a script."}]], seed=0)
     assert c.ok and 1 <= c.completion_tokens <= cfg.ideator.implementer_max_new_tokens

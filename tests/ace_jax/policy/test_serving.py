@@ -133,70 +133,100 @@ def test_pieces_never_split_a_character(tokenizer):
 # -- Batcher --------------------------------------------------------------------------------------
 
 class _RecordingEngine:
-    """Answers every sample with its request's first message; records the groups it got."""
+    """Each request finishes after ``steps`` engine steps (its choices answered "ok"); records
+    the requests (their n) in flight at each step. ``gate`` holds every step until set."""
 
-    def __init__(self):
-        self.groups = []
+    def __init__(self, steps: int = 2):
+        self.steps = steps
+        self.live = {}          # Pending -> steps left
+        self.log = []
         self.entered = threading.Event()
         self.gate = threading.Event()
 
-    def decode(self, group, *, seed, temperature, max_tokens):
+    def add(self, p, seed):
+        self.live[p] = self.steps
+
+    def step(self):
         self.entered.set()
         self.gate.wait(30)
-        self.groups.append([p.request.n for p in group])
-        for p in group:
-            for j in range(p.request.n):
-                p.put("finish", j, Completion(text="ok", completion_tokens=1))
-            p.put("done")
-        yield
+        self.log.append(sorted(p.request.n for p in self.live))
+        for p in list(self.live):
+            self.live[p] -= 1
+            if self.live[p] == 0:
+                del self.live[p]
+                for j in range(p.request.n):
+                    p.put("finish", j, Completion(text="ok", completion_tokens=1))
+                p.put("done")
+
+    def abort(self):
+        self.live.clear()
 
 
 def _request(n):
     return openai_api.ChatRequest(messages=CONV, max_tokens=4, temperature=0.0, n=n)
 
 
-def test_batches_hold_at_most_max_batch_size_samples():
-    engine = _RecordingEngine()
-    engine.gate.set()
-    # A long window: every batch below ends because the next request does not fit, not by time.
-    batcher = batching.Batcher(None, window_s=30.0, max_batch_size=4, engine=engine)
+def _answered(p):
+    events = [p.events.get(timeout=30) for _ in range(p.request.n + 1)]
+    return [e[0] for e in events] == ["finish"] * p.request.n + ["done"]
+
+
+def test_a_request_that_arrives_mid_decode_joins_at_the_next_step():
+    """Continuous admission: B arrives while A's first step runs and is decoded beside A from
+    the second step on; nothing waits for A to finish."""
+    engine = _RecordingEngine(steps=2)
+    batcher = batching.Batcher(None, window_s=0.0, max_batch_size=4, engine=engine)
     try:
-        pending = [batcher.submit(_request(n)) for n in (1, 2, 1, 3, 4)]
-        for p in pending:
-            events = [p.events.get(timeout=30) for _ in range(p.request.n + 1)]
-            assert [e[0] for e in events] == ["finish"] * p.request.n + ["done"]
-        assert engine.groups == [[1, 2, 1], [3], [4]]
-        assert batcher.stats() == {"batches": 3, "requests": 5, "samples": 11, "max_batch": 3}
+        a = batcher.submit(_request(1))
+        assert engine.entered.wait(30)           # A's first step is running
+        b = batcher.submit(_request(3))
+        engine.gate.set()
+        assert _answered(a) and _answered(b)
+        assert engine.log == [[1], [1, 3], [3]]
+        assert batcher.stats() == {"steps": 3, "requests": 2, "samples": 4, "max_batch": 2}
         with pytest.raises(openai_api.RequestError, match="at most 4 samples"):
             batcher.submit(_request(5))
     finally:
         batcher.close()
 
 
+def test_the_window_lets_an_idle_server_start_requests_together():
+    engine = _RecordingEngine(steps=1)
+    engine.gate.set()
+    batcher = batching.Batcher(None, window_s=30.0, max_batch_size=4, engine=engine)
+    try:
+        pending = [batcher.submit(_request(n)) for n in (1, 2)]
+        # the window ends only at close (its stop mark): both start in the first step
+        batcher.close(timeout_s=30)
+        assert all(_answered(p) for p in pending) and engine.log == [[1, 2]]
+    finally:
+        batcher.close()
+
+
 def test_a_reply_is_counted_before_its_client_sees_done():
     """The counters are read by whoever got a reply: they already include it, even while the
-    engine has not returned yet (here: it stays inside decode after putting "done")."""
-    engine, leave = _RecordingEngine(), threading.Event()
+    engine has not returned yet (here: it stays inside its step after putting "done")."""
+    engine, leave = _RecordingEngine(steps=1), threading.Event()
     engine.gate.set()
-    inner = engine.decode
+    inner = engine.step
 
-    def decode(group, **kw):
-        yield from inner(group, **kw)
-        leave.wait(30)                # still decoding after every request got "done"
+    def step():
+        inner()
+        leave.wait(30)                # still stepping after the request got "done"
 
-    engine.decode = decode
+    engine.step = step
     batcher = batching.Batcher(None, window_s=0.0, max_batch_size=4, engine=engine)
     try:
         p = batcher.submit(_request(2))
-        assert [p.events.get(timeout=30)[0] for _ in range(3)] == ["finish", "finish", "done"]
-        assert batcher.stats() == {"batches": 1, "requests": 1, "samples": 2, "max_batch": 1}
+        assert _answered(p)
+        assert batcher.stats() == {"steps": 1, "requests": 1, "samples": 2, "max_batch": 1}
     finally:
         leave.set()
         batcher.close()
 
 
 def test_close_answers_what_was_queued_and_refuses_what_comes_later():
-    engine = _RecordingEngine()
+    engine = _RecordingEngine(steps=1)
     batcher = batching.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)
     running = batcher.submit(_request(1))
     assert engine.entered.wait(30)
@@ -204,13 +234,13 @@ def test_close_answers_what_was_queued_and_refuses_what_comes_later():
     threading.Timer(0.3, engine.gate.set).start()
     batcher.close(timeout_s=30)
     for p in (running, queued):
-        assert [p.events.get(timeout=5)[0] for _ in range(p.request.n + 1)][-1] == "done"
+        assert _answered(p)
     kind, err = batcher.submit(_request(1)).events.get(timeout=5)
     assert kind == "error" and err.status == 503 and "shutting down" in str(err)
 
 
 def test_close_fails_the_queue_when_the_engine_is_stuck():
-    engine = _RecordingEngine()
+    engine = _RecordingEngine(steps=1)
     batcher = batching.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)
     running = batcher.submit(_request(1))
     assert engine.entered.wait(30)
@@ -218,5 +248,27 @@ def test_close_fails_the_queue_when_the_engine_is_stuck():
     batcher.close(timeout_s=0.2)                 # the worker is still inside the engine
     kind, err = queued.events.get(timeout=5)
     assert kind == "error" and err.status == 503
-    engine.gate.set()                            # the batch in progress still gets its reply
-    assert [running.events.get(timeout=30)[0] for _ in range(2)] == ["finish", "done"]
+    engine.gate.set()                            # the request in flight still gets its reply
+    assert _answered(running)
+
+
+def test_a_failing_step_fails_the_requests_in_flight_and_the_next_ones_are_served():
+    engine = _RecordingEngine(steps=1)
+    engine.gate.set()
+    inner, calls = engine.step, []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device on fire")
+        inner()
+
+    engine.step = step
+    batcher = batching.Batcher(None, window_s=0.0, max_batch_size=2, engine=engine)
+    try:
+        kind, err = batcher.submit(_request(2)).events.get(timeout=30)
+        assert kind == "error" and err.status == 500 and "device on fire" in str(err)
+        assert engine.live == {}                 # aborted
+        assert _answered(batcher.submit(_request(1)))
+    finally:
+        batcher.close()

@@ -1,6 +1,8 @@
 """The paged, continuously batched engine against the static generator (the oracle): the same
 tokens and behaviour log-probs, greedy and sampled; pages shared and returned; fixed shapes;
 clear errors for requests that cannot fit."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,6 +87,48 @@ def test_requests_have_their_own_budgets_and_finish_as_they_finish(model):
     again = {c.sample: c.tokens for c in eng2.drain() if c.request == rid}
     assert [again[g] for g in (0, 1)] == np.asarray(ref.tokens).tolist()
     assert got != again                                                  # other keys, other draws
+
+
+def test_requests_have_their_own_temperature(model):
+    """A greedy and a sampled request decoded side by side each draw what the static generator
+    draws at their own temperature (the server mixes them in one engine)."""
+    s = _sampling(temperature=1.0, eos_ids=(), group_size=2, max_new_tokens=6)
+    eng = _engine(model, s, slots=4)
+    keys = [jax.random.fold_in(jax.random.key(4), b) for b in range(2)]
+    hot = eng.submit(PROMPTS[0], n=2, key=keys[0], max_new_tokens=6, temperature=1.0)
+    cold = eng.submit(PROMPTS[1], n=2, key=keys[1], max_new_tokens=6, temperature=0.0)
+    done = {(c.request, c.sample): c.tokens for c in eng.drain()}
+    for rid, b, t in ((hot, 0, 1.0), (cold, 1, 0.0)):
+        ref = generate.Generator(model, dataclasses.replace(s, temperature=t)).generate(
+            PROMPTS[:2], jax.random.key(4))
+        assert [done[rid, g] for g in (0, 1)] == np.asarray(ref.tokens)[2 * b:2 * b + 2].tolist()
+    assert done[cold, 0] == done[cold, 1] and done[hot, 0] != done[hot, 1]
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        eng.submit(PROMPTS[0], key=keys[0], temperature=-1.0)
+
+
+def test_cancel_frees_slots_and_pages_and_leaves_the_others_alone(model):
+    """One sample cancelled while it runs (as the server does at a stop string), a whole
+    request cancelled while it waits: the rest decode exactly as alone, every page returns,
+    and ``progress`` shows a running sample's tokens so far."""
+    s = _sampling(temperature=1.0, eos_ids=(), max_new_tokens=9)
+    alone = _engine(model, s, slots=2)
+    want = alone.submit(PROMPTS[2], n=2, key=jax.random.key(1))
+    want = {c.sample: c.tokens for c in alone.drain() if c.request == want}
+    eng = _engine(model, s, slots=2)
+    a = eng.submit(PROMPTS[2], n=2, key=jax.random.key(1))
+    b = eng.submit(PROMPTS[3], n=3, key=jax.random.key(2))            # waits: both slots taken
+    assert eng.step() == [] and eng.progress(b) == {}
+    seen = eng.progress(a)
+    assert sorted(seen) == [0, 1] and seen[1] == want[1][:3]            # sync_every = 3
+    eng.cancel(a, sample=1)
+    eng.cancel(b)
+    eng.cancel(12345)                                                   # unknown: ignored
+    assert eng.progress(a).keys() == {0}
+    done = eng.drain()
+    assert [(c.request, c.sample, c.tokens) for c in done] == [(a, 0, want[0])]
+    assert eng._requests == {} and eng._page_refs == {}
+    assert len(eng._free_pages) == eng.config.pool_pages - 1
 
 
 def test_shapes_are_fixed_nothing_compiles_after_the_first_run(model):
