@@ -32,19 +32,29 @@ valid names):
 - KL estimators of KL(pi || pi_ref) per token, from log-probs of the sampled tokens:
   `k1` logp - ref, `k2` (logp - ref)^2 / 2, `k3` exp(ref - logp) - (ref - logp) - 1,
   `low_var_kl` k3 with verl's clamps (log-ratio to [-20, 20], result to [-10, 10]).
+- behaviour weights, log w [N, T] (log pi_prox - log mu) and cap -> (weight, masked) [N, T]:
+  `truncate` min(w, cap) (verl's / slime's TIS, TRL's `token_truncate`); `mask` w where
+  w <= cap, else 0 and the token counted as masked (AReaL's `behav_imp_weight_cap`, TRL's
+  `*_mask`); `none` w itself (plain importance sampling).
 
-Loss (`clipped_policy_loss`, or `grpo_loss` which also computes advantages from rewards):
+Three policies (decoupled PPO: Hilton et al. 2021, AReaL's `use_decoupled_loss`): the behaviour
+policy mu (the sampler; its log-probs recorded at generation time), the proximal policy pi_prox
+(the learner's parameters before this update) and pi_theta (being updated). The loss
+(`clipped_policy_loss`, or `grpo_loss` which also computes advantages from rewards):
 
-    ratio_t  = exp(logp_t - base_t),   base = old_logprobs if given else behaviour_logprobs
-    w_t      = min(exp(old_t - behaviour_t), tis_cap)   (detached; 1 when old_logprobs is None)
-    loss_t   = -w_t * min(ratio_t * A, clip(ratio_t, 1 - epsilon_low, 1 + epsilon_high) * A)
-               + beta * KL_t(logp_t, ref_t)
-    loss     = aggregate(loss_t over loss tokens)
+    r_t    = pi_theta / pi_prox                   (the clip's ratio)
+    W_t    = weight(pi_prox / mu)                 (detached; `behaviour_weight`, `tis_cap`)
+    loss_t = -W_t * min(r_t * A, clip(r_t, 1 - epsilon_low, 1 + epsilon_high) * A)
+             + beta * KL_t(logp_t, ref_t)
+    loss   = aggregate(loss_t over loss tokens)
 
-`behaviour_logprobs` are the sampler's log-probs recorded at generation time; `old_logprobs`
-(optional) are the learner's own log-probs of the policy that generated the data, recomputed
-before the update. When the sampler and the learner are numerically the same policy, pass
-`old_logprobs=None`: the ratio is then taken against the behaviour log-probs directly.
+`proximal` picks pi_prox: "behaviour" sets pi_prox = mu (W = 1: the plain GRPO / PPO objective,
+the clip absorbs both policy lag and sampler-vs-learner mismatch); "learner" takes the learner's
+own log-probs before the update: ``proximal_logprobs`` when given, else the theta pass's values
+under `stop_gradient` (exact with one optimizer step per batch, as here: no extra forward; r_t is
+then 1 in value and the update is W_t * A * grad log pi_theta, the behaviour weight doing all
+the off-policy correction). At level "sequence" w is the product over the sequence's completion
+tokens (exp of the summed log w), applied to all of them.
 
 Loss tokens are completion tokens (`completion_mask`) of sequences that survive the zero-variance
 group filter. Prompt tokens and padding are removed with `jnp.where` BEFORE any exp, so their
@@ -65,9 +75,11 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "KL_ESTIMATORS",
+    "BEHAVIOUR_WEIGHTS",
     "register_advantage_estimator",
     "register_loss_aggregation",
     "register_kl_estimator",
+    "register_behaviour_weight",
     "default_config",
     "validate_config",
     "describe",
@@ -86,10 +98,15 @@ __all__ = [
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 LOSS_AGGREGATIONS: Registry = Registry("loss aggregation mode")
 KL_ESTIMATORS: Registry = Registry("KL estimator")
+BEHAVIOUR_WEIGHTS: Registry = Registry("behaviour weight")
 
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 register_loss_aggregation = LOSS_AGGREGATIONS.register
 register_kl_estimator = KL_ESTIMATORS.register
+register_behaviour_weight = BEHAVIOUR_WEIGHTS.register
+
+PROXIMAL_POLICIES = ("behaviour", "learner")
+WEIGHT_LEVELS = ("token", "sequence")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,7 +127,10 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.beta = 0.0                        # KL coefficient; 0 means no reference model is needed
     cfg.filter_zero_variance_groups = True
     cfg.zero_variance_atol = 1e-6         # a group is zero-variance when max(r) - min(r) <= atol
-    cfg.tis_cap = 2.0                     # truncated IS weight cap; None disables the correction
+    cfg.proximal = "behaviour"            # behaviour | learner: the policy the clip's ratio is against
+    cfg.behaviour_weight = "truncate"     # truncate | mask | none: pi_prox / mu (proximal="learner")
+    cfg.behaviour_weight_level = "token"  # token | sequence
+    cfg.tis_cap = 2.0                     # the behaviour weight's bound (truncate / mask), > 0
     return cfg
 
 
@@ -128,8 +148,16 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
         raise ValueError(f"grpo.epsilon_high must be >= 0, got {cfg.epsilon_high}")
     if cfg.advantage_std_ddof not in (0, 1):
         raise ValueError(f"grpo.advantage_std_ddof must be 0 or 1, got {cfg.advantage_std_ddof}")
-    if cfg.tis_cap is not None and cfg.tis_cap <= 0:
-        raise ValueError(f"grpo.tis_cap must be > 0 or None, got {cfg.tis_cap}")
+    if cfg.proximal not in PROXIMAL_POLICIES:
+        raise ValueError(f"grpo.proximal must be one of {list(PROXIMAL_POLICIES)}, got "
+                         f"{cfg.proximal!r}")
+    BEHAVIOUR_WEIGHTS.get(cfg.behaviour_weight)
+    if cfg.behaviour_weight_level not in WEIGHT_LEVELS:
+        raise ValueError(f"grpo.behaviour_weight_level must be one of {list(WEIGHT_LEVELS)}, "
+                         f"got {cfg.behaviour_weight_level!r}")
+    if not (isinstance(cfg.tis_cap, (int, float)) and cfg.tis_cap > 0):
+        raise ValueError(f"grpo.tis_cap must be a number > 0, got {cfg.tis_cap!r} (to apply no "
+                         "weight bound use grpo.behaviour_weight='none')")
     if cfg.loss_agg_mode == "seq_mean_token_sum_norm" and not cfg.max_completion_length > 0:
         raise ValueError("grpo.loss_agg_mode='seq_mean_token_sum_norm' needs "
                          f"grpo.max_completion_length > 0, got {cfg.max_completion_length}")
@@ -144,7 +172,12 @@ def describe(cfg: ml_collections.ConfigDict) -> str:
     if agg == "seq_mean_token_sum_norm":
         agg += f"[L={cfg.max_completion_length}]"
     kl = f"kl={cfg.kl_estimator} beta={cfg.beta:g}" if cfg.beta else "kl=off (beta=0, no reference)"
-    tis = f"tis_cap={cfg.tis_cap:g}" if cfg.tis_cap is not None else "tis=off"
+    if cfg.proximal == "behaviour":
+        tis = "clip on pi/mu (proximal=behaviour: the sampler), no behaviour weight"
+    else:
+        bound = "" if cfg.behaviour_weight == "none" else f" at {cfg.tis_cap:g}"
+        tis = (f"decoupled: clip on pi/pi_prox (the learner before the update), behaviour weight "
+               f"pi_prox/mu {cfg.behaviour_weight}{bound} per {cfg.behaviour_weight_level}")
     zv = (f"filter_zero_variance_groups(atol={cfg.zero_variance_atol:g})"
           if cfg.filter_zero_variance_groups else "zero-variance groups kept")
     return (f"GRPO: adv={adv} agg={agg} clip=[1-{cfg.epsilon_low:g}, 1+{cfg.epsilon_high:g}] "
@@ -333,6 +366,31 @@ def kl_divergence(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str) 
 
 
 # ----------------------------------------------------------------------------------------------
+# Behaviour weights: log w = log pi_prox - log mu [N, T], cap -> (weight [N, T], masked [N, T])
+# ----------------------------------------------------------------------------------------------
+
+@register_behaviour_weight("truncate")
+def truncated_weight(log_w: jax.Array, cap: float):
+    """min(w, cap): truncated importance sampling (nothing is masked)."""
+    return jnp.exp(jnp.minimum(log_w, jnp.log(cap))), jnp.zeros(log_w.shape, bool)
+
+
+@register_behaviour_weight("mask")
+def masked_weight(log_w: jax.Array, cap: float):
+    """w where w <= cap; tokens above the cap get weight 0 and are reported as masked (they
+    stay in the loss denominator)."""
+    masked = log_w > jnp.log(cap)
+    return jnp.where(masked, 0.0, jnp.exp(jnp.minimum(log_w, jnp.log(cap)))), masked
+
+
+@register_behaviour_weight("none")
+def plain_weight(log_w: jax.Array, cap: float):
+    """w: untruncated importance sampling (the cap is unused)."""
+    del cap
+    return jnp.exp(log_w), jnp.zeros(log_w.shape, bool)
+
+
+# ----------------------------------------------------------------------------------------------
 # The clipped policy loss
 # ----------------------------------------------------------------------------------------------
 
@@ -358,12 +416,12 @@ def clipped_policy_loss(
     advantages: jax.Array,
     completion_mask: jax.Array,
     sequence_mask: jax.Array | None = None,
-    old_logprobs: jax.Array | None = None,
+    proximal_logprobs: jax.Array | None = None,
     ref_logprobs: jax.Array | None = None,
     entropy: jax.Array | None = None,
     loss_denominator: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped-ratio policy loss with given advantages.
+    """Clipped-ratio policy loss with given advantages (the formula: the module docstring).
 
     Args:
       cfg: the GRPO config section (`default_config()`).
@@ -372,9 +430,9 @@ def clipped_policy_loss(
       advantages: [N] per sequence or [N, T] per token.
       completion_mask: [N, T], 1 on completion tokens, 0 on prompt tokens and padding.
       sequence_mask: [N] bool, False drops the whole sequence (zero-variance filter); None keeps all.
-      old_logprobs: [N, T] learner log-probs of the data-generating policy; when given the ratio is
-        taken against them and a detached truncated IS weight min(exp(old - behaviour), tis_cap)
-        corrects for the sampler/learner mismatch.
+      proximal_logprobs: [N, T] the learner's log-probs before this update, when they differ
+        from the theta pass's own values (several updates per batch); used only with
+        ``cfg.proximal == "learner"``, default ``stop_gradient(logprobs)``.
       ref_logprobs: [N, T] frozen reference log-probs; required iff cfg.beta > 0.
       entropy: [N, T] per-token policy entropy (nats), only reported.
       loss_denominator: scalar; when given, loss = numerator / loss_denominator instead of the
@@ -384,14 +442,18 @@ def clipped_policy_loss(
 
     Returns:
       (scalar loss, metrics). Metrics (all detached): `clip_frac_low` / `clip_frac_high` (fraction of
-      loss tokens whose gradient the lower / upper clip zeroes), `ratio_mean`, `approx_kl` (k3
-      estimate of KL(behaviour || learner) from the sampled tokens), `logprob_diff_mean` (learner - sampler) and
-      `logprob_diff_max_abs` over all completion tokens, `num_tokens` (loss tokens),
-      `num_completion_tokens`, `kl` (when beta > 0), `entropy` (when given), `tis_weight_mean`
-      (when old_logprobs is given).
+      loss tokens whose gradient the lower / upper clip zeroes), `ratio_mean`, `logprob_diff_mean`
+      (learner - sampler) and `logprob_diff_max_abs` over all completion tokens, `num_tokens`
+      (loss tokens), `num_completion_tokens`, `kl` (when beta > 0), `entropy` (when given), and
+      the off-policy measures, whatever the mode: `offpolicy/clip_frac` (low + high),
+      `offpolicy/behaviour_weight_mean` / `_max` (w = pi_prox / mu before any bound, pi_prox the
+      learner's log-probs before the update; over completion tokens, at the configured level;
+      log w above 20 reported as e^20), `offpolicy/masked_frac` (loss tokens the weight masks),
+      `offpolicy/mismatch_k3` (k3 estimate of KL(mu || pi_prox) from the sampled tokens: the
+      sampler-vs-learner mismatch plus the policy lag).
     """
     _check_shapes(logprobs=logprobs, behaviour_logprobs=behaviour_logprobs,
-                  completion_mask=completion_mask, old_logprobs=old_logprobs,
+                  completion_mask=completion_mask, proximal_logprobs=proximal_logprobs,
                   ref_logprobs=ref_logprobs, entropy=entropy)
     n, t = logprobs.shape
     if cfg.beta and ref_logprobs is None:
@@ -411,20 +473,23 @@ def clipped_policy_loss(
     logp = jnp.where(keep, logprobs.astype(dtype), 0.0)
     behaviour = jax.lax.stop_gradient(jnp.where(completion, behaviour_logprobs.astype(dtype), 0.0))
     adv = jax.lax.stop_gradient(jnp.where(keep, advantages.astype(dtype), 0.0))
-    if old_logprobs is not None:
-        old = jax.lax.stop_gradient(jnp.where(completion, old_logprobs.astype(dtype), 0.0))
-        base = old
-        if cfg.tis_cap is not None:
-            tis = jnp.minimum(jnp.exp(old - behaviour), cfg.tis_cap)
-        else:
-            tis = jnp.ones_like(old)
+    sg = jax.lax.stop_gradient
+    # pi_prox: the learner before this update (measured in every mode; used with "learner")
+    prox = sg(jnp.where(completion, (logprobs if proximal_logprobs is None
+                                     else proximal_logprobs).astype(dtype), 0.0))
+    log_w = jnp.where(completion, prox - behaviour, 0.0)
+    if cfg.behaviour_weight_level == "sequence":
+        log_w = jnp.where(completion, log_w.sum(axis=-1, keepdims=True), 0.0)
+    if cfg.proximal == "learner":
+        base = prox
+        weight, masked = BEHAVIOUR_WEIGHTS.get(cfg.behaviour_weight)(log_w, cfg.tis_cap)
     else:
-        base, tis = behaviour, jnp.ones_like(behaviour)
+        base, weight, masked = behaviour, jnp.ones_like(behaviour), jnp.zeros(keep.shape, bool)
 
     log_ratio = jnp.where(keep, logp - base, 0.0)
     ratio = jnp.exp(log_ratio)
     clipped_ratio = jnp.clip(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
-    per_token = -tis * jnp.minimum(ratio * adv, clipped_ratio * adv)
+    per_token = -weight * jnp.minimum(ratio * adv, clipped_ratio * adv)
     metrics: dict[str, jax.Array] = {}
     if cfg.beta:
         ref = jax.lax.stop_gradient(jnp.where(keep, ref_logprobs.astype(dtype), 0.0))
@@ -439,27 +504,30 @@ def clipped_policy_loss(
     loss = _safe_divide(numerator, denominator)
     metrics["loss_denominator"] = jax.lax.stop_gradient(denominator)
 
-    sg = jax.lax.stop_gradient
     r = sg(ratio)
     metrics["clip_frac_low"] = _masked_mean(((r < 1.0 - cfg.epsilon_low) & (adv < 0)).astype(dtype),
                                             keep)
     metrics["clip_frac_high"] = _masked_mean(((r > 1.0 + cfg.epsilon_high) & (adv > 0)).astype(dtype),
                                              keep)
     metrics["ratio_mean"] = _masked_mean(r, keep)
+    metrics["offpolicy/clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
     # Sampler-vs-learner diagnostics over ALL completion tokens (filtered groups included).
     learner = sg(jnp.where(completion, logprobs.astype(dtype), 0.0))
     diff = jnp.where(completion, learner - behaviour, 0.0)
-    # k3 with the behaviour policy as the sampling distribution: KL(behaviour || learner) ~
-    # E_behaviour[r - 1 - log r], r = pi_learner / pi_behaviour.
-    metrics["approx_kl"] = _masked_mean(jnp.exp(diff) - diff - 1.0, completion)
+    w = jnp.exp(jnp.minimum(log_w, 20.0))
+    metrics["offpolicy/behaviour_weight_mean"] = _masked_mean(w, completion)
+    metrics["offpolicy/behaviour_weight_max"] = jnp.max(jnp.where(completion, w, 0.0))
+    metrics["offpolicy/masked_frac"] = _masked_mean(masked.astype(dtype), keep)
+    # k3 with the behaviour policy as the sampling distribution: KL(mu || pi_prox) ~
+    # E_mu[w - 1 - log w], w = pi_prox / mu, per token.
+    d = prox - behaviour
+    metrics["offpolicy/mismatch_k3"] = _masked_mean(jnp.exp(d) - d - 1.0, completion)
     metrics["logprob_diff_mean"] = _masked_mean(diff, completion)
     metrics["logprob_diff_max_abs"] = jnp.max(jnp.abs(diff))
     metrics["num_tokens"] = keep.sum().astype(dtype)
     metrics["num_completion_tokens"] = completion.sum().astype(dtype)
     if entropy is not None:
         metrics["entropy"] = _masked_mean(sg(entropy.astype(dtype)), completion)
-    if old_logprobs is not None:
-        metrics["tis_weight_mean"] = _masked_mean(tis, completion)
     return loss, metrics
 
 
@@ -471,7 +539,7 @@ def grpo_loss(
     rewards: jax.Array,
     completion_mask: jax.Array,
     group_size: int,
-    old_logprobs: jax.Array | None = None,
+    proximal_logprobs: jax.Array | None = None,
     ref_logprobs: jax.Array | None = None,
     entropy: jax.Array | None = None,
     loss_denominator: jax.Array | None = None,
@@ -502,7 +570,8 @@ def grpo_loss(
         sequence_mask = jnp.repeat(~zero_var, group_size)
     loss, metrics = clipped_policy_loss(
         cfg, logprobs=logprobs, behaviour_logprobs=behaviour_logprobs, advantages=advantages,
-        completion_mask=completion_mask, sequence_mask=sequence_mask, old_logprobs=old_logprobs,
+        completion_mask=completion_mask, sequence_mask=sequence_mask,
+        proximal_logprobs=proximal_logprobs,
         ref_logprobs=ref_logprobs, entropy=entropy, loss_denominator=loss_denominator)
     metrics["frac_zero_variance_groups"] = zero_var.mean(dtype=jnp.float32)
     metrics["reward_mean"] = rewards.mean()

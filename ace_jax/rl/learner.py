@@ -322,12 +322,13 @@ def _reduce_micro_metrics(micro: dict[str, jax.Array]) -> dict:
     for name, x in micro.items():
         if name in ("num_tokens", "num_completion_tokens"):
             out[name] = jnp.sum(x)
-        elif name == "logprob_diff_max_abs":
+        elif name in ("logprob_diff_max_abs", "offpolicy/behaviour_weight_max"):
             out[name] = jnp.max(x)
-        elif name in ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl"):
+        elif name in ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl",
+                      "offpolicy/clip_frac", "offpolicy/masked_frac"):   # over loss tokens
             out[name] = wmean(x, w_keep)
         elif name == "aux_loss":
             out[name] = jnp.mean(x)
-        else:  # approx_kl, logprob_diff_mean, entropy, tis_weight_mean: over completion tokens
-            out[name] = wmean(x, w_comp)
+        else:  # logprob_diff_mean, entropy, offpolicy/behaviour_weight_mean, offpolicy/mismatch_k3
+            out[name] = wmean(x, w_comp)                                  # over completion tokens
     return out

@@ -147,7 +147,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     """Checks what can be checked of a run config before any heavy work; raises ConfigError.
 
     Checks: ``workdir`` is set; ``mode``; ``grpo`` (``grpo.validate_config``); ``rl.reward`` is
-    registered; ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``
+    registered and ``grpo.beta == 0`` (no reference model); ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``
     (with ``rl.async_rollouts``); ``optim.microbatches`` divides the rows of a step;
     ``optim.share_prompts`` (`learner.check_share_prompts`); the ``sampling`` values;
     ``tasks.source``; the ``mesh`` against the devices; and, for a preset model (no ``model.hf_path`` / ``model.init_from_run``), the
@@ -168,6 +168,10 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
         grpo.validate_config(cfg.grpo)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.grpo.beta:
+        raise ConfigError(f"grpo.beta={cfg.grpo.beta:g}: the KL term needs reference log-probs, "
+                          "which the trainer does not compute (no reference model is kept); "
+                          "use grpo.beta=0")
     try:
         rewards.get_reward(cfg.rl.reward)
     except UnknownNameError as e:

@@ -15,9 +15,11 @@ which reads top to bottom:
 
 Bounded staleness (``rl.max_staleness`` = k; ``rl.async_rollouts=False`` means k = 0): the
 executions of up to k steps stay in flight while the learner updates on an older one, so every
-batch is learned on by a policy at most k updates newer than the one that generated it; the
-clipped ratio uses the behaviour log-probs recorded at generation, so this stays correct
-off-policy. k = 0 is fully synchronous (generate, execute and learn on the same step); k = 1, the
+batch is learned on by a policy at most k updates newer than the one that generated it. The
+objective sees the lag through the behaviour log-probs recorded at generation: by default
+(``grpo.proximal="behaviour"``) the clip is taken against them, so the clip absorbs lag and
+sampler-vs-learner mismatch together; ``grpo.proximal="learner"`` is decoupled PPO with a
+bounded behaviour weight (``docs/offpolicy.md``). ``offpolicy/*`` metrics measure both. k = 0 is fully synchronous (generate, execute and learn on the same step); k = 1, the
 default, overlaps the sandbox runs of step t with generating step t+1 and learning on step t-1.
 
 Persistence and exact resume. After an iteration ``i`` that is a multiple of
@@ -364,14 +366,14 @@ class Trainer:
             # CPU the step's executions took from the host (the learner shares its cores).
             "perf/sandbox_cpu_seconds": sum(r.result.cpu_s or 0.0 for r in rs
                                             if r.result is not None),
-            "perf/staleness": float(s.staleness),
+            "offpolicy/staleness": float(s.staleness),
             "buffer/size": len(self.buffer),
         }
         for status in Status:
             m[f"rollout/status/{status.value}"] = sum(
                 r.result is not None and r.result.status is status for r in rs) / n
         m["rollout/status/invalid_format"] = sum(not r.action.valid for r in rs) / n
-        m.update({f"grpo/{k}": v for k, v in learn.items()})
+        m.update({(k if k.startswith("offpolicy/") else f"grpo/{k}"): v for k, v in learn.items()})
         m["grpo/zero_var_frac"] = learn.get("frac_zero_variance_groups", 0.0)
         temp, rho = learnability.schedule(s.step, self.sampler.spec)
         m["lp/temperature"], m["lp/rho"] = float(temp), float(rho)

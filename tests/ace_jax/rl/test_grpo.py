@@ -234,7 +234,7 @@ def test_gradient_equals_analytic_policy_gradient(estimator, mode):
 
 def test_prompt_and_padding_never_contribute():
     theta, actions, mask, rewards = toy_batch(1)
-    cfg = cfg_with(beta=0.1, kl_estimator="k3")
+    cfg = cfg_with(beta=0.1, kl_estimator="k3", proximal="learner")
     th0 = jnp.asarray(theta)
     lp0 = token_logprobs(th0, jnp.asarray(actions))
     masked = jnp.asarray(mask) == 0
@@ -248,7 +248,7 @@ def test_prompt_and_padding_never_contribute():
         # perturbation at masked positions that depends on theta (changes its gradient) and is huge
         lp = jnp.where(masked, lp + perturb * (1e4 + 50.0 * th.sum()), lp)
         return grpo.grpo_loss(cfg, logprobs=lp, behaviour_logprobs=behaviour, rewards=rewards,
-                              completion_mask=mask, group_size=G, old_logprobs=old,
+                              completion_mask=mask, group_size=G, proximal_logprobs=old,
                               ref_logprobs=ref)[0]
 
     l0, g0 = jax.jit(jax.value_and_grad(loss_fn))(th0, 0.0)
@@ -335,25 +335,82 @@ def test_zero_variance_groups_contribute_nothing_when_filtered():
 
 # ------------------------------------------------------------------ TIS, KL term, metrics
 
-def test_truncated_importance_weight_scales_gradient_and_is_detached():
+def test_truncated_behaviour_weight_scales_gradient_and_is_detached():
     behaviour = jnp.log(jnp.array([[0.2, 0.2, 0.2]]))
-    old = jnp.log(jnp.array([[0.2 * 1.5, 0.2 * 3.0, 0.2 * 0.5]]))     # exp(old - b) = 1.5, 3, 0.5
-    logprobs = old + jnp.log(jnp.array([[1.05, 1.0, 0.95]]))
-    cfg = cfg_with(tis_cap=2.0)
+    prox = jnp.log(jnp.array([[0.2 * 1.5, 0.2 * 3.0, 0.2 * 0.5]]))    # exp(prox - mu) = 1.5, 3, 0.5
+    logprobs = prox + jnp.log(jnp.array([[1.05, 1.0, 0.95]]))
+    cfg = cfg_with(tis_cap=2.0, proximal="learner")
 
     def loss_fn(lp, o):
         return grpo.clipped_policy_loss(cfg, logprobs=lp, behaviour_logprobs=behaviour,
                                         advantages=jnp.array([2.0]), completion_mask=jnp.ones((1, 3)),
-                                        old_logprobs=o)
+                                        proximal_logprobs=o)
 
-    (loss, metrics), (g_lp, g_old) = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True))(
-        logprobs, old)
+    (loss, metrics), (g_lp, g_prox) = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True))(
+        logprobs, prox)
     w = np.array([1.5, 2.0, 0.5])
     ratio = np.array([1.05, 1.0, 0.95])
     np.testing.assert_allclose(float(loss), -(w * ratio * 2.0).sum() / 3, rtol=1e-5)
     np.testing.assert_allclose(g_lp[0], -w * ratio * 2.0 / 3, rtol=1e-5)
-    np.testing.assert_array_equal(g_old, 0.0)
-    np.testing.assert_allclose(float(metrics["tis_weight_mean"]), w.mean(), rtol=1e-5)
+    np.testing.assert_array_equal(g_prox, 0.0)
+    # the measure is the weight before its bound
+    np.testing.assert_allclose(float(metrics["offpolicy/behaviour_weight_mean"]), 5 / 3, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["offpolicy/behaviour_weight_max"]), 3.0, rtol=1e-5)
+    assert float(metrics["offpolicy/masked_frac"]) == 0.0
+
+
+@pytest.mark.parametrize("mode,level,weights,masked", [
+    ("truncate", "token", [1.5, 2.0, 0.5, 1.0], 0.0),
+    ("mask", "token", [1.5, 0.0, 0.5, 1.0], 0.25),
+    ("none", "token", [1.5, 3.0, 0.5, 1.0], 0.0),
+    # row 0's sequence weight 1.5 x 3 = 4.5, row 1's 0.5 x 1 = 0.5
+    ("truncate", "sequence", [2.0, 2.0, 0.5, 0.5], 0.0),
+    ("mask", "sequence", [0.0, 0.0, 0.5, 0.5], 0.5),
+])
+def test_behaviour_weight_modes_and_levels(mode, level, weights, masked):
+    """With one update per batch (pi_prox = the theta pass under stop_gradient) the ratio is 1
+    and the gradient of each token's log-prob is -W A / tokens."""
+    behaviour = jnp.log(jnp.full((2, 2), 0.2))
+    logprobs = behaviour + jnp.log(jnp.array([[1.5, 3.0], [0.5, 1.0]]))
+    cfg = cfg_with(tis_cap=2.0, proximal="learner", behaviour_weight=mode,
+                   behaviour_weight_level=level)
+    fn = lambda lp: grpo.clipped_policy_loss(  # noqa: E731
+        cfg, logprobs=lp, behaviour_logprobs=behaviour, advantages=jnp.array([1.0, 1.0]),
+        completion_mask=jnp.ones((2, 2)))
+    (_, m), g = jax.value_and_grad(fn, has_aux=True)(logprobs)
+    np.testing.assert_allclose(np.asarray(g).ravel(), -np.array(weights) / 4, rtol=1e-5)
+    assert float(m["offpolicy/masked_frac"]) == masked
+    assert float(m["offpolicy/clip_frac"]) == 0.0 and float(m["ratio_mean"]) == 1.0
+
+
+@pytest.mark.parametrize("mode,level", [("truncate", "token"), ("mask", "token"),
+                                        ("truncate", "sequence")])
+def test_decoupled_update_equals_the_old_one_without_lag_or_mismatch(mode, level):
+    """k = 0 and a sampler that is the learner: behaviour = the theta pass's log-probs, so the
+    decoupled loss (weight 1, ratio 1) gives the plain objective's loss and gradient exactly."""
+    theta, actions, mask, rewards = toy_batch(3)
+    th0 = jnp.asarray(theta)
+    behaviour = token_logprobs(th0, jnp.asarray(actions))
+
+    def loss_fn(th, cfg):
+        lp = token_logprobs(th, jnp.asarray(actions))
+        return grpo.grpo_loss(cfg, logprobs=lp, behaviour_logprobs=behaviour, rewards=rewards,
+                              completion_mask=mask, group_size=G)[0]
+
+    old = jax.value_and_grad(loss_fn)(th0, cfg_with())
+    new = jax.value_and_grad(loss_fn)(th0, cfg_with(proximal="learner", behaviour_weight=mode,
+                                                    behaviour_weight_level=level))
+    assert float(old[0]) == float(new[0])
+    np.testing.assert_array_equal(np.asarray(old[1]), np.asarray(new[1]))
+    assert np.abs(np.asarray(old[1])).max() > 1e-4
+
+
+def test_describe_states_the_objective():
+    assert "clip on pi/mu (proximal=behaviour: the sampler), no behaviour weight" in \
+        grpo.describe(cfg_with())
+    line = grpo.describe(cfg_with(proximal="learner", behaviour_weight="mask", tis_cap=3.0,
+                                  behaviour_weight_level="sequence"))
+    assert "decoupled: clip on pi/pi_prox" in line and "mask at 3 per sequence" in line
 
 
 def test_kl_term_gradient_k1_and_k3():
@@ -385,7 +442,8 @@ def test_sampler_learner_diagnostics_by_hand():
     d = np.array([-0.1, 0.2, 0.0])
     np.testing.assert_allclose(float(m["logprob_diff_mean"]), d.mean(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(float(m["logprob_diff_max_abs"]), 0.2, rtol=1e-5)
-    np.testing.assert_allclose(float(m["approx_kl"]), np.mean(np.exp(d) - d - 1), rtol=1e-4)
+    np.testing.assert_allclose(float(m["offpolicy/mismatch_k3"]), np.mean(np.exp(d) - d - 1),
+                               rtol=1e-4)
     np.testing.assert_allclose(float(m["ratio_mean"]), np.mean(np.exp(d)), rtol=1e-5)
     np.testing.assert_allclose(float(m["entropy"]), 2.0, rtol=1e-6)
     assert float(m["num_tokens"]) == 3.0
@@ -406,6 +464,14 @@ def test_config_validation_and_describe():
         grpo.validate_config(cfg_with(beta=0.1, kl_estimator="k4"))
     with pytest.raises(ValueError, match="epsilon_low"):
         grpo.validate_config(cfg_with(epsilon_low=1.5))
+    with pytest.raises(ValueError, match="grpo.proximal must be one of"):
+        grpo.validate_config(cfg_with(proximal="old"))
+    with pytest.raises(UnknownNameError, match="mask, none, truncate"):
+        grpo.validate_config(cfg_with(behaviour_weight="clip"))
+    with pytest.raises(ValueError, match="behaviour_weight_level must be one of"):
+        grpo.validate_config(cfg_with(behaviour_weight_level="batch"))
+    with pytest.raises(ValueError, match="behaviour_weight='none'"):
+        grpo.validate_config(cfg_with(tis_cap=None))
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         grpo.clipped_policy_loss(cfg_with(beta=0.1), logprobs=jnp.zeros((1, 2)),
                                  behaviour_logprobs=jnp.zeros((1, 2)), advantages=jnp.zeros(1),

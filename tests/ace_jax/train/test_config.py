@@ -130,6 +130,8 @@ def _set(c, key, value):
     ("rl.batch_states", 0, "rl.batch_states must be >= 1"),
     ("rl.reward", "nope", "rl.reward: unknown reward 'nope'.*acegrpo_step"),
     ("grpo.beta", -1.0, "grpo.beta must be >= 0"),
+    ("grpo.beta", 0.04, "grpo.beta=0.04: the KL term needs reference log-probs"),
+    ("grpo.proximal", "old", "grpo.proximal must be one of"),
     ("rl.max_staleness", -1, r"rl.max_staleness must be an int >= 0, got -1"),
     ("optim.microbatches", 3, "rows = rl.batch_states x rl.group_size = 16 is not divisible by "
                               "optim.microbatches = 3"),

@@ -1,4 +1,5 @@
 """Setup errors of the trainer are clear and come before any heavy work."""
+import numpy as np
 import pytest
 
 from ace_jax import config_utils
@@ -211,7 +212,7 @@ def run_loop(cfg, stop_after_iteration=None):
     wd = pathlib.Path(cfg.workdir)
     rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
     metrics = [{k: v for k, v in r.items() if not k.startswith("perf/")
-                and k not in ("time", "wall_time", "timestamp")} | {"staleness": r["perf/staleness"]}
+                and k not in ("time", "wall_time", "timestamp")} | {"staleness": r["offpolicy/staleness"]}
                for r in rows]
     perf = [{k: v for k, v in r.items() if k.startswith("perf/")} for r in rows]
     rollouts = {p.name: [json.loads(x) for x in p.read_text().splitlines()]
@@ -258,6 +259,13 @@ def test_each_batch_is_learned_at_most_k_updates_after_it_was_generated(
     assert all(m["staleness"] <= k for m in got["metrics"])
     for t, name in enumerate(sorted(got["rollouts"])):
         assert {r["policy_version"] for r in got["rollouts"][name]} == {versions[t]}
+    # the off-policy measures are written at every step; with k = 1 the lag shows in the
+    # behaviour weight pi_learner / pi_sampler (step 0 is on-policy)
+    names = ("clip_frac", "behaviour_weight_mean", "behaviour_weight_max", "masked_frac",
+             "mismatch_k3", "staleness")
+    assert all(f"offpolicy/{n}" in m for m in got["metrics"] for n in names)
+    weights = [m["offpolicy/behaviour_weight_mean"] for m in got["metrics"]]
+    assert all(np.isfinite(weights)) and (k == 0 or len(set(weights)) > 1), weights
     # The first step compiled the generator and the learner; compiling is part of the step.
     first = got["perf"][0]
     assert 0 < first["perf/compile_seconds"] <= first["perf/step_seconds"]
