@@ -833,18 +833,31 @@ class Qwen3MoeSparseMoeBlock(nnx.Module):
         self.norm_topk_prob = config.norm_topk_prob
         self.dtype = config.dtype
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """x [B, T, H] -> (out [B, T, H], router_logits [B*T, E] in the compute dtype)."""
+    def __call__(self, x: jax.Array, routes: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x [B, T, H] -> (out [B, T, H], router_logits [B*T, E] in the compute dtype, the
+        router's own top-k expert ids int32 [B*T, k]).
+
+        ``routes`` (routing replay, R3): int [B*T, k] expert ids to dispatch by instead of the
+        router's top-k; a row whose first id is not an expert (-1, or 255 in a uint8 record)
+        keeps the router's choice (a token with no record). The gate weights are the live router's probabilities of the replayed experts
+        (renormalised over them iff ``norm_topk_prob``), so the router keeps its gradient."""
         b, t, h = x.shape
         x = x.reshape(b * t, h)
         router_logits = self.gate(x)  # compute dtype, like HF
         router_probs = jax.nn.softmax(router_logits.astype(_F32), axis=-1)
-        top_value, top_index = jax.lax.top_k(router_probs, self.top_k)
+        top_value, own_index = jax.lax.top_k(router_probs, self.top_k)
+        top_index = own_index
+        if routes is not None:
+            routes = routes.astype(jnp.int32)
+            recorded = (routes[:, :1] >= 0) & (routes[:, :1] < router_probs.shape[-1])
+            top_index = jnp.where(recorded, routes, own_index)
+            top_value = jnp.take_along_axis(router_probs, top_index, axis=-1)
         if self.norm_topk_prob:
             top_value = top_value / jnp.sum(top_value, axis=-1, keepdims=True)
         top_value = top_value.astype(self.dtype)
         out = self.experts(x, top_index, top_value)
-        return out.reshape(b, t, h), router_logits
+        return out.reshape(b, t, h), router_logits, own_index
 
 
 def router_load_stats(router_logits: jax.Array, token_mask: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
@@ -892,23 +905,24 @@ class Qwen3DecoderLayer(nnx.Module):
         self.kind = kind
 
     def __call__(self, h, cos, sin, mask, kv_cache=None, cache_index=None, layer_index=None, kv_len=None,
-                 kv_layout="standard"):
-        """h [B,T,H] -> (h [B,T,H], kv_cache or None, router_logits [B*T,E] or None).
+                 kv_layout="standard", routes=None):
+        """h [B,T,H] -> (h [B,T,H], kv_cache or None, router_logits [B*T,E] or None, the
+        router's top-k ids int32 [B*T, k] or None).
 
         mask (an `AttentionMask`) / kv_cache / layer_index / kv_len / kv_layout: see
-        `Qwen3Attention.__call__`."""
+        `Qwen3Attention.__call__`; routes: see `Qwen3MoeSparseMoeBlock.__call__`."""
         residual = h
         x, kv_cache = self.self_attn(self.input_layernorm(h), cos, sin, mask, kv_cache, cache_index,
                                      layer_index, kv_len, kv_layout)
         h = residual + x
         residual = h
         x = self.post_attention_layernorm(h)
-        router_logits = None
+        router_logits = top_index = None
         if self.kind == "moe":
-            x, router_logits = self.mlp(x)
+            x, router_logits, top_index = self.mlp(x, routes)
         else:
             x = self.mlp(x)
-        return residual + x, kv_cache, router_logits
+        return residual + x, kv_cache, router_logits, top_index
 
 
 def _remat(fn, config: ModelConfig):
@@ -921,12 +935,15 @@ def _remat(fn, config: ModelConfig):
 
 def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask, token_mask, kv, cache_index,
                keep_router_logits: bool, kv_len: int | None = None, kv_layout: str = "standard",
-               layer_params: tuple | None = None, cache_as_xs: bool = False):
+               layer_params: tuple | None = None, cache_as_xs: bool = False,
+               routes: jax.Array | None = None, keep_routes: bool = False):
     """Runs the ``Lg`` layers of one group over h [B,T,H].
 
     kv: None, or (k, v): [Lg, B, S, nkv, d] each ("standard" layout), or tuples of Lg per-layer
-    arrays ("decode" layout, see `KVCache`). Returns (h, new kv or None, (counts [E], prob_sum [E])
-    or None, router_logits [Lg, B*T, E] or None).
+    arrays ("decode" layout, see `KVCache`). routes: None or int [Lg, B*T, k] (an MoE group's
+    replayed expert ids, see `Qwen3MoeSparseMoeBlock.__call__`). Returns (h, new kv or None,
+    (counts [E], prob_sum [E]) or None, router_logits [Lg, B*T, E] or None, the routers' top-k
+    ids int32 [Lg, B*T, k] or None (``keep_routes``)).
 
     One ``jax.lax.scan`` when ``config.scan_layers``, else (and always with a "decode" cache) a
     Python loop. A "standard" cache stack is CARRIED through the layers (each layer writes its
@@ -944,37 +961,41 @@ def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask,
     num_layers = jax.tree_util.tree_leaves(params)[0].shape[0]
     per_layer = kv_layout == "decode"
 
-    def body(carry, layer_params, index):
+    def body(carry, layer_params, index, layer_routes):
         """One layer; ``kv``: None, the group's stacked cache (this layer at ``index``) or, for
-        a "decode" cache, this layer's own (k, v)."""
+        a "decode" cache, this layer's own (k, v); ``layer_routes``: [B*T, k] or None."""
         h, kv = carry
         layer = nnx.merge(graphdef, layer_params)
-        h, kv, router_logits = layer(h, cos, sin, mask, kv, cache_index,
-                                     None if kv is None or per_layer else index, kv_len, kv_layout)
+        h, kv, router_logits, top_index = layer(h, cos, sin, mask, kv, cache_index,
+                                                None if kv is None or per_layer else index, kv_len,
+                                                kv_layout, layer_routes)
         stats = None
         if router_logits is not None:
             stats = router_load_stats(router_logits, token_mask, top_k)
             if not keep_router_logits:
                 router_logits = None
-        return (h, kv), (stats, router_logits)
+        return (h, kv), (stats, router_logits, top_index if keep_routes else None)
 
     if (config.scan_layers and kv_layout == "standard" and layer_params is None and kv is not None
             and cache_as_xs):
         def xs_body(h, xs):  # this layer's (k, v) [B, S, nkv, d] in and out
-            lp, k_i, v_i = xs
-            (h, kv_i), ys = body((h, (k_i, v_i)), lp, None)
+            lp, k_i, v_i, r_i = xs
+            (h, kv_i), ys = body((h, (k_i, v_i)), lp, None, r_i)
             return h, (kv_i, ys)
 
-        h, (kv, (stats, router_logits)) = jax.lax.scan(_remat(xs_body, config), h, (params, *kv))
+        h, (kv, (stats, router_logits, top_index)) = jax.lax.scan(
+            _remat(xs_body, config), h, (params, *kv, routes))
     elif config.scan_layers and not per_layer and layer_params is None:
         scan_body = _remat(lambda carry, xs: body(carry, *xs), config)
-        (h, kv), (stats, router_logits) = jax.lax.scan(
-            scan_body, (h, kv), (params, jnp.arange(num_layers, dtype=jnp.int32)))
+        (h, kv), (stats, router_logits, top_index) = jax.lax.scan(
+            scan_body, (h, kv), (params, jnp.arange(num_layers, dtype=jnp.int32), routes))
     else:
         outs, new_k, new_v = [], [], []
         for i in range(num_layers):
             lp = jax.tree.map(lambda a: a[i], params) if layer_params is None else layer_params[i]  # noqa: B023
-            layer_fn = _remat(functools.partial(body, index=i), config)  # a static layer index
+            layer_fn = _remat(functools.partial(body, index=i,  # a static layer index
+                                                layer_routes=None if routes is None else routes[i]),
+                              config)
             if per_layer:
                 (h, (k_i, v_i)), y = layer_fn((h, (kv[0][i], kv[1][i])), lp)
                 new_k.append(k_i)
@@ -984,10 +1005,31 @@ def _run_group(stack: Qwen3DecoderLayer, config: ModelConfig, h, cos, sin, mask,
             outs.append(y)
         if per_layer:
             kv = (tuple(new_k), tuple(new_v))
-        stats, router_logits = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        stats, router_logits, top_index = jax.tree.map(lambda *a: jnp.stack(a), *outs)
     if stats is not None:
         stats = (jnp.sum(stats[0], axis=0), jnp.sum(stats[1], axis=0))
-    return h, kv, stats, router_logits
+    return h, kv, stats, router_logits, top_index
+
+
+def _group_routes(routes, groups, bt) -> list:
+    """routes int [B, T, L_moe, k] (or None) -> per layer group: [Lg, B*T, k] for an MoE group
+    (its layers' slice, in order), None for a dense group or no routes."""
+    if routes is None:
+        return [None] * len(groups)
+    b, t = bt
+    moe = sum(g.count for g in groups if g.kind == "moe")
+    if routes.ndim != 4 or routes.shape[:3] != (b, t, moe):
+        raise ValueError(f"routes must be [B, T, L_moe, k] = [{b}, {t}, {moe}, k], got "
+                         f"{routes.shape}")
+    flat = jnp.moveaxis(routes.reshape(b * t, moe, routes.shape[-1]), 1, 0)    # [L_moe, B*T, k]
+    out, first = [], 0
+    for g in groups:
+        if g.kind == "moe":
+            out.append(flat[first:first + g.count])
+            first += g.count
+        else:
+            out.append(None)
+    return out
 
 
 # ============================================================================ cache and outputs
@@ -1115,6 +1157,8 @@ class ModelOutput(NamedTuple):
       ``model.lm_logits`` on slices of it to compute logits in chunks.
     router_logits: None, or per layer group [Lg, B*T, E] (compute dtype; None for dense groups)
       when called with ``return_router_logits=True``.
+    routes: None, or int32 [B, T, L_moe, k]: the top-k expert ids each MoE layer's router chose
+      for each token (in layer order), when called with ``return_routes=True``.
     """
 
     logits: jax.Array | None
@@ -1122,6 +1166,7 @@ class ModelOutput(NamedTuple):
     aux_loss: jax.Array
     hidden_states: jax.Array
     router_logits: tuple[jax.Array | None, ...] | None = None
+    routes: jax.Array | None = None
 
 
 # ============================================================================ the model
@@ -1150,7 +1195,8 @@ class Qwen3ForCausalLM(nnx.Module):
                  cache: KVCache | PagedKVCache | None = None,
                  cache_index: jax.Array | int | None = None,
                  compute_logits: bool = True, return_router_logits: bool = False,
-                 layer_params: tuple | None = None, cache_as_xs: bool = False) -> ModelOutput:
+                 layer_params: tuple | None = None, cache_as_xs: bool = False,
+                 routes: jax.Array | None = None, return_routes: bool = False) -> ModelOutput:
         """Forward pass.
 
         Args:
@@ -1176,6 +1222,10 @@ class Qwen3ForCausalLM(nnx.Module):
             inputs / outputs, not in the carry: set it when the forward is differentiated (the
             learner's shared-prompt pass), else the backward keeps a copy of the whole cache
             per layer. Decode loops keep the default (the carried cache is updated in place).
+          routes: None, or int [B, T, L_moe, k] expert ids to dispatch each MoE layer's tokens
+            by (routing replay; rows of -1 or 255: the router's own choice), e.g. the ``routes`` a sampler
+            recorded; gate weights stay the live router's (`Qwen3MoeSparseMoeBlock.__call__`).
+          return_routes: also return the routers' own top-k ids (``ModelOutput.routes``).
 
         Masking: without a cache, query t sees key t' iff t' <= t and attention_mask[b, t']. With a
         cache, the T new keys/values are written to slots [cache_index, cache_index + T), kv_mask of
@@ -1220,10 +1270,11 @@ class Qwen3ForCausalLM(nnx.Module):
         cos, sin = rope_cos_sin(positions, cfg)
         token_mask = attention_mask.reshape(-1).astype(_F32)
 
-        new_k, new_v, all_router_logits = [], [], []
+        new_k, new_v, all_router_logits, all_routes = [], [], [], []
         counts = prob_sum = None
         layout = "standard" if cache is None else cache.layout
         groups = cfg.layer_groups()
+        group_routes = _group_routes(routes, groups, (b, t))
         for g, stack in enumerate(self.layers):
             if cache is None:
                 kv = None
@@ -1232,10 +1283,10 @@ class Qwen3ForCausalLM(nnx.Module):
                 kv = (cache.k[first:first + count], cache.v[first:first + count])
             else:
                 kv = (cache.k[g], cache.v[g])
-            h, kv, stats, router_logits = _run_group(stack, cfg, h, cos, sin, mask, token_mask, kv, cache_index,
-                                                     return_router_logits, kv_len, layout,
-                                                     None if layer_params is None else layer_params[g],
-                                                     cache_as_xs)
+            h, kv, stats, router_logits, top_index = _run_group(
+                stack, cfg, h, cos, sin, mask, token_mask, kv, cache_index, return_router_logits,
+                kv_len, layout, None if layer_params is None else layer_params[g], cache_as_xs,
+                group_routes[g], return_routes)
             if kv is not None and layout == "decode":
                 new_k.extend(kv[0])
                 new_v.extend(kv[1])
@@ -1246,6 +1297,8 @@ class Qwen3ForCausalLM(nnx.Module):
                 counts = stats[0] if counts is None else counts + stats[0]
                 prob_sum = stats[1] if prob_sum is None else prob_sum + stats[1]
             all_router_logits.append(router_logits)
+            if top_index is not None:
+                all_routes.append(top_index)
 
         h = self.norm(h)
         logits = self.lm_logits(h) if compute_logits else None
@@ -1260,8 +1313,13 @@ class Qwen3ForCausalLM(nnx.Module):
         else:
             new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask,
                                                            layout=cache.layout)
+        out_routes = None
+        if return_routes and all_routes:  # per group [Lg, B*T, k] -> [B, T, L_moe, k]
+            out_routes = jnp.moveaxis(jnp.concatenate(all_routes, axis=0), 0, 1).reshape(
+                b, t, -1, cfg.num_experts_per_tok)
         return ModelOutput(logits=logits, cache=new_cache, aux_loss=aux_loss, hidden_states=h,
-                           router_logits=tuple(all_router_logits) if return_router_logits else None)
+                           router_logits=tuple(all_router_logits) if return_router_logits else None,
+                           routes=out_routes)
 
     def layer_params(self) -> tuple[tuple[nnx.State, ...], ...]:
         """Per layer group, the parameter state of each of its layers (sliced out of the stacks)."""

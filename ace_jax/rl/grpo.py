@@ -107,6 +107,7 @@ register_behaviour_weight = BEHAVIOUR_WEIGHTS.register
 
 PROXIMAL_POLICIES = ("behaviour", "learner")
 WEIGHT_LEVELS = ("token", "sequence")
+ROUTING_REPLAY = ("none", "R3")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,6 +132,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.behaviour_weight = "truncate"     # truncate | mask | none: pi_prox / mu (proximal="learner")
     cfg.behaviour_weight_level = "token"  # token | sequence
     cfg.tis_cap = 2.0                     # the behaviour weight's bound (truncate / mask), > 0
+    cfg.routing_replay = "none"           # none | R3: MoE tokens dispatched by the sampler's record
     return cfg
 
 
@@ -155,6 +157,11 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     if cfg.behaviour_weight_level not in WEIGHT_LEVELS:
         raise ValueError(f"grpo.behaviour_weight_level must be one of {list(WEIGHT_LEVELS)}, "
                          f"got {cfg.behaviour_weight_level!r}")
+    if cfg.routing_replay not in ROUTING_REPLAY:
+        raise ValueError(f"grpo.routing_replay must be one of {list(ROUTING_REPLAY)}, got "
+                         f"{cfg.routing_replay!r} (R2, replaying the proximal pass's routes in "
+                         "the theta pass, is 'none' here: with one update per batch they are "
+                         "the same pass)")
     if not (isinstance(cfg.tis_cap, (int, float)) and cfg.tis_cap > 0):
         raise ValueError(f"grpo.tis_cap must be a number > 0, got {cfg.tis_cap!r} (to apply no "
                          "weight bound use grpo.behaviour_weight='none')")
@@ -178,6 +185,8 @@ def describe(cfg: ml_collections.ConfigDict) -> str:
         bound = "" if cfg.behaviour_weight == "none" else f" at {cfg.tis_cap:g}"
         tis = (f"decoupled: clip on pi/pi_prox (the learner before the update), behaviour weight "
                f"pi_prox/mu {cfg.behaviour_weight}{bound} per {cfg.behaviour_weight_level}")
+    if cfg.routing_replay != "none":
+        tis += f", MoE routing replay {cfg.routing_replay}"
     zv = (f"filter_zero_variance_groups(atol={cfg.zero_variance_atol:g})"
           if cfg.filter_zero_variance_groups else "zero-variance groups kept")
     return (f"GRPO: adv={adv} agg={agg} clip=[1-{cfg.epsilon_low:g}, 1+{cfg.epsilon_high:g}] "

@@ -227,10 +227,12 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, group_size, par
     """This microbatch's share of the full-batch loss (its numerator over the batch's
     denominator), plus its share of the router aux loss."""
     model = nnx.merge(graphdef, params)
-    logprobs, entropy, aux = completion_logprobs(
+    replay = grpo_cfg.routing_replay == "R3"
+    logprobs, entropy, aux, routes = completion_logprobs(
         model, mb, temperature,
         chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS),
-        group_size=prompt_rows(optim_cfg, group_size))
+        group_size=prompt_rows(optim_cfg, group_size), replay_routes=replay,
+        return_route_stats=True)
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
         advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
@@ -238,6 +240,12 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, group_size, par
         loss_denominator=loss_denominator)
     total = loss + optim_cfg.aux_loss_coef * aux / optim_cfg.microbatches
     metrics["aux_loss"] = aux
+    if routes is not None:   # the sampler recorded its MoE routes
+        disagree = routes.disagree / jnp.maximum(routes.records, 1.0)
+        metrics["route_records"] = routes.records
+        metrics["offpolicy/router_disagreement_frac"] = disagree
+        # what this pass dispatched vs the record: the record itself under replay
+        metrics["offpolicy/routing_mismatch_frac"] = jnp.zeros_like(disagree) if replay else disagree
     return total, metrics
 
 
@@ -320,8 +328,10 @@ def _reduce_micro_metrics(micro: dict[str, jax.Array]) -> dict:
     wmean = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
     out = {}
     for name, x in micro.items():
-        if name in ("num_tokens", "num_completion_tokens"):
+        if name in ("num_tokens", "num_completion_tokens", "route_records"):
             out[name] = jnp.sum(x)
+        elif name in ("offpolicy/router_disagreement_frac", "offpolicy/routing_mismatch_frac"):
+            out[name] = wmean(x, micro["route_records"])
         elif name in ("logprob_diff_max_abs", "offpolicy/behaviour_weight_max"):
             out[name] = jnp.max(x)
         elif name in ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl",

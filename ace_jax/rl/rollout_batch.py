@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ace_jax.runtime import generate
+from ace_jax.runtime.engine import NO_ROUTE
 
 
 class TrainBatch(NamedTuple):
@@ -27,6 +28,9 @@ class TrainBatch(NamedTuple):
       behaviour_logprobs: float32 [N, M] the sampler's log-probs of the completion tokens.
       rewards: float32 [N] one scalar per completion; rows are group-major (G per prompt).
       ref_logprobs: float32 [N, M] frozen reference log-probs (zeros when the KL term is off).
+      routes: None, or uint8 [N, P + M, L_moe, k]: the sampler's routing record (the experts
+        each MoE layer sent each token to; `engine.NO_ROUTE` on padding), for routing replay
+        (``grpo.routing_replay="R3"``) and the ``offpolicy/*routing*`` measures.
     """
 
     input_ids: jax.Array
@@ -36,6 +40,7 @@ class TrainBatch(NamedTuple):
     behaviour_logprobs: jax.Array
     rewards: jax.Array
     ref_logprobs: jax.Array
+    routes: jax.Array | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -60,6 +65,13 @@ def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationR
     if rew.shape != (n,):
         raise ValueError(f"rewards must have shape ({n},), got {rew.shape}")
     ref = np.zeros((n, m), np.float32) if ref_logprobs is None else np.asarray(ref_logprobs)
+    routes = None
+    if gen.routes is not None:   # [left-padded prompt routes | completion routes]
+        p = ids.shape[1]
+        prompt_routes = np.full((len(prompts), p) + gen.routes.shape[2:], NO_ROUTE, np.uint8)
+        for b, r in enumerate(gen.prompt_routes):
+            prompt_routes[b, p - len(r):] = r
+        routes = jnp.asarray(np.concatenate([prompt_routes[idx], gen.routes], axis=1))
     return TrainBatch(
         input_ids=jnp.asarray(np.concatenate([ids[idx], tokens], axis=1)),
         positions=jnp.asarray(np.concatenate([pos[idx], next_pos], axis=1).astype(np.int32)),
@@ -68,26 +80,54 @@ def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationR
         behaviour_logprobs=jnp.asarray(np.asarray(gen.logprobs, np.float32)),
         rewards=jnp.asarray(rew),
         ref_logprobs=jnp.asarray(ref, dtype=jnp.float32),
+        routes=routes,
     )
 
 
-def _completion_hidden(model, batch: TrainBatch, group_size: int = 1
-                       ) -> tuple[jax.Array, jax.Array]:
+class RouteStats(NamedTuple):
+    """How the learner's routers agree with the sampler's record, over (token, MoE layer) pairs
+    with a record: ``records`` of them, ``disagree`` whose top-k expert set differs (float32
+    scalars; counts, so microbatches add up)."""
+
+    disagree: jax.Array
+    records: jax.Array
+
+
+def route_disagreement(own: jax.Array, recorded: jax.Array, mask: jax.Array,
+                       num_experts: int) -> RouteStats:
+    """own int [B, T, L, k] (the routers' top-k), recorded int [B, T, L, k] (ids outside
+    [0, num_experts): no record), mask bool [B, T] (real tokens) -> `RouteStats`."""
+    rec = recorded.astype(jnp.int32)
+    has = mask[:, :, None] & (rec[..., 0] >= 0) & (rec[..., 0] < num_experts)      # [B, T, L]
+    same = jnp.all(jnp.sort(own.astype(jnp.int32), axis=-1) == jnp.sort(rec, axis=-1), axis=-1)
+    return RouteStats(jnp.sum(has & ~same, dtype=jnp.float32), jnp.sum(has, dtype=jnp.float32))
+
+
+def _completion_hidden(model, batch: TrainBatch, group_size: int = 1, replay: bool = False
+                       ) -> tuple[jax.Array, jax.Array, RouteStats | None]:
     """(final-normed hidden states [N, M, H] at the M positions that predict the completion
-    tokens, router aux loss scalar): one policy forward with no logits formed.
+    tokens, router aux loss scalar, `RouteStats` or None): one policy forward with no logits
+    formed.
 
     ``group_size`` G > 1: the rows come in groups of G consecutive rows with one prompt (the
-    sampler's layout), and each prompt runs once instead of G times (`_shared_prompt_hidden`)."""
+    sampler's layout), and each prompt runs once instead of G times (`_shared_prompt_hidden`).
+    With a routing record in the batch the forward measures its routers against it, and with
+    ``replay`` dispatches by it (R3)."""
     if group_size > 1:
-        return _shared_prompt_hidden(model, batch, group_size)
+        return _shared_prompt_hidden(model, batch, group_size, replay)
+    record = batch.routes
     out = model(batch.input_ids, batch.positions, attention_mask=batch.attention_mask,
-                compute_logits=False)
+                compute_logits=False, routes=record if replay else None,
+                return_routes=record is not None)
     p = batch.prompt_len
     m = batch.completion_mask.shape[1]
-    return out.hidden_states[:, p - 1:p - 1 + m, :], out.aux_loss
+    stats = None if record is None else route_disagreement(
+        out.routes, record, batch.attention_mask, model.config.num_experts)
+    return out.hidden_states[:, p - 1:p - 1 + m, :], out.aux_loss, stats
 
 
-def _shared_prompt_hidden(model, batch: TrainBatch, g: int) -> tuple[jax.Array, jax.Array]:
+def _shared_prompt_hidden(model, batch: TrainBatch, g: int, replay: bool = False
+                          ) -> tuple[jax.Array, jax.Array, RouteStats | None]:
     """`_completion_hidden` with each group's prompt run once, as the sampler runs it: the N/G
     prompts [N/G, P] go through the policy into a KV cache, the cache is repeated G times
     (``generate.share_cache``) and the completions [N, M-1] attend to it and to themselves. The
@@ -99,19 +139,27 @@ def _shared_prompt_hidden(model, batch: TrainBatch, g: int) -> tuple[jax.Array, 
     if n % g:
         raise ValueError(f"{n} rows do not split into groups of {g}")
     prompt = lambda x: x[::g, :p]          # every group's first row: the group's prompt
+    record = batch.routes
+    routes = lambda part: None if record is None or not replay else part(record)  # noqa: E731
+    stats = lambda out, part: None if record is None else route_disagreement(  # noqa: E731
+        out.routes, part(record), part(batch.attention_mask), model.config.num_experts)
     out_p = model(prompt(batch.input_ids), prompt(batch.positions),
                   attention_mask=prompt(batch.attention_mask),
                   cache=model.init_cache(n // g, s), cache_index=0, compute_logits=False,
-                  cache_as_xs=True)
+                  cache_as_xs=True, routes=routes(prompt), return_routes=record is not None)
     last = jnp.repeat(out_p.hidden_states[:, -1:, :], g, axis=0)     # predicts completion token 0
     if s - p == 1:
-        return last, out_p.aux_loss
+        return last, out_p.aux_loss, stats(out_p, prompt)
     rest = lambda x: x[:, p:s - 1]          # completion tokens 0..M-2 predict tokens 1..M-1
     out_c = model(rest(batch.input_ids), rest(batch.positions),
                   attention_mask=rest(batch.attention_mask),
                   cache=generate.share_cache(out_p.cache, g), cache_index=p, compute_logits=False,
-                  cache_as_xs=True)
-    return jnp.concatenate([last, out_c.hidden_states], axis=1), out_c.aux_loss
+                  cache_as_xs=True, routes=routes(rest), return_routes=record is not None)
+    both = None
+    if record is not None:   # each prompt counted once, each forwarded completion token once
+        sp, sc = stats(out_p, prompt), stats(out_c, rest)
+        both = RouteStats(sp.disagree + sc.disagree, sp.records + sc.records)
+    return jnp.concatenate([last, out_c.hidden_states], axis=1), out_c.aux_loss, both
 
 
 def completion_logits(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
@@ -122,7 +170,7 @@ def completion_logits(model, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
     positions' [N, P, V] logits are never formed), which saves that share of the lm_head matmul
     in the forward and the backward pass.
     """
-    h, aux = _completion_hidden(model, batch)
+    h, aux, _ = _completion_hidden(model, batch)
     return model.lm_logits(h), aux
 
 
@@ -159,8 +207,8 @@ DEFAULT_CHUNK_TOKENS = 1024
 
 
 def completion_logprobs(model, batch: TrainBatch, temperature: float, *,
-                        chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS, group_size: int = 1
-                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                        chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS, group_size: int = 1,
+                        replay_routes: bool = False, return_route_stats: bool = False):
     """``token_logprobs`` and ``token_entropy`` of the completion tokens straight from the policy:
     returns (logprobs float32 [N, M], entropy float32 [N, M], router aux loss scalar).
 
@@ -172,12 +220,15 @@ def completion_logprobs(model, batch: TrainBatch, temperature: float, *,
     log_softmax, the one-hot gather and the entropy sum (several full-vocabulary passes and a
     scatter). Chunks run along M, not across rows, so each keeps the rows' (batch) sharding.
     ``group_size`` > 1: each group's prompt runs once (see `_completion_hidden`).
+    ``replay_routes``: dispatch MoE tokens by ``batch.routes`` (R3); ``return_route_stats``:
+    return a fourth value, the `RouteStats` of the routers against ``batch.routes`` (None
+    without a record).
 
     Raises:
       ValueError: ``chunk_tokens`` is neither None nor a positive int (before the policy runs).
     """
     _check_chunk_tokens(chunk_tokens)
-    h, aux = _completion_hidden(model, batch, group_size)
+    h, aux, route_stats = _completion_hidden(model, batch, group_size, replay_routes)
     cfg = model.config
     if cfg.tie_word_embeddings:
         w = model.embed_tokens.embedding[...]
@@ -187,6 +238,8 @@ def completion_logprobs(model, batch: TrainBatch, temperature: float, *,
     tokens = batch.input_ids[:, batch.prompt_len:].astype(jnp.int32)
     logprobs, entropy = _fused_logprobs(h, w, tokens, float(t), cfg.dtype,
                                         bool(cfg.tie_word_embeddings), chunk_tokens)
+    if return_route_stats:
+        return logprobs, entropy, aux, route_stats
     return logprobs, entropy, aux
 
 

@@ -132,23 +132,41 @@ def make_sampler(model: nnx.Module, sampling: generate.SamplingConfig,
     `generate.Generator` (see `default_config`). Both have ``generate(prompts, key)`` and
     ``update_weights(params)``. ``max_context``: used when ``cfg.max_context`` is 0."""
     devices = 1 if placement is None else placement.mesh.size
-    if resolve_kind(cfg.kind, devices) == "static" or (cfg.kind == "auto" and layout is not None):
+    shared = layout is None or layout.shared      # decode in the learner's own layout
+    kind = resolve_kind(cfg.kind, devices)
+    if kind == "paged" and not shared:
+        if cfg.kind == "paged":
+            raise ValueError("engine.kind='paged' decodes in the learner's layout; "
+                             "sampler_mesh.layout='own' needs engine.kind='static' (or 'auto')")
+        kind = "static"
+    if kind == "static":
         return generate.Generator(model, sampling, placement=placement, layout=layout)
     shapes = {f.name: cfg[f.name] for f in dataclasses.fields(EngineConfig)}
     shapes["max_context"] = cfg.max_context or max_context
     return Engine(model, sampling, EngineConfig(**shapes))
 
 
+NO_ROUTE = 255
+"""The uint8 routing record's "no record" id (`Completion.routes`; the model keeps its own
+router's choice for such a token)."""
+
+
 class Completion(NamedTuple):
     """One finished sample: ``tokens`` / ``logprobs`` (behaviour log-probs, float32) of its
     ``len(tokens)`` generated tokens (EOS / stop tokens included), ``finish_reason`` a
-    `generate.FinishReason`."""
+    `generate.FinishReason`. For an MoE policy, the routing record (R3): ``routes`` uint8
+    [len(tokens), L_moe, k], the experts each MoE layer sent each generated token to (the last
+    token included: it is forwarded in the step that samples it), and ``prompt_routes`` uint8
+    [len(prompt), L_moe, k], the prompt's (shared by the request's samples); None for a dense
+    policy."""
 
     request: int
     sample: int
     tokens: list[int]
     logprobs: np.ndarray
     finish_reason: int
+    routes: np.ndarray | None = None
+    prompt_routes: np.ndarray | None = None
 
 
 class _State(NamedTuple):
@@ -177,13 +195,17 @@ class _Request:
     prompt_pages: list[int] | None = None
     logits: jax.Array | None = None   # float32 [V] after the prefill
     live: int = 0                 # samples in a slot
+    prompt_routes: np.ndarray | None = None   # uint8 [P, L_moe, k] (MoE policies)
 
 
 def _model_forward(model, layer_params, tokens, mask, pools, page_table, lengths):
+    """-> (hidden states, pools, routes uint8 [B, T, L_moe, k] or None for a dense model)."""
     cache = qwen3.PagedKVCache(k=pools[0], v=pools[1], page_table=page_table, lengths=lengths)
+    moe = model.config.num_moe_layers > 0
     out = model(tokens, attention_mask=mask, cache=cache, compute_logits=False,
-                layer_params=layer_params)
-    return out.hidden_states, (out.cache.k, out.cache.v)
+                layer_params=layer_params, return_routes=moe)
+    routes = None if out.routes is None else out.routes.astype(jnp.uint8)
+    return out.hidden_states, (out.cache.k, out.cache.v), routes
 
 
 def _layer_params(model):
@@ -194,11 +216,12 @@ def _layer_params(model):
 def _prefill(graphdef, params, pools, ids, page_row, start, n_valid):
     """One prompt chunk: ids int32 [1, C] (the first ``n_valid`` real) into the pages of
     ``page_row`` [1, pages] from slot ``start`` [1] -> (pools, logits float32 [V] of the last
-    real token)."""
+    real token, the chunk's routes uint8 [C, L_moe, k] or None)."""
     model = nnx.merge(graphdef, params)
     mask = jnp.arange(ids.shape[1])[None, :] < n_valid
-    h, pools = _model_forward(model, None, ids, mask, pools, page_row, start)
-    return pools, model.lm_logits(jax.lax.dynamic_index_in_dim(h[0], n_valid - 1, 0, False))
+    h, pools, routes = _model_forward(model, None, ids, mask, pools, page_row, start)
+    logits = model.lm_logits(jax.lax.dynamic_index_in_dim(h[0], n_valid - 1, 0, False))
+    return pools, logits, None if routes is None else routes[0]
 
 
 def _admit(state: _State, slot, page_rows, lengths, budgets, temperatures, request_keys, samples,
@@ -232,9 +255,9 @@ def _retire(state: _State, slots):
 
 def _decode(graphdef, steps, params, knobs, state: _State):
     """``steps`` decode steps of every slot -> (state, tokens int32 [S, steps], logprobs
-    float32 [S, steps], emitted bool [S, steps]). A row samples from its logits with its key at
-    step ``produced``, stops at EOS, a stop sequence or its budget, and (while live) writes the
-    token's keys / values into its pages."""
+    float32 [S, steps], emitted bool [S, steps], routes uint8 [S, steps, L_moe, k] or None). A
+    row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
+    or its budget, and (while live) writes the token's keys / values into its pages."""
     model = nnx.merge(graphdef, params)
     layer_params = _layer_params(model)
     knobs = knobs._replace(temperature=state.temperature)
@@ -252,16 +275,18 @@ def _decode(graphdef, steps, params, knobs, state: _State):
                            jnp.where(hit_stop, int(generate.FinishReason.STOP),
                                      int(generate.FinishReason.LENGTH)))
         finishing = live & (hit_eos | hit_stop | spent)
-        h, pools = _model_forward(model, layer_params, tok[:, None], live[:, None], state.pools,
-                                  state.page_table, state.lengths)
+        h, pools, routes = _model_forward(model, layer_params, tok[:, None], live[:, None],
+                                          state.pools, state.page_table, state.lengths)
         state = state._replace(
             pools=pools, lengths=state.lengths + live, logits=model.lm_logits(h[:, -1, :]),
             produced=produced, done=state.done | finishing,
             reason=jnp.where(finishing, reason, state.reason), window=window)
-        return state, (tok, lp, live)
+        return state, (tok, lp, live, None if routes is None else routes[:, 0])
 
-    state, (tokens, logprobs, emitted) = jax.lax.scan(step, state, None, length=steps)
-    return state, tokens.T, logprobs.T, emitted.T
+    state, (tokens, logprobs, emitted, routes) = jax.lax.scan(step, state, None, length=steps)
+    if routes is not None:
+        routes = jnp.swapaxes(routes, 0, 1)
+    return state, tokens.T, logprobs.T, emitted.T, routes
 
 
 class Engine:
@@ -312,6 +337,7 @@ class Engine:
         self._slot_pages: list[list[int]] = [[] for _ in range(s)]
         self._slot_tokens: list[list[int]] = [[] for _ in range(s)]
         self._slot_logprobs: list[list[float]] = [[] for _ in range(s)]
+        self._slot_routes: list[list[np.ndarray]] = [[] for _ in range(s)]
         self._next_id = 0
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
                           peak_pages=0)
@@ -406,12 +432,12 @@ class Engine:
                                    "(a bug: submit checks that each request fits)")
             return []
         steps = self.config.sync_every
-        self._state, tokens, logprobs, emitted = self._decode(
+        self._state, tokens, logprobs, emitted, routes = self._decode(
             self.graphdef, steps, self.params, self._knobs, self._state)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
-        tokens, logprobs, emitted, done, reason = jax.device_get(
-            (tokens, logprobs, emitted, self._state.done, self._state.reason))
+        tokens, logprobs, emitted, done, reason, routes = jax.device_get(
+            (tokens, logprobs, emitted, self._state.done, self._state.reason, routes))
         self.stats["tokens"] += int(emitted.sum())
         finished = []
         for slot, owner in enumerate(self._slot_owner):
@@ -420,6 +446,8 @@ class Engine:
             keep = emitted[slot]
             self._slot_tokens[slot].extend(tokens[slot][keep].tolist())
             self._slot_logprobs[slot].extend(logprobs[slot][keep].tolist())
+            if routes is not None:
+                self._slot_routes[slot].append(routes[slot][keep])
             if done[slot]:
                 finished.append(self._release(slot, int(reason[slot])))
         return finished
@@ -461,14 +489,21 @@ class Engine:
         logprobs = np.zeros((n, m), np.float32)
         lengths = np.zeros((n,), np.int32)
         reason = np.zeros((n,), np.int32)
+        routes, prompt_routes = None, [None] * len(prompts)
         for c in self.drain():
             row = ids[c.request] * g + c.sample
             tokens[row, :len(c.tokens)] = c.tokens
             logprobs[row, :len(c.tokens)] = c.logprobs
             lengths[row], reason[row] = len(c.tokens), c.finish_reason
+            if c.routes is not None:
+                if routes is None:
+                    routes = np.full((n, m) + c.routes.shape[1:], NO_ROUTE, np.uint8)
+                routes[row, :len(c.tokens)] = c.routes
+                prompt_routes[ids[c.request]] = c.prompt_routes
         prompt_index = np.repeat(np.arange(len(prompts), dtype=np.int32), g)
         # host arrays (as the trainer wants them): no transfer, no per-shape program
-        return generate.GenerationResult(tokens, logprobs, lengths, reason, prompt_index)
+        return generate.GenerationResult(tokens, logprobs, lengths, reason, prompt_index,
+                                         routes, None if routes is None else tuple(prompt_routes))
 
     # ------------------------------------------------------------------ pages and slots
     def _prompt_pages(self, p: int) -> int:
@@ -502,16 +537,21 @@ class Engine:
         row[0, :len(req.prompt_pages)] = req.prompt_pages
         c = cfg.prefill_chunk
         pools = self._state.pools
+        chunk_routes = []
         for start in range(0, len(req.prompt), c):
             part = req.prompt[start:start + c]
             ids = np.full((1, c), self.sampling.pad_id, np.int32)
             ids[0, :len(part)] = part
-            pools, logits = self._prefill(self.graphdef, self.params, pools, jnp.asarray(ids),
-                                          jnp.asarray(row), jnp.asarray([start], jnp.int32),
-                                          jnp.int32(len(part)))
+            pools, logits, routes = self._prefill(
+                self.graphdef, self.params, pools, jnp.asarray(ids), jnp.asarray(row),
+                jnp.asarray([start], jnp.int32), jnp.int32(len(part)))
             self.stats["prefill_calls"] += 1
+            if routes is not None:
+                chunk_routes.append((routes, len(part)))
         self._state = self._state._replace(pools=pools)
         req.logits = logits
+        if chunk_routes:
+            req.prompt_routes = np.concatenate([np.asarray(r)[:k] for r, k in chunk_routes])
 
     def _admit_waiting(self) -> None:
         """Fills free slots with waiting samples, in submission order (FIFO: at most one
@@ -542,6 +582,7 @@ class Engine:
             self._slot_owner[slot] = (rid, sample)
             self._slot_pages[slot] = shared + own
             self._slot_tokens[slot], self._slot_logprobs[slot] = [], []
+            self._slot_routes[slot] = []
             batch.append((slot, rid, sample, shared + own, src, dst))
             req.queue.popleft()
             req.live += 1
@@ -591,7 +632,10 @@ class Engine:
 
     def _release(self, slot: int, reason: int) -> Completion:
         rid, sample = self._slot_owner[slot]
+        prompt_routes = self._requests[rid].prompt_routes
         self._free_slot(slot)
         self._forget_if_done(rid)
+        routes = (np.concatenate(self._slot_routes[slot]) if self._slot_routes[slot] else None)
         return Completion(rid, sample, self._slot_tokens[slot],
-                          np.asarray(self._slot_logprobs[slot], np.float32), reason)
+                          np.asarray(self._slot_logprobs[slot], np.float32), reason, routes,
+                          prompt_routes)

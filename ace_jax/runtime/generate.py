@@ -116,6 +116,11 @@ class GenerationResult(NamedTuple):
     lengths: jax.Array        # int32 [N]
     finish_reason: jax.Array  # int32 [N], FinishReason values
     prompt_index: jax.Array   # int32 [N]
+    # The routing record of an MoE policy (the paged engine's; None from the static generator):
+    # uint8 [N, M, L_moe, k] per completion token (255 past a row's length) and, per prompt,
+    # uint8 [len(prompt), L_moe, k].
+    routes: np.ndarray | None = None
+    prompt_routes: tuple | None = None
 
 
 def left_pad(prompts: Sequence[Sequence[int]], bucket: int, pad_id: int):

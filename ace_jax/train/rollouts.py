@@ -8,6 +8,7 @@ Rows are prompt-major: row ``b * G + g`` is sample g of state b.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 from typing import Any, Optional, Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from ace_jax.rl import rollout_batch
 from ace_jax.runtime import generate
+from ace_jax.runtime.engine import NO_ROUTE
 from sandbox.result import ExecutionResult
 
 
@@ -102,6 +104,7 @@ class StepRollouts:
                               for i in range(n)],
                     finish_reason=self.gen.finish_reason.tolist(),
                     prompt_index=self.gen.prompt_index.tolist(),
+                    **_routes_json(self.gen),
                     rollouts=[dict(state_id=r.state_id, task_id=r.task_id, text=r.text,
                                    policy_version=r.policy_version) for r in self.rollouts],
                     gen_seconds=self.gen_seconds, gen_tokens=self.gen_tokens,
@@ -133,9 +136,32 @@ class StepRollouts:
             logprobs[i, :len(c)] = lp
             lengths[i] = len(c)
         gen = generate.GenerationResult(tokens, logprobs, lengths, np.asarray(reason, np.int32),
-                                        np.asarray(index, np.int32))
+                                        np.asarray(index, np.int32), *_routes_from_json(d, m))
         rollouts = [Rollout(state_id=r["state_id"], task_id=r["task_id"], text=r["text"],
                             policy_version=r["policy_version"]) for r in rows]
         return cls(int(d["step"]), [list(p) for p in prompts], gen, rollouts,
                    gen_seconds=float(d.get("gen_seconds", 0.0)),
                    gen_tokens=int(d.get("gen_tokens", 0)), truncated=int(d.get("truncated", 0)))
+
+
+def _routes_json(gen: generate.GenerationResult) -> dict:
+    """The MoE routing record (if any) as JSON: each array's shape and its uint8 bytes in
+    base64 (the completion routes cut to each row's length)."""
+    if gen.routes is None:
+        return {}
+    pack = lambda a: dict(shape=list(a.shape),   # noqa: E731
+                          data=base64.b64encode(np.ascontiguousarray(a, np.uint8)).decode())
+    return dict(routes=[pack(gen.routes[i, :gen.lengths[i]]) for i in range(len(gen.lengths))],
+                prompt_routes=[pack(r) for r in gen.prompt_routes])
+
+
+def _routes_from_json(d: dict, max_new_tokens: int) -> tuple:
+    """(routes uint8 [N, M, L, k] or None, prompt_routes tuple or None) from `_routes_json`."""
+    if "routes" not in d:
+        return None, None
+    unpack = lambda x: np.frombuffer(base64.b64decode(x["data"]), np.uint8).reshape(x["shape"])  # noqa: E731
+    rows = [unpack(x) for x in d["routes"]]
+    out = np.full((len(rows), max_new_tokens) + rows[0].shape[1:], NO_ROUTE, np.uint8)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out, tuple(unpack(x) for x in d["prompt_routes"])

@@ -162,6 +162,12 @@ class Trainer:
             self.model, self.sampling, cfg.engine, placement=self.placement,
             layout=self.sampler_layout,
             max_context=cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens)
+        if cfg.grpo.routing_replay != "none" and not (
+                isinstance(self.generator, engine.Engine) and self.model.config.num_moe_layers):
+            raise SetupError(f"grpo.routing_replay={cfg.grpo.routing_replay!r} replays the "
+                             "sampler's MoE routing record, which only the paged engine keeps "
+                             f"(engine.kind resolved to {type(self.generator).__name__}; MoE "
+                             f"layers: {self.model.config.num_moe_layers})")
         warm = {}
         if not self._restore():
             warm = self._warm_start()
@@ -241,7 +247,8 @@ class Trainer:
         self.rng, key = jax.random.split(self.rng)
         t0 = time.perf_counter()
         out = self.generator.generate(prompts, key)
-        gen = generate.GenerationResult(*(np.asarray(multihost.host_value(x)) for x in out))
+        gen = generate.GenerationResult(   # the routing record is host numpy already (or None)
+            *(np.asarray(multihost.host_value(x)) for x in out[:5]), *out[5:])
         gen_s = time.perf_counter() - t0
         version = int(self.learner.state.step)
         rollouts = []

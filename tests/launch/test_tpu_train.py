@@ -29,16 +29,20 @@ def _env():
     return env
 
 
-def _run(workdir, timeout=600):
-    out = subprocess.run(_cmd(workdir), cwd=REPO, env=_env(), capture_output=True, text=True,
-                         timeout=timeout)
+def _run(workdir, *extra, timeout=600):
+    out = subprocess.run(_cmd(workdir, *extra), cwd=REPO, env=_env(), capture_output=True,
+                         text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
 
-def _metrics_steps(workdir):
+def _metrics(workdir):
     lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(x)["step"] for x in lines if x.strip()]
+    return [json.loads(x) for x in lines if x.strip()]
+
+
+def _metrics_steps(workdir):
+    return [m["step"] for m in _metrics(workdir)]
 
 
 def _rollouts(workdir):
@@ -119,14 +123,30 @@ def _check_root_child_metrics(workdir):
     assert rows[0]["rollout/root_frac"] == 1.0  # the buffer starts with the drafts alone
 
 
+R3 = "--config.grpo.routing_replay=R3"   # one device: the paged engine keeps the routing record
+OFFPOLICY = ("clip_frac", "behaviour_weight_mean", "behaviour_weight_max", "masked_frac",
+             "mismatch_k3", "staleness", "routing_mismatch_frac", "router_disagreement_frac")
+
+
 @pytest.mark.slow
 def test_kill9_and_resume_matches_uninterrupted_run(tmp_path):
+    """The smoke run with k = 1 (the default) and MoE routing replay, killed and resumed: the
+    same run, off-policy measures included (the in-flight step's routing record is restored)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run(straight)
+    _run(straight, R3)
     assert _metrics_steps(straight) == [0, 1, 2, 3, 4]
     _check_root_child_metrics(straight)
+    want = _metrics(straight)
+    assert all(f"offpolicy/{n}" in m for m in want for n in OFFPOLICY)
+    assert all(m["offpolicy/routing_mismatch_frac"] == 0.0 for m in want)
+    # the smoke run's groups all get equal rewards (no update: grad_norm 0), so the policy that
+    # learns is the one that sampled and the behaviour weight is 1 up to fp32 rounding (the
+    # in-process k = 1 run of tests/ace_jax/train/test_trainer.py learns and shows the lag)
+    assert [m["offpolicy/staleness"] for m in want] == [0, 1, 1, 1, 1]
+    assert all(m["grpo/grad_norm"] > 0 or abs(m["offpolicy/behaviour_weight_mean"] - 1) < 1e-5
+               for m in want)
 
-    proc = subprocess.Popen(_cmd(resumed), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cmd(resumed, R3), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     metrics = resumed / "metrics.jsonl"
     deadline = time.time() + 600
@@ -137,9 +157,12 @@ def test_kill9_and_resume_matches_uninterrupted_run(tmp_path):
     assert proc.poll() is None, "the run finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    _run(resumed)
+    _run(resumed, R3)
 
     assert _metrics_steps(resumed) == [0, 1, 2, 3, 4]
+    for a, b in zip(_metrics(resumed), want):
+        assert {k: a[k] for k in a if k.startswith("offpolicy/")} == \
+            {k: b[k] for k in b if k.startswith("offpolicy/")}
     assert _rollouts(resumed) == _rollouts(straight)  # same states, completions, rewards
     assert _buffer_states(resumed) == _buffer_states(straight)
 

@@ -114,7 +114,7 @@ def test_router_gradient_flows_under_expert_parallelism():
     graphdef, params = nnx.split(block, nnx.Param)
 
     def loss(params, x):
-        out, _ = nnx.merge(graphdef, params)(x)
+        out, _, _ = nnx.merge(graphdef, params)(x)
         return jnp.sum(out ** 2)
 
     want = jax.grad(loss)(params, x)

@@ -177,3 +177,65 @@ def test_completion_logprobs_equal_logits_path_with_gradients():
         for name in want:
             assert_close(got[name], want[name], reduction_len=tokens.size * model.config.vocab_size,
                          err_msg=f"{name} tied={tied}")   # sums over tokens of vocab-long sums
+
+
+def _recorded_batch():
+    """A batch from the paged engine, which keeps the MoE routing record."""
+    from ace_jax.runtime import engine
+
+    model = qwen3.Qwen3ForCausalLM(configs.tiny_moe(), rngs=nnx.Rngs(0))
+    sampling = SamplingConfig(max_new_tokens=8, group_size=G, temperature=1.0, prompt_bucket=8)
+    eng = engine.Engine(model, sampling, engine.EngineConfig(slots=4, page_size=4, max_context=24))
+    out = eng.generate(PROMPTS, jax.random.key(0))
+    rewards = np.arange(len(PROMPTS) * G, dtype=np.float32) % 3
+    return model, out, rollout_batch.make_train_batch(PROMPTS, out, rewards, prompt_bucket=8,
+                                                      pad_id=0)
+
+
+def test_the_routing_record_is_laid_out_as_the_tokens():
+    model, out, batch = _recorded_batch()
+    cfg = model.config
+    n, s = batch.input_ids.shape
+    routes = np.asarray(batch.routes)
+    assert routes.shape == (n, s, cfg.num_moe_layers, cfg.num_experts_per_tok)
+    p = batch.prompt_len
+    for row in range(n):
+        b, length = int(out.prompt_index[row]), int(out.lengths[row])
+        np.testing.assert_array_equal(routes[row, p - len(PROMPTS[b]):p], out.prompt_routes[b])
+        np.testing.assert_array_equal(routes[row, p:p + length], out.routes[row, :length])
+        assert (routes[row, :p - len(PROMPTS[b])] == 255).all()          # prompt padding
+        assert (routes[row, p + length:] == 255).all()                   # past the completion
+
+
+@pytest.mark.parametrize("optim", [dict(), dict(microbatches=3, share_prompts=True)],
+                         ids=["rows", "shared-prompts"])
+def test_routing_replay_dispatches_by_the_record_and_measures_the_mismatch(optim):
+    """fp32, same parameters: the record is the learner's own routing, so replaying it (R3) is
+    the plain update and nothing disagrees. A record moved to other experts: every route
+    disagrees; R3 dispatches by it (another update, mismatch 0), 'none' does not (mismatch 1)."""
+    model, _, batch = _recorded_batch()
+
+    def run(b, replay):
+        g, o = _cfgs(**optim)
+        g.routing_replay = replay
+        lrn = learner.Learner.create(model, g, o, group_size=G)
+        m = lrn.step(b)
+        return m, [np.asarray(x) for x in jax.tree.leaves(lrn.params)]
+
+    plain, plain_p = run(batch, "none")
+    same, same_p = run(batch, "R3")
+    assert float(plain["offpolicy/router_disagreement_frac"]) == 0.0
+    assert float(same["offpolicy/routing_mismatch_frac"]) == 0.0
+    for a, b in zip(plain_p, same_p):
+        np.testing.assert_array_equal(a, b)
+    rec = np.asarray(batch.routes)
+    moved = batch._replace(routes=jnp.asarray(
+        np.where(rec == 255, 255, (rec + 1) % model.config.num_experts).astype(np.uint8)))
+    m_none, none_p = run(moved, "none")
+    m_r3, r3_p = run(moved, "R3")
+    assert float(m_none["offpolicy/router_disagreement_frac"]) == 1.0
+    assert float(m_none["offpolicy/routing_mismatch_frac"]) == 1.0
+    assert float(m_r3["offpolicy/router_disagreement_frac"]) == 1.0
+    assert float(m_r3["offpolicy/routing_mismatch_frac"]) == 0.0
+    assert all(np.array_equal(a, b) for a, b in zip(none_p, plain_p))
+    assert not all(np.allclose(a, b) for a, b in zip(r3_p, plain_p))

@@ -131,6 +131,26 @@ def test_cancel_frees_slots_and_pages_and_leaves_the_others_alone(model):
     assert len(eng._free_pages) == eng.config.pool_pages - 1
 
 
+def test_the_routing_record_is_what_the_full_forward_routes(model):
+    """Each prompt token's and each generated token's (the last included) MoE routes, as the
+    engine recorded them, are the top-k of the full-sequence forward (fp32: no ties moved)."""
+    s = _sampling(temperature=1.0, eos_ids=(), max_new_tokens=7, group_size=2)
+    out = _engine(model, s).generate(PROMPTS[2:], jax.random.key(5))
+    cfg = model.config
+    assert out.routes.shape == (4, 7, cfg.num_moe_layers, cfg.num_experts_per_tok)
+    for row in range(4):
+        b = int(out.prompt_index[row])
+        seq = PROMPTS[2 + b] + np.asarray(out.tokens[row]).tolist()
+        want = np.asarray(model(jnp.asarray([seq]), return_routes=True).routes[0])
+        p = len(PROMPTS[2 + b])
+        np.testing.assert_array_equal(out.prompt_routes[b], want[:p])
+        np.testing.assert_array_equal(out.routes[row], want[p:])
+    # a dense policy records nothing
+    dense = qwen3.Qwen3ForCausalLM(configs.tiny_dense(num_hidden_layers=2), rngs=nnx.Rngs(0))
+    res = _engine(dense, s).generate(PROMPTS[:1], jax.random.key(5))
+    assert res.routes is None and res.prompt_routes is None
+
+
 def test_shapes_are_fixed_nothing_compiles_after_the_first_run(model):
     """After one run, other prompts (lengths, counts), group sizes (so other numbers of samples
     entering at once), budgets and temperature trace and compile nothing: not the engine's
@@ -203,11 +223,22 @@ def test_kind_resolution_and_the_trainer_factory(model):
         engine.resolve_kind("paged", 8)
     with pytest.raises(ValueError, match="engine.kind must be one of"):
         engine.resolve_kind("vllm", 1)
+    from ace_jax.runtime import sampler_layout
+
     cfg = engine.default_config()
     s = _sampling()
-    assert isinstance(engine.make_sampler(model, s, cfg, max_context=64), engine.Engine)
+    # what the trainer passes on one device: the learner's own ("shared") layout -> the engine
+    shared = sampler_layout.SamplerLayout(None, model.config, True)
+    for layout in (None, shared):
+        assert isinstance(engine.make_sampler(model, s, cfg, max_context=64, layout=layout),
+                          engine.Engine)
     cfg.kind = "static"
-    assert isinstance(engine.make_sampler(model, s, cfg, max_context=64), generate.Generator)
+    assert isinstance(engine.make_sampler(model, s, cfg, max_context=64, layout=shared),
+                      generate.Generator)
+    cfg.kind = "paged"
+    with pytest.raises(ValueError, match="sampler_mesh.layout='own' needs engine.kind='static'"):
+        engine.make_sampler(model, s, cfg, max_context=64,
+                            layout=sampler_layout.SamplerLayout(None, model.config, False))
 
 
 def test_paged_forward_equals_the_uncached_forward(model):

@@ -260,7 +260,8 @@ def test_each_batch_is_learned_at_most_k_updates_after_it_was_generated(
     for t, name in enumerate(sorted(got["rollouts"])):
         assert {r["policy_version"] for r in got["rollouts"][name]} == {versions[t]}
     # the off-policy measures are written at every step; with k = 1 the lag shows in the
-    # behaviour weight pi_learner / pi_sampler (step 0 is on-policy)
+    # behaviour weight pi_learner / pi_sampler (step 0 is on-policy). (The routing measures
+    # need the paged engine's record: tests/launch/test_tpu_train.py, on one device.)
     names = ("clip_frac", "behaviour_weight_mean", "behaviour_weight_max", "masked_frac",
              "mismatch_k3", "staleness")
     assert all(f"offpolicy/{n}" in m for m in got["metrics"] for n in names)
