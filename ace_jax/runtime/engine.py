@@ -20,8 +20,8 @@ Programs (jitted once per engine): ``prefill`` (one prompt chunk into its pages,
 its last real token), ``admit`` (waiting samples into free slots: page table, budget, key,
 first logits; the partial prompt page copied), ``decode`` (``sync_every`` decode steps of all
 slots: sample, check EOS / stop / budget, forward), ``retire`` (cancelled rows marked done).
-The host admits and collects between
-``decode`` calls (one device round trip per ``sync_every`` tokens).
+The host admits and collects between ``decode`` calls (one device round trip per
+``sync_every`` tokens).
 
 Sampling follows `generate`'s per-row rule: sample g of a request with key k draws step t with
 ``fold_in(fold_in(k, g), t)``; `Engine.generate` gives prompt b the key ``fold_in(key, b)``,
@@ -229,9 +229,8 @@ def _admit(state: _State, slot, page_rows, lengths, budgets, temperatures, reque
     """Puts up to S samples into slots (``slot`` [S], S = none), each with its page row, filled
     length, budget, temperature, key ``fold_in(request key, sample)`` (``request_keys``: S keys)
     and first logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for
-    none). The
-    per-sample values come as fixed-length tuples, so that the host builds no array whose shape
-    depends on how many samples enter (each new shape would compile an op)."""
+    none). The per-sample values come as fixed-length tuples, so that the host builds no array
+    whose shape depends on how many samples enter (each new shape would compile an op)."""
     keys = jax.vmap(jax.random.fold_in)(jnp.stack(request_keys), samples)
     logits = jnp.stack(logits)
     pools = tuple(tuple(p.at[:, copy_dst].set(p[:, copy_src]) for p in side)
