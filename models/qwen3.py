@@ -850,14 +850,21 @@ class Qwen3MoeSparseMoeBlock(nnx.Module):
         top_index = own_index
         if routes is not None:
             routes = routes.astype(jnp.int32)
-            recorded = (routes[:, :1] >= 0) & (routes[:, :1] < router_probs.shape[-1])
-            top_index = jnp.where(recorded, routes, own_index)
+            top_index = jnp.where(has_route(routes, router_probs.shape[-1])[:, None], routes,
+                                  own_index)
             top_value = jnp.take_along_axis(router_probs, top_index, axis=-1)
         if self.norm_topk_prob:
             top_value = top_value / jnp.sum(top_value, axis=-1, keepdims=True)
         top_value = top_value.astype(self.dtype)
         out = self.experts(x, top_index, top_value)
         return out.reshape(b, t, h), router_logits, own_index
+
+
+def has_route(routes: jax.Array, num_experts: int) -> jax.Array:
+    """bool [...]: whether a routing record int [..., k] holds experts (its first id in
+    [0, num_experts)), not the "no record" mark (-1, or 255 in a uint8 record)."""
+    first = routes[..., 0].astype(jnp.int32)
+    return (first >= 0) & (first < num_experts)
 
 
 def router_load_stats(router_logits: jax.Array, token_mask: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:

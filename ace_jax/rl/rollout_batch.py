@@ -15,6 +15,7 @@ import numpy as np
 
 from ace_jax.runtime import generate
 from ace_jax.runtime.engine import NO_ROUTE
+from models import qwen3
 
 
 class TrainBatch(NamedTuple):
@@ -98,7 +99,7 @@ def route_disagreement(own: jax.Array, recorded: jax.Array, mask: jax.Array,
     """own int [B, T, L, k] (the routers' top-k), recorded int [B, T, L, k] (ids outside
     [0, num_experts): no record), mask bool [B, T] (real tokens) -> `RouteStats`."""
     rec = recorded.astype(jnp.int32)
-    has = mask[:, :, None] & (rec[..., 0] >= 0) & (rec[..., 0] < num_experts)      # [B, T, L]
+    has = mask[:, :, None] & qwen3.has_route(rec, num_experts)                      # [B, T, L]
     same = jnp.all(jnp.sort(own.astype(jnp.int32), axis=-1) == jnp.sort(rec, axis=-1), axis=-1)
     return RouteStats(jnp.sum(has & ~same, dtype=jnp.float32), jnp.sum(has, dtype=jnp.float32))
 
