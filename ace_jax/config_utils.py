@@ -138,3 +138,18 @@ def merge_section(defaults: ml_collections.ConfigDict, values: Optional[Mapping[
 
     merge(out, values or {}, "")
     return out
+
+
+RUN_SEED = -1   # a section's seed with this value follows the run's ``seed`` (train.config)
+
+
+def section_seed(value: int, key: str) -> int:
+    """The seed a section's ``key`` holds, as a non-negative int. ``RUN_SEED`` (-1, what a
+    run config's ``lp.seed`` and ``sft.seed`` default to) stands for the run's ``seed`` and is
+    resolved by ``ace_jax.train.config.resolve_seeds``; met here, the section was taken from a
+    run config that was never resolved: ConfigError says so."""
+    if int(value) < 0:
+        raise ConfigError(f"{key}={value}: {RUN_SEED} stands for the run's seed, which only a "
+                          f"run config resolves (train.config.resolve_seeds); set {key} to a "
+                          "seed >= 0 to use this section on its own")
+    return int(value)

@@ -16,7 +16,9 @@ Speed of the RL loop (warm start excluded), from the per-step ``perf/step_second
 ``rl_steps_per_min`` (steps / minutes of RL steps, compiling excluded), ``compile_s`` (total
 compile seconds inside RL steps, reported apart), ``rl_steps_per_min_with_compile`` and
 ``compiling_steps`` (steps that compiled for more than a second: a new prompt bucket) and
-``compiles_after_first_step`` (how many of them came after the first RL step).
+``compiles_after_first_step`` (how many of them came after the first RL step); the probe's
+seconds (``probe_s``) are not RL steps and are left out of the speed. ``probe_*_warm`` /
+``probe_*_final``: the probe (``ace_jax.train.probe``) of the warm start and of the last update.
 Programs compiled by an earlier run come from XLA's persistent cache (``compile_cache_dir``), so
 ``compile_s`` is that of a first run only on a cold cache: add ``--config.compile_cache_dir=``
 to measure one.
@@ -35,15 +37,17 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def loop_speed(rows: list[dict]) -> dict:
-    """RL steps per minute with compile time apart, from the metrics rows that have timings."""
+    """RL steps per minute with compile time apart, from the metrics rows that have timings;
+    the probe's seconds inside a step (``perf/probe_seconds``) are reported apart too."""
     timed = [r for r in rows if "perf/step_seconds" in r]
     if not timed:
         return {}
-    step_s = sum(r["perf/step_seconds"] for r in timed)
+    probe_s = sum(r.get("perf/probe_seconds", 0.0) for r in timed)
+    step_s = sum(r["perf/step_seconds"] for r in timed) - probe_s
     compile_s = sum(r.get("perf/compile_seconds", 0.0) for r in timed)
     return {"rl_steps_per_min": round(60 * len(timed) / max(step_s - compile_s, 1e-9), 3),
             "rl_steps_per_min_with_compile": round(60 * len(timed) / max(step_s, 1e-9), 3),
-            "compile_s": round(compile_s, 1),
+            "compile_s": round(compile_s, 1), "probe_s": round(probe_s, 1),
             "compiling_steps": [r["step"] for r in timed
                                 if r.get("perf/compile_seconds", 0.0) > 1.0],
             # the generator compiles once (the paged engine's fixed shapes); the learner once
@@ -68,7 +72,9 @@ def main() -> None:
 
     from ace_jax.train import metrics
 
-    rows = metrics.read_metrics(str(workdir / "metrics.jsonl"))
+    lines = metrics.read_metrics(str(workdir / "metrics.jsonl"))
+    rows = [r for r in lines if "reward/mean" in r]     # RL steps (not the last probe's line)
+    probes = [r for r in lines if "probe/updates" in r]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     col = lambda key, rs: [r[key] for r in rs if key in r]  # noqa: E731
     first, last = rows[:5], rows[-5:]
@@ -96,6 +102,11 @@ def main() -> None:
         "valid_child_first5": mean(col("rollout/valid_rate_child", first)),
         "valid_child_last5": mean(col("rollout/valid_rate_child", last)),
         "curves": str(workdir / "curves.png"),
+        # the sampler-neutral probe (ace_jax.train.probe): the warm start and the last update
+        **{f"probe_{name}_{when}": p.get(f"probe/{name}", float("nan"))
+           for when, p in (("warm", probes[0] if probes else {}),
+                           ("final", probes[-1] if probes else {}))
+           for name in ("valid_rate", "score", "humanrank")},
         **loop_speed(rows),
     }
     result["learns"] = (result["valid_last5"] > result["valid_first5"]

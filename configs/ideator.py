@@ -50,6 +50,10 @@ def get_config():
     c.lp.explore_steps = 3
     c.lp.anneal_steps = 6
 
+    # The probe measures the code agent; the ideator is measured by evaluating its advice
+    # (launch/evaluate.py, notebooks/ideator.ipynb).
+    c.probe.every, c.probe.heldout_tasks = 0, ()
+
     c.ideator = ideator_trainer.default_config()
     c.ideator.implementer = "self"     # frozen copy of the warm-started policy (offline)
     c.ideator.implementer_max_new_tokens = 384   # a whole script

@@ -52,13 +52,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # prior is a low constant and the selection is sharp from the start. With the default prior
     # (u0=1, inherited from the parent group, T=1) the batch moves to fresh, ever deeper child
     # states within 5 steps, on which the tiny policy writes broken code, and the valid rate falls
-    # (README, "does the embedded default learn?", run C).
+    # (docs/results.md, "does the embedded default learn?", run C).
     c.lp.prior = "constant"
     c.lp.u0 = 0.25
     c.lp.temperature_start = 0.2
     # At most floor(0.3 * B) = 1 of the B=4 states of a batch on a child state, the rest on the
     # task drafts (each pool restricted to its own top-rho set). 5 whole-run seeds x 40 steps
-    # (README, Results): uncapped, the batch moves wholly onto children and the valid rate falls
+    # (docs/results.md, exploratory): uncapped, the batch moves wholly onto children and the valid rate falls
     # (gain -0.105); at 0.5 it rises +0.055 [-0.044, +0.154]; at 0.3 +0.155 [+0.047, +0.263].
     c.lp.max_child_frac = 0.3
 
@@ -76,7 +76,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # 200 steps (~3 min on 2 idle cores): ~40% valid drafts at T=0.5, room for RL to improve;
     # 400 steps memorise the corpus (~90% valid, loss 0.01) and leave RL nothing to gain.
     c.sft.steps = 200
-    c.sft.seconds = 600.0              # a safety net on a busy machine
+    # Capped by steps only: a wall-clock cap would give a loaded machine a different warm start.
+    c.sft.seconds = 0.0
 
     # Six fast tabular / image tasks of the offline suite so that 20 steps fit in 15 minutes on
     # 2 cores; --config.tasks.ids="()" runs the whole offline suite.
@@ -85,13 +86,21 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
 
     c.checkpoint.keep = 2
 
+    # The sampler-neutral probe (ace_jax.train.probe): every 10 updates (and before the first,
+    # after the last), a draft and an improve state of each training task and of two tasks
+    # neither SFT nor RL sees (a tabular regression and an image classification, like the
+    # training tasks' kinds), 2 completions each: 16 states, 32 completions.
+    c.probe.every = 10
+    c.probe.heldout_tasks = ("linnerud-physiology", "photo-patches")
+
     if arg == "smoke":
         _smoke(c)
     return c
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:
-    """A smaller model, 3 SFT steps, 5 RL steps of 2 x 2 rollouts of 24 tokens, two tasks."""
+    """A smaller model, 3 SFT steps, 5 RL steps of 2 x 2 rollouts of 24 tokens, two tasks, a
+    probe every 2 updates with one held-out task."""
     c.model.overrides.update(dict(
         hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16))
@@ -100,3 +109,4 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
     c.sampling.max_new_tokens = 24
     c.sandbox.backend = "process"
     c.tasks.ids = ("iris-species", "wine-cultivar")
+    c.probe.every, c.probe.heldout_tasks = 2, ("linnerud-physiology",)

@@ -23,6 +23,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/local.py", "Path to
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Build the model, learner and generation steps "
                              "abstractly and print the per-device memory and step-time plan.")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the terminal progress bar.")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the resolved run config (JSON, "
+                                  "its fingerprint last) and exit: what a run of this command "
+                                  "would use.")
 
 
 def main(argv):
@@ -31,6 +34,13 @@ def main(argv):
 
     logs.configure_logging()   # warnings and errors; --verbosity=0 shows INFO (Orbax's too)
     cfg = _CONFIG.value
+    if _PRINT_CONFIG.value:
+        from ace_jax.train import config as run_config
+
+        resolved = run_config.resolve_seeds(cfg)
+        print(run_config.config_json(resolved))
+        print(run_config.fingerprint(resolved), flush=True)
+        return
     if _DRY_RUN.value:
         return _dry_run(cfg)
     from ace_jax.runtime import compile_cache, sharding

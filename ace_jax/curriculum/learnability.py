@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ace_jax import config_utils
 from ace_jax.curriculum import state_stats
 from ace_jax.registry import Registry
 
@@ -68,7 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
     # At most this share of a batch on child states (depth >= 1) while roots are selectable; the
     # rest are drafts of the tasks. 1.0 = no cap (children compete with roots on LP alone).
     c.max_child_frac = 1.0
-    c.seed = 0                   # sampler RNG seed
+    c.seed = 0                   # sampler RNG seed (a run's config: -1 = the run's seed)
     return c
 
 
@@ -408,7 +409,7 @@ class Sampler:
 
     @classmethod
     def from_config(cls, cfg: ml_collections.ConfigDict, name: Optional[str] = None) -> "Sampler":
-        return cls(get_spec(cfg, name), seed=int(cfg.seed))
+        return cls(get_spec(cfg, name), seed=config_utils.section_seed(cfg.seed, "lp.seed"))
 
     def _next_key(self):
         key = jax.random.wrap_key_data(jnp.asarray(self._key_data))

@@ -57,6 +57,26 @@ def _override_args(overrides: Mapping[str, Any]) -> list[str]:
     return args
 
 
+def job_command(workdir: str, overrides: Mapping[str, Any], config: str) -> list[str]:
+    """The main job's command line for ``workdir``, ``config`` and ``overrides``."""
+    return [sys.executable, os.path.join(REPO, "launch", "tpu_train.py"), f"--config={config}",
+            f"--config.workdir={workdir}", "--no_progress", *_override_args(overrides)]
+
+
+def config_fingerprint(workdir: str, overrides: Mapping[str, Any], config: str,
+                       env: Optional[Mapping[str, str]] = None) -> str:
+    """The fingerprint of the run config the job would use (``train.config.fingerprint``, from
+    ``launch/tpu_train.py --print_config``: the config file's contents and the overrides as the
+    launcher parses them). Raises AblationError when the command line is refused."""
+    proc = subprocess.run([*job_command(workdir, overrides, config), "--print_config"], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise AblationError(f"the config of {workdir} cannot be resolved (exit code "
+                            f"{proc.returncode}):\n{proc.stderr[-1500:]}")
+    return lines[-1]
+
+
 def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "configs/local.py",
             timeout_s: Optional[float] = None, env: Optional[Mapping[str, str]] = None
             ) -> RunResult:
@@ -64,18 +84,27 @@ def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "config
 
     Returns a RunResult; a non-zero exit or a timeout sets ``error`` to the log tail (the full
     log is ``<workdir>.log``) instead of raising, so one failed run does not stop an ablation.
-    A run that already finished with the same config and overrides is not started again
-    (``reused``); an unfinished one resumes from its last checkpoint.
+    A run that already finished with the same resolved config (its fingerprint: the config
+    file's contents, not its path, and the overrides) is not started again (``reused``); an
+    unfinished one resumes from its last checkpoint, and so does a finished one whose config
+    changed (more ``rl.num_steps`` extends it; for a change that makes its checkpoints another
+    experiment's, use another workdir).
     """
     os.makedirs(os.path.dirname(os.path.abspath(workdir)), exist_ok=True)
     marker = os.path.join(workdir, DONE_MARKER)
-    job = {"config": config, "overrides": {k: repr(v) for k, v in overrides.items()}}
+    try:
+        job = {"config": config,
+               "fingerprint": config_fingerprint(workdir, overrides, config, env),
+               "overrides": {k: repr(v) for k, v in overrides.items()}}
+    except AblationError as e:   # a refused command line (a misspelt key): reported
+        return RunResult(workdir, 0.0, str(e))
     if os.path.exists(marker):
         with open(marker) as f:
-            if json.load(f) == job:  # finished earlier with the same settings: reuse it
-                return RunResult(workdir, 0.0, reused=True)
-    cmd = [sys.executable, os.path.join(REPO, "launch", "tpu_train.py"), f"--config={config}",
-           f"--config.workdir={workdir}", "--no_progress", *_override_args(overrides)]
+            done = json.load(f)
+        if done.get("fingerprint") == job["fingerprint"]:   # finished with this config
+            return RunResult(workdir, 0.0, reused=True)
+        os.remove(marker)      # another config: the job runs (resuming the run's checkpoints)
+    cmd = job_command(workdir, overrides, config)
     log_path = workdir.rstrip("/") + ".log"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
@@ -110,14 +139,15 @@ def run_ablation(root: str, overrides: Mapping[str, Any], *,
                  progress: bool = True, **kwargs) -> dict[str, list[RunResult]]:
     """Warm start once, then one RL run per (sampler, seed) from it, all with ``overrides``.
 
-    The seed sets ``seed`` (generation RNG) and ``lp.seed`` (sampler RNG); everything else,
+    The seed sets ``seed`` (generation, the sampler and the probe; the SFT order is the shared
+    warm start's); everything else,
     including the initial weights and the step budget, is shared. Returns sampler -> results.
     """
     warm = warm_start(root, overrides, **kwargs)
     jobs = [(s, k) for k in seeds for s in samplers]  # seed-major: every sampler gets seed 0 first
     results = run_jobs([(f"{sampler}/seed{seed}", os.path.join(root, sampler, f"seed{seed}"),
                          {**overrides, "model.init_from_run": warm.workdir,
-                          "lp.sampler": sampler, "seed": seed, "lp.seed": seed})
+                          "lp.sampler": sampler, "seed": seed})
                         for sampler, seed in jobs], desc="ablation runs", progress=progress,
                        **kwargs)
     out: dict[str, list[RunResult]] = {s: [] for s in samplers}

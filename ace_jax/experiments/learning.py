@@ -3,7 +3,8 @@
 
     python -m ace_jax.experiments.learning --root runs/learning --seeds 0,1,2,3,4 --steps 40
 
-    root/seed<k>/      one run of configs/local.py with seed=k, lp.seed=k, rl.num_steps=<steps>
+    root/seed<k>/      one run of configs/local.py with seed=k (init, SFT, generation, sampler,
+                       probe), rl.num_steps=<steps>
     root/curves.png    the mean curves over seeds with 95% bands
     root/gains.md      the table printed last
 
@@ -41,11 +42,11 @@ MIX_KEYS = ("rollout/root_frac", "rollout/valid_rate_root", "rollout/valid_rate_
 
 def _per_seed(prefix: str, root: str, seeds: Sequence[int], steps: int,
               overrides: Mapping[str, Any], desc: str, **kwargs) -> list[ablation.RunResult]:
-    """``root/<prefix><seed>``: one job of the config per seed (``seed = lp.seed = seed``,
-    ``rl.num_steps = steps``), in seed order."""
+    """``root/<prefix><seed>``: one job of the config per seed (``seed``, which drives the whole
+    run, and ``rl.num_steps = steps``), in seed order."""
     return ablation.run_jobs(
         [(f"{prefix}{seed}", os.path.join(root, f"{prefix}{seed}"),
-          {**dict(overrides), "seed": seed, "lp.seed": seed, "rl.num_steps": steps})
+          {**dict(overrides), "seed": seed, "rl.num_steps": steps})
          for seed in seeds], desc=desc, **kwargs)
 
 

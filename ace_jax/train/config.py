@@ -24,6 +24,7 @@ place that lists the sections) and ``configs/*.py`` state only what differs from
   ``sft``        ``ace_jax.train.sft.default_config``            the warm start
   ``tasks``      `tasks_config`                                  which tasks
   ``checkpoint`` ``ace_jax.runtime.checkpoint.default_config``   Orbax checkpoints
+  ``probe``      ``ace_jax.train.probe.default_config``          the sampler-neutral probe
   =============  ==============================================  ==============================
 
 Optional sections, added by the configs that use them: ``dry_run``
@@ -37,10 +38,13 @@ the devices, the context length against the model, ...); it raises
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Optional
 
 import ml_collections
 
+from ace_jax import config_utils
 from ace_jax.config_utils import ConfigError
 from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards, tasks
@@ -48,7 +52,7 @@ from ace_jax.registry import UnknownNameError
 from ace_jax.rl import grpo, learner
 from ace_jax.runtime import checkpoint, compile_cache, engine, generate, sampler_layout, sharding
 from models import moe_sharding
-from ace_jax.train import sft
+from ace_jax.train import probe, sft
 from sandbox import pool
 
 __all__ = ["ConfigError", "SECTIONS", "OPTIONAL_SECTIONS", "MODES", "default_config",
@@ -56,7 +60,7 @@ __all__ = ["ConfigError", "SECTIONS", "OPTIONAL_SECTIONS", "MODES", "default_con
 
 # The sections of `default_config`, in its order, and the optional ones (see the module doc).
 SECTIONS = ("model", "mesh", "sampler_mesh", "rl", "sampling", "engine", "grpo", "optim", "buffer", "lp", "sandbox",
-            "agent", "rewards", "sft", "tasks", "checkpoint")
+            "agent", "rewards", "sft", "tasks", "checkpoint", "probe")
 OPTIONAL_SECTIONS = ("dry_run", "ideator")
 # ``mode`` (top level, optional): which trainer launch/tpu_train.py builds.
 MODES = ("acegrpo", "ideator")
@@ -111,6 +115,10 @@ def tasks_config() -> ml_collections.ConfigDict:
     return c
 
 
+# A run config holds RUN_SEED (-1) here by default: the run's ``seed`` (`resolve_seeds`).
+DERIVED_SEEDS = ("lp.seed", "sft.seed")
+
+
 def default_config() -> ml_collections.ConfigDict:
     """The whole run config: every section's owner default (see the module doc). A config file
     starts from this and sets what differs; ``name`` and ``workdir`` it must set."""
@@ -137,7 +145,35 @@ def default_config() -> ml_collections.ConfigDict:
     c.sft = sft.default_config()
     c.tasks = tasks_config()
     c.checkpoint = checkpoint.default_config()
+    c.probe = probe.default_config()
+    for key in DERIVED_SEEDS:   # the run's seed drives them (`resolve_seeds`)
+        section, name = key.split(".")
+        c[section][name] = config_utils.RUN_SEED
     return c
+
+
+def resolve_seeds(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy of ``cfg`` with each seed of ``DERIVED_SEEDS`` that is -1 set to the run's
+    ``seed``: one ``--config.seed=k`` varies the whole run (initial weights, SFT order and its
+    synthetic examples, generation, the sampler, the probe's states and keys). The task split
+    (``tasks.seed``) stays fixed: it defines the benchmark."""
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    for key in DERIVED_SEEDS:
+        section, name = key.split(".")
+        if section in cfg and cfg[section][name] == config_utils.RUN_SEED:
+            cfg[section][name] = int(cfg.seed)
+    return cfg
+
+
+def config_json(cfg: ml_collections.ConfigDict) -> str:
+    """The config as sorted JSON (tuples as lists; what ``<workdir>/config.json`` holds)."""
+    return json.dumps(cfg.to_dict(), sort_keys=True, default=repr)
+
+
+def fingerprint(cfg: ml_collections.ConfigDict) -> str:
+    """sha256 of `config_json` of ``resolve_seeds(cfg)``: equal for two configs exactly when a
+    run of each would use the same values (a finished run is reused on it)."""
+    return hashlib.sha256(config_json(resolve_seeds(cfg)).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -197,6 +233,12 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
         raise ConfigError(f"sampling: {e}") from None
     if cfg.tasks.source not in tasks.SOURCES:
         raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(tasks.SOURCES)}")
+    errors = probe.validate(cfg)
+    if cfg.probe.every and mode != "acegrpo":
+        errors.append(f"probe.every={cfg.probe.every} with mode={mode!r}: the probe measures "
+                      "the code agent (set probe.every=0)")
+    if errors:
+        raise ConfigError("; ".join(errors))
     _check_mesh(cfg.mesh, num_devices, num_processes)
     _check_sampler_mesh(cfg.sampler_mesh, num_devices)
     _check_engine(cfg, num_devices)

@@ -11,7 +11,7 @@ import logging
 import os
 import pathlib
 import socket
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import ml_collections
@@ -80,12 +80,13 @@ def check_writable(path: str) -> None:
         raise SetupError(f"output folder {path!r} is not writable: {e}") from e
 
 
-def load_tasks(cfg: ml_collections.ConfigDict) -> list:
-    """The configured tasks to train on (``ace_jax.env.tasks.load_tasks`` of ``cfg.tasks``);
-    SetupError if unusable (an unknown id, a missing data_dir, a task without a baseline)."""
+def load_tasks(cfg: ml_collections.ConfigDict, ids: Optional[Sequence[str]] = None) -> list:
+    """The configured tasks to train on (``ace_jax.env.tasks.load_tasks`` of ``cfg.tasks``), or
+    the tasks ``ids`` of the same source (the probe's held-out tasks); SetupError if unusable
+    (an unknown id, a missing data_dir, a task without a baseline)."""
     t = cfg.tasks
     try:
-        return tasks_lib.load_tasks(tuple(t.ids), source=t.source, cache_dir=t.cache_dir,
+        return tasks_lib.load_tasks(tuple(t.ids if ids is None else ids), source=t.source, cache_dir=t.cache_dir,
                                     data_dir=t.get("data_dir", ""), seed=t.seed, training=True)
     except tasks_lib.TaskLoadError as e:
         raise SetupError(str(e)) from e

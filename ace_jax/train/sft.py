@@ -37,6 +37,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from ace_jax import config_utils
 from ace_jax.curriculum.buffer import State, StepSummary
 from ace_jax.env import agent
 from ace_jax.rl import learner
@@ -71,7 +72,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Batch widths (tokens): each example is padded to the smallest bucket that holds it, so at most
     # len(buckets) shapes are compiled; longer examples are dropped (never truncated).
     c.buckets = (448, 768)       # local sizes: drafts <= ~430 tokens, improve / debug <= ~780
-    c.seed = 0                   # batch order (and the synthetic debug examples' choices)
+    c.seed = 0                   # batch order, synthetic examples (a run's config: -1 = its seed)
     return c
 
 
@@ -175,7 +176,7 @@ def build_sft_examples(tasks: Sequence[Any], cfg: Optional[ml_collections.Config
         raise SFTError(f"unknown sft.kinds {sorted(unknown)}; expected a subset of {EXAMPLE_KINDS}")
     pairs = seed_corpus.improvement_pairs(seed=seed_corpus_seed)
     weak_scores = _measured_weak_scores(seed_corpus_seed)
-    rng = random.Random(cfg.seed)
+    rng = random.Random(config_utils.section_seed(cfg.seed, "sft.seed"))
     out: list[SFTExample] = []
     for task in tasks:
         scripts = seed_corpus.list_scripts(task.task_id)
@@ -388,7 +389,7 @@ def train_sft(model: nnx.Module, tokenizer, examples: Sequence[Any],
     if len(tokenizer) > vocab:
         raise SFTError(f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}")
     pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    rng = np.random.default_rng(cfg.seed)
+    rng = np.random.default_rng(config_utils.section_seed(cfg.seed, "sft.seed"))
 
     graphdef, params = nnx.split(model, nnx.Param)
     params = jax.tree.map(jnp.copy, params)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -55,7 +56,8 @@ from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner as learner_lib
 from ace_jax.runtime import (checkpoint as ckpt_lib, engine, generate, multihost,
                              placement as placement_lib, sampler_layout)
-from ace_jax.train import config as train_config, environment, metrics as metrics_lib, setup
+from ace_jax.train import (config as train_config, environment, metrics as metrics_lib,
+                           probe as probe_lib, setup)
 from ace_jax.train.rollouts import Rollout, StepRollouts
 from ace_jax.train.setup import (SetupError, check_writable, load_evaluation_seeds,
                                  load_tasks)
@@ -82,6 +84,7 @@ class Trainer:
 
     def __init__(self, cfg: ml_collections.ConfigDict, *, progress: bool = True,
                  env: Optional[environment.Environment] = None):
+        cfg = train_config.resolve_seeds(cfg)   # lp.seed / sft.seed = -1: the run's seed
         self.cfg = cfg
         self.env = env if env is not None else environment.CodeAgentEnv()
         self.workdir = cfg.workdir
@@ -95,6 +98,14 @@ class Trainer:
         self.task_by_id = {t.task_id: t for t in self.tasks}
         self.targets = {t.task_id: rewards.task_targets(t) for t in self.tasks}
         self.evaluation_seeds = load_evaluation_seeds(cfg.rl.seed_solutions, self.task_by_id)
+        if cfg.probe.every and not isinstance(self.env, environment.CodeAgentEnv):
+            raise SetupError(f"probe.every={cfg.probe.every}: the probe measures the code agent; "
+                             f"this run's environment is {type(self.env).__name__} (set "
+                             "probe.every=0)")
+        # the sampler-neutral measure (ace_jax.train.probe; None when probe.every is 0)
+        self.probe = probe_lib.Probe.from_config(
+            cfg, self.tasks, setup.load_tasks(cfg, cfg.probe.heldout_tasks)
+            if cfg.probe.every and cfg.probe.heldout_tasks else ())
         self.tokenizer = setup.load_tokenizer(
             cfg, self.workdir, self.tasks, lambda: self.env.tokenizer_texts(cfg, self.tasks))
         # one mesh over every process's devices, one Placement for every sharding
@@ -181,6 +192,9 @@ class Trainer:
         last: dict = {}
         while not self.done:
             last = self.step() or last
+        probed = self._probe()    # after the last update: a line of its own, step rl.num_steps
+        if probed:
+            self.metrics.write(cfg.rl.num_steps, probed)
         self._commit_saved()
         return {"steps": cfg.rl.num_steps, "minutes": (time.perf_counter() - t_start) / 60,
                 "warm_start": warm, "last": last}
@@ -207,12 +221,14 @@ class Trainer:
         metrics = None
         if len(self.in_flight) > k or (self.in_flight and self.next_step >= self.cfg.rl.num_steps):
             done = self.in_flight.popleft()     # the oldest: generated at most k updates ago
+            probed = self._probe()              # the parameters before this update, when due
             wait_s = self._wait_results(done)
             self._reward(done)                                           # 5. reward
             learn, learn_s = self._learn(done)                           # 6. learn
             self._grow_buffer(done)                                      # 7. grow the buffer
             self._log_rollouts(done)
             metrics = self._step_metrics(done, learn, wait_s, learn_s)
+            metrics.update(probed)
             metrics["perf/step_seconds"] = time.perf_counter() - t0
             metrics["perf/compile_seconds"] = self.compile_clock.total - c0
             self.metrics.write(done.step, metrics)
@@ -240,15 +256,21 @@ class Trainer:
             prompts.append(ids[-limit:] if len(ids) > limit else ids)
         return prompts, cut
 
+    def _sample(self, prompts: list[list[int]], key: jax.Array,
+                sampling: Optional[generate.SamplingConfig] = None) -> generate.GenerationResult:
+        """The generator's completions of ``prompts`` (``sampling``: the run's by default) as
+        host numpy arrays."""
+        out = self.generator.generate(prompts, key, sampling)
+        return generate.GenerationResult(   # the routing record is host numpy already (or None)
+            *(np.asarray(multihost.host_value(x)) for x in out[:5]), *out[5:])
+
     def _generate(self, step: int, states: Sequence[buffer_lib.State],
                   prompts: list[list[int]]) -> StepRollouts:
         """G completions per prompt with the current policy; the arrays come back to the host
         (numpy) and stay arrays up to the learner."""
         self.rng, key = jax.random.split(self.rng)
         t0 = time.perf_counter()
-        out = self.generator.generate(prompts, key)
-        gen = generate.GenerationResult(   # the routing record is host numpy already (or None)
-            *(np.asarray(multihost.host_value(x)) for x in out[:5]), *out[5:])
+        gen = self._sample(prompts, key)
         gen_s = time.perf_counter() - t0
         version = int(self.learner.state.step)
         rollouts = []
@@ -260,6 +282,28 @@ class Trainer:
                                            skip_special_tokens=False)))
         return StepRollouts(step, prompts, gen, rollouts, gen_seconds=gen_s,
                             gen_tokens=int(gen.lengths.sum()))
+
+    # ------------------------------------------------------------------ the probe
+
+    def _probe(self) -> dict[str, float]:
+        """The ``probe/*`` metrics of the current parameters when the probe is due after this
+        many learner updates (``ace_jax.train.probe``); {} otherwise. Every host runs it (the
+        generation is collective; each host executes every probe action)."""
+        updates = int(self.learner.state.step)
+        if self.probe is None or not self.probe.due(updates, self.cfg.rl.num_steps):
+            return {}
+        t0 = time.perf_counter()
+        limit = self.cfg.rl.max_prompt_tokens
+        m = self.probe.run(
+            lambda ps: self.tokenizer(agent.render_prompt(
+                ps.state, self.probe.tasks[ps.state.task_id], self.cfg.agent),
+                add_special_tokens=False)["input_ids"][-limit:],
+            lambda prompts, key, n: self._sample(
+                prompts, key, dataclasses.replace(self.sampling, group_size=n)),
+            self.pool, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+            max_code_chars=self.cfg.agent.max_code_chars, rewards_cfg=self.cfg.rewards)
+        return {**m, "probe/updates": float(updates),
+                "perf/probe_seconds": time.perf_counter() - t0}
 
     # ------------------------------------------------------------------ 5-7: learn on a step
 

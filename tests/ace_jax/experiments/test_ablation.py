@@ -37,23 +37,38 @@ def test_summary_table_first_and_last_windows(tmp_path):
     assert "| lp | k | 3.000 | 10.500 ± 3.500 | 2 |" in ablation.format_table([row])
 
 
-def test_a_finished_job_is_reused_only_with_the_same_settings(tmp_path, monkeypatch):
-    calls = []
+def test_a_finished_job_is_reused_only_with_the_same_resolved_config(tmp_path, monkeypatch):
+    """Reuse keys on the resolved config's contents (``--print_config``, run for real), not on
+    the config's path and overrides: an edit of the config file reruns the job."""
+    calls, real_run = [], ablation.subprocess.run
 
     class Done:
         returncode = 0
 
-    def fake_run(cmd, **kw):  # the subprocess itself is exercised by the notebook test
+    def fake_run(cmd, **kw):  # the training run itself is exercised by the notebook test
+        if "--print_config" in cmd:
+            return real_run(cmd, **kw)
         calls.append(cmd)
         return Done()
 
     monkeypatch.setattr(ablation.subprocess, "run", fake_run)
+    config = tmp_path / "cfg.py"
+    source = (ablation.REPO + "/configs/local.py")
+    config.write_text(open(source).read())
     workdir = str(tmp_path / "run")
-    first = ablation.run_job(workdir, {"rl.num_steps": 2})
-    again = ablation.run_job(workdir, {"rl.num_steps": 2})
-    other = ablation.run_job(workdir, {"rl.num_steps": 3})
+    first = ablation.run_job(workdir, {"rl.num_steps": 2}, config=str(config))
+    again = ablation.run_job(workdir, {"rl.num_steps": 2}, config=str(config))
+    other = ablation.run_job(workdir, {"rl.num_steps": 3}, config=str(config))
     assert not first.reused and again.reused and not other.reused
     assert len(calls) == 2
+    # the same path and overrides, other contents: not reused
+    config.write_text(open(source).read().replace("c.sft.steps = 200", "c.sft.steps = 199"))
+    edited = ablation.run_job(workdir, {"rl.num_steps": 3}, config=str(config))
+    assert not edited.reused and len(calls) == 3
+    # the seed drives the whole run: seed=0 written out or left to the default is one config
+    assert ablation.config_fingerprint(workdir, {"seed": 0}, str(config)) == \
+        ablation.config_fingerprint(workdir, {"seed": 0, "lp.seed": 0, "sft.seed": 0},
+                                    str(config))
 
 
 def test_gain_table_gives_each_seed_s_gain_and_its_t_interval(tmp_path):

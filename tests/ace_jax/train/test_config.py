@@ -11,7 +11,7 @@ from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner
 from ace_jax.runtime import checkpoint, engine, generate, sampler_layout, sharding
-from ace_jax.train import config as run_config, sft
+from ace_jax.train import config as run_config, probe, sft
 from sandbox import pool
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -23,7 +23,8 @@ OWNERS = {"model": run_config.model_config, "mesh": sharding.default_config,
           "buffer": buffer.default_config, "lp": learnability.default_config,
           "sandbox": pool.default_config, "agent": agent.default_config,
           "rewards": rewards.default_config, "sft": sft.default_config,
-          "tasks": run_config.tasks_config, "checkpoint": checkpoint.default_config}
+          "tasks": run_config.tasks_config, "checkpoint": checkpoint.default_config,
+          "probe": probe.default_config}
 
 
 def _load(name):
@@ -44,7 +45,24 @@ def test_default_config_is_every_owners_default():
     assert set(c.keys()) == {"name", "workdir", "seed", "compile_cache_dir", *run_config.SECTIONS}
     assert set(OWNERS) == set(run_config.SECTIONS)
     for name, owner in OWNERS.items():
-        assert c[name].to_dict() == owner().to_dict(), name
+        want = owner().to_dict()
+        for key in run_config.DERIVED_SEEDS:   # the run's seed drives them
+            section, field = key.split(".")
+            if section == name:
+                want[field] = config_utils.RUN_SEED
+        assert c[name].to_dict() == want, name
+
+
+def test_one_seed_drives_the_run():
+    c = run_config.default_config()
+    c.seed = 7
+    r = run_config.resolve_seeds(c)
+    assert (r.lp.seed, r.sft.seed, r.seed) == (7, 7, 7)
+    assert c.lp.seed == config_utils.RUN_SEED          # a copy: the input is unchanged
+    c.lp.seed = 3                                        # an explicit seed stays
+    assert (run_config.resolve_seeds(c).lp.seed, run_config.resolve_seeds(c).sft.seed) == (3, 7)
+    with pytest.raises(config_utils.ConfigError, match="lp.seed=-1.*resolve_seeds"):
+        learnability.Sampler.from_config(run_config.default_config().lp)
 
 
 def test_sampling_section_mirrors_sampling_config():
@@ -100,6 +118,7 @@ def test_smoke_is_local_with_the_launch_tests_overrides():
     want.sampling.max_new_tokens = 24
     want.sandbox.backend = "process"
     want.tasks.ids = ("iris-species", "wine-cultivar")
+    want.probe.every, want.probe.heldout_tasks = 2, ("linnerud-physiology",)
     assert config_utils.flat_dict(smoke) == config_utils.flat_dict(want)
     with pytest.raises(ValueError, match="smoke"):
         config_utils.load_config_file(str(REPO / "configs/local.py") + ":nope")

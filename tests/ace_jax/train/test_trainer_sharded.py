@@ -79,13 +79,17 @@ def _launch(workdir, mesh, devices, timeout=900):
 
 
 def _results(workdir) -> dict:
-    """What a run produced: per step its completions and rewards, and its learner metrics."""
+    """What a run produced: per step its completions and rewards, and its learner metrics; its
+    probes (the smoke config's, every 2 updates and after the last: a line of its own)."""
     rollouts = {}
     for p in sorted((pathlib.Path(workdir) / "rollouts").glob("*.jsonl")):
         rows = [json.loads(x) for x in p.read_text().splitlines()]
         rollouts[p.name] = [(r["state_id"], r["text"], r["status"], r["reward"]) for r in rows]
-    metrics = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-    return dict(rollouts=rollouts, metrics=metrics, buffer=_buffer_states(workdir))
+    lines = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    probes = [{k: v for k, v in m.items() if k.startswith("probe/")} for m in lines
+              if "probe/updates" in m]
+    return dict(rollouts=rollouts, metrics=[m for m in lines if "reward/mean" in m],
+                buffer=_buffer_states(workdir), probes=probes)
 
 
 def _buffer_states(workdir):
@@ -223,6 +227,7 @@ def _same_run(got: dict, ref: dict) -> None:
         np.testing.assert_allclose([r[3] for r in ours], [r[3] for r in rows], rtol=1e-6,
                                    atol=1e-9, err_msg=name)
     assert got["buffer"] == ref["buffer"]
+    assert got["probes"] == ref["probes"] and len(got["probes"]) >= 2
     assert [m["step"] for m in got["metrics"]] == [m["step"] for m in ref["metrics"]]
     for ours, theirs in zip(got["metrics"], ref["metrics"]):
         for key in ("grpo/loss", "grpo/grad_norm", "grpo/entropy", "reward/mean"):

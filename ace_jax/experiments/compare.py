@@ -1,0 +1,198 @@
+"""A comparison of settings ("arms") over whole-run seeds, with its raw data kept in the repo.
+
+    python -m ace_jax.experiments.compare --name offpolicy_k1 --seeds 0,1,2,3,4 --steps 40 \
+        --arm behaviour:grpo.proximal=behaviour --arm learner:grpo.proximal=learner
+
+    <root>/warm<k>/          seed k's warm start: the config with seed=k, rl.num_steps=0
+    <root>/<arm>/seed<k>/    one RL run per (arm, seed) from warm<k> (model.init_from_run), seed=k
+    results/<name>/metrics.csv.gz   every run's per-step metrics (``KEEP`` keys): arm, seed, step, ...
+    results/<name>/runs.json        the command, commit, config and each run's config fingerprint
+
+``seed`` drives the whole run (``train.config.resolve_seeds``): SFT order and examples, initial
+weights, generation, sampler and the probe. The arms of one seed share its warm start, so a
+difference between arms is paired by seed. Each run is ``ablation.run_job``: running the command
+again reuses finished runs (keyed on their resolved config) and resumes an interrupted one, so a
+comparison too long for one sitting is finished by running it again; ``--export_only`` writes the
+raw data of the runs finished so far (``complete`` in runs.json says whether all are).
+
+Tables and figures are made from the raw data alone: ``python -m ace_jax.experiments.tables``.
+A confirmatory comparison's ``results/<name>/plan.md`` is committed before its data.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Mapping, Sequence
+
+from ace_jax.experiments import ablation
+from ace_jax.train import metrics as metrics_lib
+
+# The per-step metrics kept in the raw data (those present in a line; empty cells otherwise).
+KEEP = ("probe/updates", "probe/valid_rate", "probe/score", "probe/humanrank",
+        "probe/valid_rate_train", "probe/score_train", "probe/humanrank_train",
+        "probe/valid_rate_heldout", "probe/score_heldout", "probe/humanrank_heldout",
+        "rollout/valid_rate", "score/dev_norm_all", "reward/mean", "grpo/zero_var_frac",
+        "rollout/root_frac", "rollout/completion_tokens_mean",
+        "offpolicy/clip_frac", "offpolicy/behaviour_weight_mean",
+        "offpolicy/behaviour_weight_max", "offpolicy/masked_frac", "offpolicy/mismatch_k3",
+        "offpolicy/staleness", "grpo/clip_frac_low", "grpo/clip_frac_high", "grpo/entropy",
+        "perf/step_seconds", "perf/compile_seconds", "perf/probe_seconds")
+COLUMNS = ("arm", "seed", "step", *KEEP)
+
+
+def parse_arm(spec: str) -> tuple[str, dict[str, str]]:
+    """``name:key=value,key=value`` -> (name, overrides); ``name:`` = the config as is."""
+    name, _, rest = spec.partition(":")
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"--arm {spec!r}: expected name:key=value[,key=value]")
+    overrides = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--arm {spec!r}: {item!r} is not key=value")
+        overrides[key.strip()] = value.strip()
+    return name, overrides
+
+
+def run(root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int], steps: int, *,
+        overrides: Mapping[str, Any] = (), config: str = "configs/local.py",
+        progress: bool = True) -> dict[str, dict[int, ablation.RunResult]]:
+    """Per seed (in order): its warm start, then every arm from it. Returns arm -> seed ->
+    result (a seed whose warm start failed has no runs)."""
+    out: dict[str, dict[int, ablation.RunResult]] = {a: {} for a in arms}
+    for seed in seeds:
+        base = {**dict(overrides), "seed": seed}
+        warm = ablation.run_jobs([(f"warm{seed}", os.path.join(root, f"warm{seed}"),
+                                   {**base, "rl.num_steps": 0})], desc=f"seed {seed} warm start",
+                                 progress=progress, config=config)[0]
+        if warm.error:
+            print(f"FAILED warm start of seed {seed}: {warm.error}", file=sys.stderr)
+            continue
+        jobs = [(f"{a}/seed{seed}", os.path.join(root, a, f"seed{seed}"),
+                 {**base, **dict(o), "rl.num_steps": steps,
+                  "model.init_from_run": warm.workdir}) for a, o in arms.items()]
+        for (a, _), res in zip(arms.items(), ablation.run_jobs(
+                jobs, desc=f"seed {seed}", progress=progress, config=config)):
+            if res.error:
+                print(f"FAILED {res.workdir}: {res.error}", file=sys.stderr)
+            out[a][seed] = res
+    return out
+
+
+def rows_of(path: str, arm: str, seed: int) -> list[dict[str, Any]]:
+    """The ``COLUMNS`` rows of one run's metrics file (one per metrics line, in step order)."""
+    rows = []
+    for rec in sorted(metrics_lib.read_metrics(path), key=lambda r: r["step"]):
+        rows.append({"arm": arm, "seed": seed, "step": int(rec["step"]),
+                     **{k: rec[k] for k in KEEP if k in rec}})
+    return rows
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """``rows`` as a gzipped CSV of ``COLUMNS`` (floats with repr precision; absent = empty),
+    written byte-for-byte the same for the same rows (no gzip timestamp or file name)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: (repr(float(r[c])) if c in KEEP and r.get(c) is not None else r.get(c, ""))
+                    for c in COLUMNS})
+    with open(path, "wb") as f, gzip.GzipFile(filename="", fileobj=f, mode="wb", mtime=0) as z:
+        z.write(buf.getvalue().encode())
+
+
+def read_csv(path: str) -> list[dict[str, Any]]:
+    """The rows of a ``write_csv`` file: arm (str), seed and step (int), metrics (float; a key
+    absent from a row is left out of it)."""
+    with gzip.open(path, "rt") as f:
+        out = []
+        for r in csv.DictReader(f):
+            row: dict[str, Any] = {"arm": r["arm"], "seed": int(r["seed"]),
+                                   "step": int(r["step"])}
+            row.update({k: float(v) for k, v in r.items() if k in KEEP and v != ""})
+            out.append(row)
+    return out
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ablation.REPO, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def export(out_dir: str, root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
+           *, command: str, config: str, overrides: Mapping[str, Any] = ()) -> dict:
+    """Writes ``metrics.csv.gz`` and ``runs.json`` of the finished runs under ``root`` to
+    ``out_dir``; returns the runs.json content."""
+    os.makedirs(out_dir, exist_ok=True)
+    rows, runs = [], []
+    for arm in arms:
+        for seed in seeds:
+            workdir = os.path.join(root, arm, f"seed{seed}")
+            marker = os.path.join(workdir, ablation.DONE_MARKER)
+            if not os.path.exists(marker):
+                continue
+            with open(marker) as f:
+                job = json.load(f)
+            rows += rows_of(os.path.join(workdir, "metrics.jsonl"), arm, seed)
+            runs.append({"arm": arm, "seed": seed, "fingerprint": job["fingerprint"]})
+    write_csv(rows, os.path.join(out_dir, "metrics.csv.gz"))
+    info = {"command": command, "commit": _commit(), "config": config,
+            "overrides": {k: str(v) for k, v in dict(overrides).items()},
+            "arms": {a: {k: str(v) for k, v in o.items()} for a, o in arms.items()},
+            "seeds": list(seeds), "runs": runs,
+            "complete": len(runs) == len(arms) * len(seeds)}
+    with open(os.path.join(out_dir, "runs.json"), "w") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")
+    return info
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--name", required=True, help="the experiment: results/<name>/")
+    p.add_argument("--root", default="", help="run folders (default runs/<name>)")
+    p.add_argument("--arm", action="append", required=True,
+                   help="name:key=value[,key=value] (repeat for each arm)")
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--config", default="configs/local.py")
+    p.add_argument("--results", default="results", help="where results/<name>/ goes")
+    p.add_argument("--export_only", action="store_true",
+                   help="write the raw data of the finished runs, start none")
+    args, extra = p.parse_known_args(argv)
+    overrides = {}
+    for item in extra:
+        if not item.startswith("--config.") or "=" not in item:
+            p.error(f"unrecognised argument {item!r} (overrides are --config.key=value)")
+        key, value = item[len("--config."):].split("=", 1)
+        overrides[key] = value
+    try:
+        arms = dict(parse_arm(a) for a in args.arm)
+    except ValueError as e:
+        p.error(str(e))
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    root = args.root or os.path.join("runs", args.name)
+    failed = False
+    if not args.export_only:
+        results = run(root, arms, seeds, args.steps, overrides=overrides, config=args.config)
+        failed = any(r.error for per in results.values() for r in per.values())
+    command = "python -m ace_jax.experiments.compare " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    info = export(os.path.join(args.results, args.name), root, arms, seeds, command=command,
+                  config=args.config, overrides={**overrides, "rl.num_steps": args.steps})
+    print(f"{len(info['runs'])} of {len(arms) * len(seeds)} runs in "
+          f"{os.path.join(args.results, args.name)} (complete: {info['complete']})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Every results table of the docs, regenerated from the raw data under ``results/``.
+
+    python -m ace_jax.experiments.tables            # rewrite the tables in the docs
+    python -m ace_jax.experiments.tables --check    # exit 1 when a doc's table differs
+
+A table is a registered function (``TABLES``) of the results folder that returns markdown. In a
+document it sits between two markers, and only the text between them is generated::
+
+    <!-- table:routing_replay -->
+    ...
+    <!-- /table:routing_replay -->
+
+``--check`` (run by CI) recomputes each marked table from the committed raw data and fails when
+one differs from the document, or names a table no function makes, so a number in the docs
+cannot drift from the data it came from. Figures (``--figures``) are written next to the docs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ace_jax.experiments import ablation, compare
+from ace_jax.registry import Registry, UnknownNameError
+
+REPO = ablation.REPO
+DOCS = ("README.md", "docs/results.md", "docs/offpolicy.md")
+TABLES: Registry[Callable[[str], str]] = Registry("results table")
+MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
+CONFIDENCE = 0.95
+
+
+class TableError(RuntimeError):
+    """A document names a table no function makes, or a table's raw data is missing."""
+
+
+def _interval(values: Sequence[float], digits: int = 3) -> str:
+    """"mean [low, high]" (95% Student-t); said so when there are too few values."""
+    if not len(values):
+        return "n/a (no runs)"
+    mean, low, high = ablation.mean_interval(values, CONFIDENCE)
+    if not np.isfinite(low):
+        return f"{mean:+.{digits}f} (n = {len(values)}: no interval)"
+    return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+# ------------------------------------------------------------------------ routing replay
+
+@TABLES.register("routing_replay")
+def routing_replay(results: str) -> str:
+    """Per seed: bf16 route mismatch and sampler-learner k3 without / with R3, fp32 k3."""
+    path = os.path.join(results, "routing_replay", "local_bf16.jsonl")
+    rows = [json.loads(x) for x in open(path).read().splitlines() if x.strip()]
+    by = {(r["seed"], r["dtype"]): r for r in rows if "seed" in r}
+    seeds = sorted({s for s, _ in by})
+    out = ["| seed | bf16 routes differing (none) | bf16 k3 (none) | bf16 k3 (R3) | "
+           "k3 none / R3 | fp32 k3 (none) |", "|---|---|---|---|---|---|"]
+    for s in seeds:
+        b, f = by[(s, "bfloat16")], by[(s, "float32")]
+        out.append(f"| {s} | {100 * b['none']['routing_mismatch_frac']:.2f}% | "
+                   f"{b['none']['mismatch_k3']:.2e} | {b['R3']['mismatch_k3']:.2e} | "
+                   f"{b['none']['mismatch_k3'] / b['R3']['mismatch_k3']:.1f}x | "
+                   f"{f['none']['mismatch_k3']:.1e} |")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------ compare experiments
+
+def probe_gains(rows: Sequence[dict], key: str) -> dict[tuple[str, int], float]:
+    """(arm, seed) -> ``key`` at the last probe minus at the first (updates 0)."""
+    out = {}
+    for arm, seed in sorted({(r["arm"], r["seed"]) for r in rows}):
+        probes = sorted((r["probe/updates"], r[key]) for r in rows
+                        if r["arm"] == arm and r["seed"] == seed and key in r
+                        and "probe/updates" in r)
+        if len(probes) >= 2 and probes[0][0] == 0:
+            out[(arm, seed)] = probes[-1][1] - probes[0][1]
+    return out
+
+
+def compare_table(results: str, name: str, a: str, b: str,
+                  keys: Sequence[str] = ("probe/score", "probe/valid_rate", "probe/humanrank",
+                                         "probe/score_heldout", "probe/valid_rate_heldout")
+                  ) -> str:
+    """Per probe key: each arm's gain (last probe - first) over its seeds and the paired
+    difference ``b - a`` by seed, with 95% Student-t intervals; a row of run counts first."""
+    folder = os.path.join(results, name)
+    info = json.load(open(os.path.join(folder, "runs.json")))
+    rows = compare.read_csv(os.path.join(folder, "metrics.csv.gz"))
+    done = {(r["arm"], r["seed"]) for r in info["runs"]}
+    paired = [s for s in info["seeds"] if (a, s) in done and (b, s) in done]
+    head = (f"{len(done)} of {len(info['arms']) * len(info['seeds'])} runs finished; seeds "
+            f"paired: {', '.join(map(str, paired)) or 'none'}"
+            + ("" if info["complete"] else " (incomplete: no conclusion is drawn)") + ".\n\n")
+    out = [f"| probe key | gain {a} | gain {b} | {b} - {a} (paired) |", "|---|---|---|---|"]
+    for key in keys:
+        g = probe_gains(rows, key)
+        cells = [_interval([g[(arm, s)] for s in paired if (arm, s) in g]) for arm in (a, b)]
+        diff = [g[(b, s)] - g[(a, s)] for s in paired if (a, s) in g and (b, s) in g]
+        out.append(f"| {key} | {cells[0]} | {cells[1]} | {_interval(diff)} |")
+    return head + "\n".join(out)
+
+
+@TABLES.register("offpolicy_k1")
+def offpolicy_k1(results: str) -> str:
+    """``results/offpolicy_k1``: behaviour vs learner (decoupled) at k = 1, on the probe."""
+    return compare_table(results, "offpolicy_k1", "behaviour", "learner")
+
+
+# ------------------------------------------------------------------------ documents
+
+def render(text: str, results: str) -> tuple[str, list[str]]:
+    """``text`` with every marked table regenerated; and the names of those that changed."""
+    changed = []
+
+    def sub(m: re.Match) -> str:
+        name = m.group(2)
+        try:
+            body = TABLES.get(name)(results).rstrip("\n") + "\n"
+        except UnknownNameError as e:
+            raise TableError(f"a document marks a table no function makes: {e}") from None
+        except FileNotFoundError as e:
+            raise TableError(f"table {name!r}: its raw data is missing ({e})") from None
+        if body != m.group(3):
+            changed.append(name)
+        return m.group(1) + body + m.group(4)
+
+    return MARKER.sub(sub, text), changed
+
+
+def run(docs: Sequence[str] = DOCS, *, results: str = "results", root: str = REPO,
+        check: bool = False) -> list[str]:
+    """Regenerates (or with ``check`` compares) the tables of ``docs``; returns
+    "doc: table" for every table that differed."""
+    differ = []
+    for doc in docs:
+        path = os.path.join(root, doc)
+        if not os.path.exists(path):
+            continue
+        text = open(path).read()
+        new, changed = render(text, os.path.join(root, results))
+        differ += [f"{doc}: {name}" for name in changed]
+        if changed and not check:
+            with open(path, "w") as f:
+                f.write(new)
+    return differ
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--check", action="store_true",
+                   help="compare, write nothing; exit 1 when a table differs from its data")
+    p.add_argument("--results", default="results")
+    p.add_argument("--root", default=REPO, help="the checkout whose docs and results are used")
+    args = p.parse_args(argv)
+    try:
+        differ = run(results=args.results, root=args.root, check=args.check)
+    except TableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for d in differ:
+        print(("differs from its raw data: " if args.check else "regenerated: ") + d)
+    if args.check and differ:
+        print("run `python -m ace_jax.experiments.tables` and commit the docs", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Results tables from raw data: the repo's docs agree with their data, a changed raw value is
+caught, a known input gives a known table; the raw-data format round-trips."""
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+from ace_jax.experiments import ablation, compare, tables
+
+
+def test_the_docs_agree_with_the_committed_raw_data():
+    assert tables.main(["--check"]) == 0
+
+
+def _copy_repo(tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(tables.REPO + "/results", root / "results")
+    for doc in tables.DOCS:
+        src = pathlib.Path(tables.REPO) / doc
+        (root / doc).parent.mkdir(parents=True, exist_ok=True)
+        if src.exists():
+            shutil.copy(src, root / doc)
+    return root
+
+
+def test_one_changed_raw_value_fails_the_check(tmp_path, capsys):
+    root = _copy_repo(tmp_path)
+    assert tables.main(["--check", "--root", str(root)]) == 0
+    raw = root / "results/routing_replay/local_bf16.jsonl"
+    lines = raw.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["R3"]["mismatch_k3"] *= 1.5
+    raw.write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    assert tables.main(["--check", "--root", str(root)]) == 1
+    assert "docs/offpolicy.md: routing_replay" in capsys.readouterr().out
+    # regenerating rewrites the doc, after which it checks again
+    assert tables.main(["--root", str(root)]) == 0
+    assert tables.main(["--check", "--root", str(root)]) == 0
+
+
+def test_a_marker_without_a_table_is_an_error(tmp_path):
+    root = _copy_repo(tmp_path)
+    doc = root / "docs/offpolicy.md"
+    doc.write_text(doc.read_text() + "\n<!-- table:nope -->\n<!-- /table:nope -->\n")
+    assert tables.main(["--check", "--root", str(root)]) == 2
+
+
+def _experiment(tmp_path, gains):
+    """results/offpolicy_k1 with probe/score rising by gains[arm][seed] from 0.1 at update 0."""
+    folder = tmp_path / "results" / "offpolicy_k1"
+    folder.mkdir(parents=True)
+    rows = []
+    for arm, per_seed in gains.items():
+        for seed, g in enumerate(per_seed):
+            rows += [{"arm": arm, "seed": seed, "step": 0, "probe/updates": 0.0,
+                      "probe/score": 0.1, "rollout/valid_rate": 0.5},
+                     {"arm": arm, "seed": seed, "step": 1, "rollout/valid_rate": 0.5},
+                     {"arm": arm, "seed": seed, "step": 2, "probe/updates": 2.0,
+                      "probe/score": 0.1 + g}]
+    compare.write_csv(rows, str(folder / "metrics.csv.gz"))
+    seeds = list(range(len(next(iter(gains.values())))))
+    (folder / "runs.json").write_text(json.dumps({
+        "arms": {a: {} for a in gains}, "seeds": seeds, "complete": True,
+        "runs": [{"arm": a, "seed": s} for a in gains for s in seeds]}))
+    return tmp_path / "results"
+
+
+def test_a_known_input_gives_a_known_table(tmp_path):
+    results = _experiment(tmp_path, {"behaviour": [0.1, 0.2, 0.3], "learner": [0.2, 0.2, 0.5]})
+    text = tables.offpolicy_k1(str(results))
+    assert text.startswith("6 of 6 runs finished; seeds paired: 0, 1, 2.")
+    row = next(x for x in text.splitlines() if x.startswith("| probe/score |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for cell, values in zip(cells[1:], ([0.1, 0.2, 0.3], [0.2, 0.2, 0.5], [0.1, 0.0, 0.2])):
+        mean, low, high = ablation.mean_interval(values)
+        assert cell == f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+    half = 4.302652729911275 * np.std([0.1, 0.0, 0.2], ddof=1) / np.sqrt(3)
+    assert cells[3] == f"+0.100 [{0.1 - half:+.3f}, {0.1 + half:+.3f}]"
+    # keys no run has: no values, said so
+    assert "| probe/humanrank | n/a (no runs) | n/a (no runs) | n/a (no runs) |" in text
+
+
+def test_gains_need_the_warm_start_probe(tmp_path):
+    rows = [{"arm": "a", "seed": 0, "step": 3, "probe/updates": 3.0, "probe/score": 0.5},
+            {"arm": "a", "seed": 0, "step": 6, "probe/updates": 6.0, "probe/score": 0.9}]
+    assert tables.probe_gains(rows, "probe/score") == {}
+    rows.insert(0, {"arm": "a", "seed": 0, "step": 0, "probe/updates": 0.0, "probe/score": 0.2})
+    assert tables.probe_gains(rows, "probe/score") == {("a", 0): pytest.approx(0.7)}
+
+
+def test_raw_data_round_trips_byte_for_byte(tmp_path):
+    rows = [{"arm": "x", "seed": 1, "step": 0, "probe/score": 0.1 + 0.2, "reward/mean": -1.0},
+            {"arm": "x", "seed": 1, "step": 1, "reward/mean": 0.25}]
+    a, b = str(tmp_path / "a.csv.gz"), str(tmp_path / "b.csv.gz")
+    compare.write_csv(rows, a)
+    compare.write_csv(compare.read_csv(a), b)
+    assert compare.read_csv(a) == rows
+    assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_arms_parse_and_refuse_nonsense():
+    assert compare.parse_arm("learner:grpo.proximal=learner,grpo.tis_cap=3") == (
+        "learner", {"grpo.proximal": "learner", "grpo.tis_cap": "3"})
+    assert compare.parse_arm("base:") == ("base", {})
+    for bad in ("", ":a=1", "x:a", "a b:c=1"):
+        with pytest.raises(ValueError):
+            compare.parse_arm(bad)
+
+
+def test_export_keeps_finished_runs_and_says_if_complete(tmp_path):
+    root = tmp_path / "runs"
+    run = root / "a" / "seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "time": 1.0, "probe/updates": 0, "probe/score": 0.25,
+                    "not/kept": 3}) + "\n")
+    (run / ablation.DONE_MARKER).write_text(json.dumps({"fingerprint": "f0"}))
+    info = compare.export(str(tmp_path / "out"), str(root), {"a": {}, "b": {"x": 1}}, [0],
+                          command="cmd", config="configs/local.py")
+    assert info["runs"] == [{"arm": "a", "seed": 0, "fingerprint": "f0"}]
+    assert not info["complete"] and info["arms"] == {"a": {}, "b": {"x": "1"}}
+    assert compare.read_csv(str(tmp_path / "out/metrics.csv.gz")) == [
+        {"arm": "a", "seed": 0, "step": 0, "probe/updates": 0.0, "probe/score": 0.25}]
