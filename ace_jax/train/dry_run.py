@@ -229,7 +229,8 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
 
     # ---- per-device memory (exact from the shardings, activations estimated) and time
     mem = analytic.memory_plan(mc, shp, mesh, place, params, psh, opt, osh, batch, total=total,
-                               target=str(target), optim=config.optim)
+                               target=str(target), optim=config.optim,
+                               routing_replay=config.grpo.routing_replay)
     cdt, pdt = mc.dtype, mc.param_dtype
     L, H, V = mc.num_hidden_layers, mc.hidden_size, mc.vocab_size
     params_b, opt_b = mem["params_bytes"], mem["opt_bytes"]

@@ -151,13 +151,14 @@ def decode_seconds(*, steps: int, rows: int, context_start: int, weight_bytes: f
 
 def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place, params: nnx.State,
                 psh: nnx.State, opt: Any, osh: Any, batch: Any, *, total: int, target: str,
-                optim: ml_collections.ConfigDict) -> dict:
+                optim: ml_collections.ConfigDict, routing_replay: str = "none") -> dict:
     """Per-device memory of the learner step and of generation.
 
     Args: the policy's config, the run's shapes (``dry_run._shapes``), the mesh and the trainer's
     ``Placement``, the abstract params and optimizer state with their shardings, the abstract
     ``TrainBatch`` (carrying its shardings), the total parameter count, the platform the model
-    is lowered for and the ``optim`` section.
+    is lowered for, the ``optim`` section and ``grpo.routing_replay`` (the MoE routing record,
+    uint8 ``[rows, T, L_moe, k]``, is counted with R3 and shown at 0 bytes otherwise).
 
     Returns a dict: ``train`` and ``generate`` (lists of ``(name, bytes, note)``), their totals
     ``train_total`` and ``generate_total``, ``params_bytes``, ``opt_bytes`` (per device),
@@ -231,6 +232,14 @@ def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place,
          "sorted token copies + SwiGLU intermediates"),
         ("logits", logits, logits_note),
     ]
+    if mc.is_moe:   # the sampler's routing record in the TrainBatch (grpo.routing_replay)
+        per_tok = mc.num_moe_layers * mc.num_experts_per_tok          # uint8 ids
+        rec = math.ceil(n / _batch_shards(mesh, rules, n)) * t * per_tok
+        train_items.append((
+            "MoE routing record (R3)", rec if routing_replay == "R3" else 0,
+            f"uint8 [rows, T, {mc.num_moe_layers} MoE layers, top-{mc.num_experts_per_tok}]: "
+            f"{per_tok} B/token, {rec / 1e6:.1f} MB/device"
+            + ("" if routing_replay == "R3" else " with grpo.routing_replay=R3 (off: 0)")))
 
     # ---- generation memory (per device)
     kv_axes = placement_lib.KV_CACHE_AXES["standard"][0]

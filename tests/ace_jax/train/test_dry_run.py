@@ -68,6 +68,10 @@ def test_reduced_config_memory_matches_hand_computation():
     # KV cache: [L, 32 rows, 80 slots, NKV, D] bf16 for K and V, rows split 8 ways.
     gen = {i["name"]: i["bytes"] for i in report["memory"]["generate"]}
     assert gen["KV cache, 32 rows x 80 slots"] == 2 * L * (32 // 8) * t * NKV * D * 2
+    # the MoE routing record: uint8 [rows, T, L, K], in the total only with routing replay R3
+    record = next(i for i in report["memory"]["train"] if i["name"] == "MoE routing record (R3)")
+    assert record["bytes"] == 0
+    assert f"{L * K} B/token, {rows * t * L * K / 1e6:.1f} MB/device" in record["note"]
     assert report["shapes"]["rows_per_device_microbatch"] == 1
     assert report["mesh"]["shape"] == dict(data=1, fsdp=4, tensor=1, expert=2)
     assert report["mesh"]["abstract"] is True
