@@ -33,6 +33,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 
+from ace_jax.runtime import storage
+
 Conversation = Sequence[Mapping[str, Any]]
 
 
@@ -262,22 +264,26 @@ class RunFiles:
 
 
 def read_run_config(workdir: Union[str, os.PathLike]) -> dict:
-    """``<workdir>/config.json`` of a training run as a dict.
+    """``<workdir>/config.json`` of a training run (local or gs://) as a dict.
 
     Raises:
       PolicyError: no such directory, no / unreadable config.json, or one without a ``model``
         section (not a training run's config).
     """
     workdir = os.fspath(workdir)
-    cfg_path = os.path.join(workdir, "config.json")
-    if not os.path.isdir(workdir):
+    cfg_path = storage.join(workdir, "config.json")
+    if not storage.is_url(workdir) and not os.path.isdir(workdir):
         raise PolicyError(f"run directory {workdir!r} does not exist")
-    if not os.path.isfile(cfg_path):
-        raise PolicyError(f"{workdir!r} is not a training run directory: no config.json")
     try:
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
+        text = storage.read_text(cfg_path)
+    except FileNotFoundError:
+        raise PolicyError(f"{workdir!r} is not a training run directory: no config.json") \
+            from None
+    except OSError as e:
+        raise PolicyError(f"{cfg_path} is unreadable: {e}") from e
+    try:
+        cfg = json.loads(text)
+    except ValueError as e:
         raise PolicyError(f"{cfg_path} is unreadable: {e}") from e
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
         raise PolicyError(f"{cfg_path} has no 'model' section: not a training run config")
@@ -285,11 +291,12 @@ def read_run_config(workdir: Union[str, os.PathLike]) -> dict:
 
 
 def resolve_run(workdir: str) -> RunFiles:
-    """Finds the config, tokenizer and checkpoint directory of a run, as the trainer chose them.
+    """Finds the config, tokenizer and checkpoint directory of a run (local or gs://), as the
+    trainer chose them.
 
-    The tokenizer is, in the trainer's order: ``model.tokenizer_path`` (a ``gs://`` one is read
-    from the local copy ``<workdir>/tokenizer_cache`` the trainer made), else
-    ``<model.init_from_run>/tokenizer``, else ``<workdir>/tokenizer``.
+    The tokenizer is, in the trainer's order: ``model.tokenizer_path``, else
+    ``<model.init_from_run>/tokenizer``, else ``<workdir>/tokenizer``; a gs:// one is read from
+    its local copy (``runtime.storage.local_copy``).
 
     Raises:
       PolicyError: no such directory, no / unreadable config.json, no tokenizer.
@@ -297,18 +304,15 @@ def resolve_run(workdir: str) -> RunFiles:
     workdir = os.fspath(workdir)
     cfg = read_run_config(workdir)
     model = cfg["model"]
-    tok_path = model.get("tokenizer_path") or ""
-    if tok_path and "://" in tok_path:
-        tok_path = os.path.join(workdir, "tokenizer_cache")
-    elif not tok_path and model.get("init_from_run"):
-        tok_path = os.path.join(model["init_from_run"], "tokenizer")
-    elif not tok_path:
-        tok_path = os.path.join(workdir, "tokenizer")
-    if not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
+    tok_path = (model.get("tokenizer_path")
+                or (storage.join(model["init_from_run"], "tokenizer")
+                    if model.get("init_from_run") else storage.join(workdir, "tokenizer")))
+    if not storage.exists(storage.join(tok_path, "tokenizer.json")):
         raise PolicyError(f"no tokenizer at {tok_path!r} (run {workdir!r})")
     ckpt_dir = ((cfg.get("checkpoint") or {}).get("directory")
-                or os.path.join(workdir, "checkpoints"))
-    return RunFiles(workdir=workdir, config=cfg, tokenizer_dir=tok_path, checkpoint_dir=ckpt_dir)
+                or storage.join(workdir, "checkpoints"))
+    return RunFiles(workdir=workdir, config=cfg, tokenizer_dir=storage.local_copy(tok_path),
+                    checkpoint_dir=ckpt_dir)
 
 
 def _hf_model_config(hf_path: str, overrides: Mapping[str, Any]):

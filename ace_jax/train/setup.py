@@ -11,6 +11,7 @@ import logging
 import os
 import pathlib
 import socket
+import tempfile
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
@@ -19,7 +20,7 @@ from flax import nnx
 
 from ace_jax.curriculum import buffer as buffer_lib, seeds
 from ace_jax.env import tasks as tasks_lib
-from ace_jax.runtime import checkpoint as ckpt_lib, multihost
+from ace_jax.runtime import checkpoint as ckpt_lib, multihost, storage
 from ace_jax.train import sft
 from models import configs as model_configs, qwen3, tokenizer as tok_lib
 
@@ -125,29 +126,27 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str, tasks: Sequence
                    extra_texts=lambda: ()):
     """The run's tokenizer: ``model.tokenizer_path`` (local or gs://), else the one of
     ``model.init_from_run``, else a byte-level BPE trained (once, by process 0) on the tasks'
-    prompts, their seed scripts and ``extra_texts()`` into ``<workdir>/tokenizer``."""
+    prompts, their seed scripts and ``extra_texts()`` into ``<workdir>/tokenizer`` (local or
+    gs://). A gs:// tokenizer is read from a local copy (``runtime.storage.local_copy``)."""
     path = cfg.model.get("tokenizer_path", "") or ""
     init_run = cfg.model.get("init_from_run", "") or ""
     if not path and init_run:
-        path = os.path.join(init_run, "tokenizer")
+        path = storage.join(init_run, "tokenizer")
     if path:
-        if "://" in path:  # gs://...: copy the few small files next to the run
-            import fsspec
-
-            local = os.path.join(workdir, "tokenizer_cache")
-            fs, root = fsspec.core.url_to_fs(path)
-            fs.get(root.rstrip("/") + "/", local, recursive=True)
-            path = local
-        return tok_lib.load_tokenizer(path)
-    local = os.path.join(workdir, "tokenizer")
-    if jax.process_index() == 0 and not os.path.exists(os.path.join(local, "tokenizer.json")):
+        return tok_lib.load_tokenizer(storage.local_copy(path))
+    path = storage.join(workdir, "tokenizer")
+    if jax.process_index() == 0 and not storage.exists(storage.join(path, "tokenizer.json")):
         from sandbox import seed_corpus
 
         corpus = [s for t in tasks for s in seed_corpus.list_scripts(t.task_id)]
-        sft.build_tokenizer(tasks, corpus, cfg.sft.vocab_size, local, agent_cfg=cfg.agent,
-                            extra_texts=list(extra_texts()))
+        with tempfile.TemporaryDirectory() as tmp:
+            local = path if not storage.is_url(path) else tmp
+            sft.build_tokenizer(tasks, corpus, cfg.sft.vocab_size, local, agent_cfg=cfg.agent,
+                                extra_texts=list(extra_texts()))
+            if local != path:
+                storage.upload_dir(local, path)
     multihost.barrier("tokenizer")   # the others read what process 0 wrote
-    return tok_lib.load_tokenizer(local)
+    return tok_lib.load_tokenizer(storage.local_copy(path))
 
 
 def build_model(cfg: ml_collections.ConfigDict, tokenizer, placement):

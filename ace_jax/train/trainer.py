@@ -40,7 +40,6 @@ import dataclasses
 import json
 import logging
 import os
-import pathlib
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -55,7 +54,7 @@ from ace_jax import config_utils
 from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner as learner_lib
 from ace_jax.runtime import (checkpoint as ckpt_lib, engine, generate, multihost,
-                             placement as placement_lib, sampler_layout)
+                             placement as placement_lib, sampler_layout, storage)
 from ace_jax.train import (config as train_config, environment, metrics as metrics_lib,
                            probe as probe_lib, setup)
 from ace_jax.train.rollouts import Rollout, StepRollouts
@@ -359,13 +358,11 @@ class Trainer:
                                                              r.result.dev_score)
 
     def _log_rollouts(self, s: StepRollouts) -> None:
-        """Writes ``<workdir>/rollouts/<step>.jsonl``: every completion of the step with its
+        """Writes ``<workdir>/rollouts/<step>.jsonl`` (local or gs://): every completion of the step with its
         state, token counts (prompt, completion) and finish reason, parsed action, status, dev
         score and reward (rewritten identically on resume)."""
         if not self.is_writer:
             return
-        d = pathlib.Path(self.workdir) / "rollouts"
-        d.mkdir(exist_ok=True)
         g = s.gen
         rows = [json.dumps(dict(
             self._rollout_record(s.step, r),
@@ -373,9 +370,8 @@ class Trainer:
             completion_tokens=int(g.lengths[i]),
             finish_reason=generate.FinishReason(int(g.finish_reason[i])).name.lower()))
             for i, r in enumerate(s.rollouts)]
-        tmp = d / f"{s.step:06d}.jsonl.tmp"
-        tmp.write_text("\n".join(rows) + "\n")
-        os.replace(tmp, d / f"{s.step:06d}.jsonl")
+        storage.write_text(storage.join(self.workdir, "rollouts", f"{s.step:06d}.jsonl"),
+                           "\n".join(rows) + "\n")
 
     def _rollout_record(self, step: int, r: Rollout) -> dict:
         """One line of ``<workdir>/rollouts/<step>.jsonl`` (the environment adds its fields)."""
