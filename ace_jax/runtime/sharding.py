@@ -181,18 +181,44 @@ def is_multi_process_env(environ: Mapping[str, str] | None = None) -> bool:
     return int(env.get("SLURM_NTASKS", "1") or 1) > 1
 
 
+GOOGLE_PCI_VENDOR = "0x1ae0"   # the PCI vendor id of TPU chips (what libtpu looks for)
+
+
+def tpu_chips_present(pci_root: str = "/sys/bus/pci/devices") -> bool:
+    """Whether this machine has TPU chips on its PCI bus: a Cloud TPU VM (no backend is
+    touched, so it is safe before ``jax.distributed.initialize``)."""
+    try:
+        names = os.listdir(pci_root)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open(os.path.join(pci_root, name, "vendor")) as f:
+                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def maybe_initialize_distributed(cfg: ml_collections.ConfigDict, *,
                                  environ: Mapping[str, str] | None = None,
-                                 initialize: Callable[..., None] | None = None) -> bool:
+                                 initialize: Callable[..., None] | None = None,
+                                 on_tpu_vm: Callable[[], bool] = tpu_chips_present) -> bool:
     """Call `jax.distributed.initialize()` when this is a multi-process run; no-op on one host.
 
-    Must run before anything touches a JAX backend. `cfg.distributed`: "auto" initialises iff
-    `is_multi_process_env(environ)`, "always" / "never" force it. Already initialised -> no-op.
-    `initialize` replaces `jax.distributed.initialize` (tests). Returns whether it initialised."""
+    Must run before anything touches a JAX backend. `cfg.distributed`: "auto" initialises when
+    `is_multi_process_env(environ)` or on a Cloud TPU VM (`on_tpu_vm`: TPU chips on the PCI
+    bus). A TPU VM reached over ssh sets none of the multi-process variables; there,
+    `jax.distributed.initialize()` with no arguments is the documented way (it reads the slice's
+    workers from the TPU metadata; on a one-host slice it is one process). "always" / "never"
+    force it. Already initialised -> no-op. `initialize` replaces `jax.distributed.initialize`
+    (tests). Returns whether it initialised."""
     mode = cfg.distributed
     if mode not in ("auto", "always", "never"):
         raise MeshConfigError(f"mesh.distributed must be auto | always | never, got {mode!r}")
-    if mode == "never" or (mode == "auto" and not is_multi_process_env(environ)):
+    if mode == "never" or (mode == "auto" and not is_multi_process_env(environ)
+                           and not on_tpu_vm()):
         return False
     if jax.distributed.is_initialized():
         return False

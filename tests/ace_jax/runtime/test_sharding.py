@@ -75,13 +75,19 @@ def _restore_cpu_collectives():
 def test_maybe_initialize_distributed(_restore_cpu_collectives):
     calls = []
     cfg = sh.default_config()
-    assert not sh.maybe_initialize_distributed(cfg, environ={}, initialize=calls.append)
+    no_tpu = dict(on_tpu_vm=lambda: False)
+    assert not sh.maybe_initialize_distributed(cfg, environ={}, initialize=calls.append, **no_tpu)
     assert not sh.maybe_initialize_distributed(
-        cfg, environ={"TPU_WORKER_HOSTNAMES": "only-one"}, initialize=lambda **k: calls.append(k))
+        cfg, environ={"TPU_WORKER_HOSTNAMES": "only-one"}, initialize=lambda **k: calls.append(k),
+        **no_tpu)
     assert calls == []
     assert sh.maybe_initialize_distributed(
         cfg, environ={"TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3"},
-        initialize=lambda **k: calls.append(k))
+        initialize=lambda **k: calls.append(k), **no_tpu)
+    # a TPU VM reached over ssh: no variable says "multi-process", the chips do; no arguments
+    assert sh.maybe_initialize_distributed(cfg, environ={}, initialize=lambda **k: calls.append(k),
+                                           on_tpu_vm=lambda: True)
+    assert calls.pop() == {}
     cfg.distributed = "always"
     cfg.coordinator_address = "10.0.0.1:1234"
     cfg.num_processes = 4
@@ -90,10 +96,21 @@ def test_maybe_initialize_distributed(_restore_cpu_collectives):
     assert calls == [{}, dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=2)]
     cfg.distributed = "never"
     assert not sh.maybe_initialize_distributed(
-        cfg, environ={"JAX_NUM_PROCESSES": "8"}, initialize=lambda **k: calls.append(k))
+        cfg, environ={"JAX_NUM_PROCESSES": "8"}, initialize=lambda **k: calls.append(k),
+        on_tpu_vm=lambda: True)
     cfg.distributed = "sometimes"
     with pytest.raises(sh.MeshConfigError, match="auto | always | never"):
         sh.maybe_initialize_distributed(cfg, environ={})
+
+
+def test_tpu_chips_are_found_by_their_pci_vendor(tmp_path):
+    for name, vendor in (("0000:00:04.0", "0x1af4"), ("0000:00:05.0", "0x1ae0")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor + "\n")
+    assert sh.tpu_chips_present(str(tmp_path))
+    (tmp_path / "0000:00:05.0" / "vendor").write_text("0x8086\n")
+    assert not sh.tpu_chips_present(str(tmp_path))
+    assert not sh.tpu_chips_present(str(tmp_path / "missing"))
 
 
 # ------------------------------------------------------------------ pspecs
