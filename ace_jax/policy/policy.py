@@ -366,11 +366,15 @@ def run_model_config(run: RunFiles, vocab_size: int, _depth: int = 0):
                           f"{model['preset']!r}: {e}") from e
 
 
-def load_run_model(workdir: str, *, step: Optional[int] = None):
+def load_run_model(workdir: str, *, step: Optional[int] = None,
+                   shardings: Optional[Any] = None):
     """(model, tokenizer, step) of a training run directory; see ``JaxPolicy.from_run``.
 
     ``step=None`` takes the newest complete checkpoint (corrupt or unfinished newer ones are
-    logged and skipped). Nothing is written to the run directory.
+    logged and skipped). Nothing is written to the run directory. ``shardings``: a function of
+    the abstract Param state giving each parameter's sharding (``Placement.params``): the
+    parameters are restored straight into those shardings, each host reading only the slices
+    its devices hold; None: every parameter on the first device.
 
     Raises:
       PolicyError: no run directory / config.json / tokenizer / checkpoint, or no checkpoint of
@@ -381,6 +385,7 @@ def load_run_model(workdir: str, *, step: Optional[int] = None):
     """
     import logging
 
+    import jax
     from flax import nnx
 
     from ace_jax.runtime import checkpoint as ckpt_lib
@@ -391,6 +396,10 @@ def load_run_model(workdir: str, *, step: Optional[int] = None):
     model_cfg = run_model_config(run, len(tokenizer))
     abstract = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
     graphdef, params_shape = nnx.split(abstract, nnx.Param)
+    if shardings is not None:
+        params_shape = jax.tree.map(
+            lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), params_shape,
+            shardings(params_shape))
     ckpt_dir = run.checkpoint_dir
     # Checkpointer creates its directory: never let it do so in someone's run directory.
     if "://" not in ckpt_dir and not os.path.isdir(ckpt_dir):

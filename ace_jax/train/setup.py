@@ -156,7 +156,9 @@ def build_model(cfg: ml_collections.ConfigDict, tokenizer, placement):
         from ace_jax.policy import policy
 
         try:
-            model, _, step = policy.load_run_model(cfg.model.init_from_run)
+            # straight into the placement's shardings: each host reads only its slices
+            model, _, step = policy.load_run_model(cfg.model.init_from_run,
+                                                   shardings=placement.params)
         except (policy.PolicyError, ckpt_lib.CheckpointError) as e:
             raise SetupError(f"model.init_from_run={cfg.model.init_from_run!r}: {e}") from e
         log.info("initial weights: %s step %d (no warm start)", cfg.model.init_from_run, step)

@@ -8,6 +8,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+from flax import nnx
 import pytest
 
 from ace_jax.policy.policy import (Completion, JaxPolicy, load_run_model, OpenAIPolicy, PolicyError,
@@ -111,6 +112,31 @@ def test_run_started_from_another_run_uses_that_runs_model_and_tokenizer(tiny_ru
     assert step == 1 and restored.config == model.config
     np.testing.assert_array_equal(np.asarray(flat_params(restored)["norm/scale"]),
                                   np.asarray(flat_params(model)["norm/scale"]))
+
+
+def test_a_run_restores_straight_into_the_placements_shardings(tiny_run):
+    """``model.init_from_run`` on a mesh: every parameter comes back already sharded as the
+    placement says (no copy on one device first), with the saved values."""
+    import jax
+
+    from ace_jax.runtime import placement as placement_lib, sharding
+
+    workdir, model, _ = tiny_run
+    cfg = sharding.default_config()
+    cfg.fsdp, cfg.expert = 4, 2
+    place = placement_lib.Placement.from_config(cfg)
+    restored, _, _ = load_run_model(workdir, shardings=place.params)
+    want = place.params(nnx.state(restored, nnx.Param))
+    got = nnx.state(restored, nnx.Param)
+    saved = flat_params(model)
+    sharded = 0
+    for (path, leaf), (_, sh) in zip(jax.tree_util.tree_leaves_with_path(got),
+                                     jax.tree_util.tree_leaves_with_path(want)):
+        assert leaf.sharding == sh, path
+        sharded += len(leaf.sharding.device_set) == 8 and not leaf.sharding.is_fully_replicated
+    assert sharded > 0
+    for k, v in flat_params(restored).items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(saved[k]), err_msg=k)
 
 
 def test_run_of_an_hf_model_reads_only_its_config(tiny_run, tmp_path):
