@@ -94,6 +94,10 @@ def rl_config() -> ml_collections.ConfigDict:
     c.max_staleness = 1               # policy versions a rollout may lag behind the learner
     c.reward = "acegrpo_step"         # a name in ace_jax.env.rewards
     c.max_prompt_tokens = 768         # longer prompts keep their last tokens (counted in metrics)
+    # DAPO's dynamic sampling: when a step's groups whose rewards all agree (no gradient) leave
+    # fewer than batch_states informative ones, up to this many more rounds select, generate,
+    # execute and reward the missing number of states with the current policy; 0 = off.
+    c.dynamic_sampling_rounds = 0
     # The buffer starts from one empty draft per task; True also seeds the reference solutions
     # of the seed corpus as improvable states (as on MLE-bench, which ships none).
     c.seed_with_references = False
@@ -216,6 +220,10 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     if rl.batch_states < 1 or rl.group_size < 2:
         raise ConfigError(f"rl.batch_states must be >= 1 and rl.group_size >= 2 (GRPO compares "
                           f"within a group), got {rl.batch_states}, {rl.group_size}")
+    rounds = rl.dynamic_sampling_rounds
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ConfigError(f"rl.dynamic_sampling_rounds must be an int >= 0 (0 = off), got "
+                          f"{rounds!r}")
     k = rl.get("max_staleness", 1)
     if rl.get("async_rollouts", True) and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
         raise ConfigError(f"rl.max_staleness must be an int >= 0, got {k!r}")

@@ -54,6 +54,7 @@ class StepRollouts:
       gen_seconds / gen_tokens: generation time and completion tokens (perf metrics).
       truncated: prompts cut to ``rl.max_prompt_tokens``.
       learner_version: the learner's step when it learned on these rollouts (None before).
+      refill_rounds: the extra generation rounds dynamic sampling appended (``extend``).
     """
 
     step: int
@@ -65,6 +66,7 @@ class StepRollouts:
     truncated: int = 0
     futures: list = dataclasses.field(default_factory=list)
     learner_version: Optional[int] = None
+    refill_rounds: int = 0     # dynamic sampling's extra generation rounds (Trainer._refill)
 
     @property
     def policy_version(self) -> int:
@@ -92,6 +94,50 @@ class StepRollouts:
         the generated arrays, and the rewards."""
         return rollout_batch.make_train_batch(self.prompts, self.gen, self.rewards(),
                                               prompt_bucket=prompt_bucket, pad_id=pad_id)
+
+    # ------------------------------------------------------------------ dynamic sampling
+
+    def extend(self, more: "StepRollouts") -> None:
+        """Appends the groups of ``more`` (another generation for the same RL step, e.g. a
+        dynamic-sampling refill) after this step's: prompts, rows (its prompt indices shifted),
+        rollouts and futures; generation time and tokens add up."""
+        if self.gen.tokens.shape[1] != more.gen.tokens.shape[1]:
+            raise ValueError("extend: the generations have different max_new_tokens")
+        if (self.gen.routes is None) != (more.gen.routes is None):
+            raise ValueError("extend: one generation has a routing record, the other not")
+        b = len(self.prompts)
+        cat = lambda a, c: np.concatenate([np.asarray(a), np.asarray(c)])  # noqa: E731
+        self.gen = generate.GenerationResult(
+            cat(self.gen.tokens, more.gen.tokens), cat(self.gen.logprobs, more.gen.logprobs),
+            cat(self.gen.lengths, more.gen.lengths),
+            cat(self.gen.finish_reason, more.gen.finish_reason),
+            cat(self.gen.prompt_index, np.asarray(more.gen.prompt_index) + b),
+            None if self.gen.routes is None else cat(self.gen.routes, more.gen.routes),
+            None if self.gen.prompt_routes is None
+            else tuple(self.gen.prompt_routes) + tuple(more.gen.prompt_routes))
+        self.prompts = list(self.prompts) + list(more.prompts)
+        self.rollouts = list(self.rollouts) + list(more.rollouts)
+        self.futures = list(self.futures) + list(more.futures)
+        self.gen_seconds += more.gen_seconds
+        self.gen_tokens += more.gen_tokens
+        self.truncated += more.truncated
+
+    def select_groups(self, groups: Sequence[int], group_size: int) -> "StepRollouts":
+        """The step restricted to ``groups`` (indices of prompts, in the given order): what the
+        learner learns on when dynamic sampling dropped some groups. Rows stay group-major."""
+        rows = [b * group_size + g for b in groups for g in range(group_size)]
+        take = lambda a: None if a is None else np.asarray(a)[rows]  # noqa: E731
+        gen = generate.GenerationResult(
+            take(self.gen.tokens), take(self.gen.logprobs), take(self.gen.lengths),
+            take(self.gen.finish_reason), np.repeat(np.arange(len(groups), dtype=np.int32),
+                                                    group_size),
+            take(self.gen.routes), None if self.gen.prompt_routes is None
+            else tuple(self.gen.prompt_routes[b] for b in groups))
+        out = StepRollouts(self.step, [self.prompts[b] for b in groups], gen,
+                           [self.rollouts[i] for i in rows], gen_seconds=self.gen_seconds,
+                           gen_tokens=self.gen_tokens, truncated=self.truncated)
+        out.learner_version = self.learner_version
+        return out
 
     # ------------------------------------------------------------------ in a checkpoint
 

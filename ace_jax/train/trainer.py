@@ -10,8 +10,10 @@ which reads top to bottom:
   1. select B states (LP sampler)         4. execute: parse the actions, submit them to the sandbox
   2. render their prompts                 -- the step is now IN FLIGHT --
   3. generate G completions each          5. reward the oldest step in flight once it may be
-     (behaviour log-probs recorded)          learned on, 6. GRPO update, 7. every execution
-                                             becomes a child state, 8. persist
+     (behaviour log-probs recorded)          learned on (with ``rl.dynamic_sampling_rounds``,
+                                             DAPO's refill of groups without signal), 6. GRPO
+                                             update, 7. every execution becomes a child
+                                             state, 8. persist
 
 Bounded staleness (``rl.max_staleness`` = k; ``rl.async_rollouts=False`` means k = 0): the
 executions of up to k steps stay in flight while the learner updates on an older one, so every
@@ -223,7 +225,8 @@ class Trainer:
             probed = self._probe()              # the parameters before this update, when due
             wait_s = self._wait_results(done)
             self._reward(done)                                           # 5. reward
-            learn, learn_s = self._learn(done)                           # 6. learn
+            learn_on = self._refill(done)       # DAPO dynamic sampling (when configured)
+            learn, learn_s = self._learn(done, learn_on)                 # 6. learn
             self._grow_buffer(done)                                      # 7. grow the buffer
             self._log_rollouts(done)
             metrics = self._step_metrics(done, learn, wait_s, learn_s)
@@ -237,8 +240,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ 1-4: a step goes out
 
-    def _select(self, step: int) -> list[buffer_lib.State]:
-        slots = self.sampler.select(self.buffer.stats, step, self.cfg.rl.batch_states,
+    def _select(self, step: int, n: Optional[int] = None) -> list[buffer_lib.State]:
+        """``n`` states (default ``rl.batch_states``) from the sampler, marked sampled."""
+        slots = self.sampler.select(self.buffer.stats, step, n or self.cfg.rl.batch_states,
                                     data_parallel_size=1)
         ids = self.buffer.ids_for_slots(slots)
         self.buffer.mark_sampled(ids, step)
@@ -327,12 +331,60 @@ class Trainer:
             r.reward = reward_fn(action=r.action, result=r.result, current_score=parent.score,
                                  targets=self.targets[r.task_id], cfg=self.cfg.rewards)
 
-    def _learn(self, s: StepRollouts) -> tuple[dict, float]:
-        """One GRPO update on the step's batch; the generator gets the new weights. Returns
-        (learner metrics, seconds)."""
+    def _refill(self, s: StepRollouts) -> StepRollouts:
+        """DAPO's dynamic sampling (``rl.dynamic_sampling_rounds`` = R > 0; else ``s`` itself).
+
+        A group whose rewards all agree (within ``grpo.zero_variance_atol``) carries no
+        gradient. While fewer than B groups of the step are informative, and for at most R
+        rounds (fewer when the sampler has no state left that this step has not drawn), the
+        missing number of states is selected, generated with the current policy,
+        executed and rewarded, and appended to ``s`` (their executions grow the buffer and are
+        logged like the step's own; ``s.gen_tokens`` counts every round). Returns the B groups
+        the learner learns on: the informative ones first, then zero-variance ones to keep the
+        batch's shape when R rounds did not find enough."""
+        rounds, b, g = self.cfg.rl.dynamic_sampling_rounds, self.cfg.rl.batch_states, \
+            self.cfg.rl.group_size
+        atol = self.cfg.grpo.zero_variance_atol
+
+        def informative() -> list[int]:
+            r = s.rewards().reshape(-1, g)
+            return [i for i in range(len(r)) if r[i].max() - r[i].min() > atol]
+
+        s.refill_rounds = 0
+        # the sampler's clock is the newest step generated (k steps may be newer than s)
+        clock = max(s.step, self.next_step - 1)
+        while s.refill_rounds < rounds and len(informative()) < b:
+            try:
+                states = self._select(clock, b - len(informative()))
+            except learnability.InsufficientStatesError as e:
+                log.info("dynamic sampling of step %d stopped after %d rounds: %s", s.step,
+                         s.refill_rounds, e)
+                break
+            prompts, truncated = self._prompts(states)
+            more = self._generate(s.step, states, prompts)
+            more.truncated = truncated
+            self.env.execute(more)
+            self._wait_results(more)
+            self._reward(more)
+            s.extend(more)
+            s.refill_rounds += 1
+        if len(s.prompts) == b:
+            return s
+        keep = informative()
+        chosen = sorted((keep + [i for i in range(len(s.prompts)) if i not in keep])[:b])
+        return s.select_groups(chosen, g)
+
+    def _learn(self, s: StepRollouts, learn_on: Optional[StepRollouts] = None
+               ) -> tuple[dict, float]:
+        """One GRPO update on the step's batch (``learn_on``: the groups dynamic sampling
+        kept; default ``s``); the generator gets the new weights. Returns (learner metrics,
+        seconds)."""
         t0 = time.perf_counter()
         s.learner_version = int(self.learner.state.step)
-        batch = s.train_batch(prompt_bucket=self.cfg.sampling.prompt_bucket, pad_id=self.pad_id)
+        learn_on = learn_on or s
+        learn_on.learner_version = s.learner_version
+        batch = learn_on.train_batch(prompt_bucket=self.cfg.sampling.prompt_bucket,
+                                     pad_id=self.pad_id)
         learn = self.learner.step(batch)
         learn = {k: float(v) for k, v in jax.device_get(learn).items()}
         self.generator.update_weights(self.learner.params)
@@ -404,6 +456,10 @@ class Trainer:
             # Failures count as the baseline (0): improves with validity AND quality.
             "score/dev_norm_all": float(np.sum(norm)) / n,
             "rollout/completion_tokens_mean": float(np.mean(s.gen.lengths)),
+            # every completion token generated for the step (dynamic sampling's refills too):
+            # what a budget-matched comparison counts
+            "rollout/generated_tokens": float(s.gen_tokens),
+            "rollout/refill_rounds": float(s.refill_rounds),
             "rollout/prompt_truncated": float(s.truncated),
             "perf/gen_tokens_per_s": s.gen_tokens / max(s.gen_seconds, 1e-9),
             "perf/gen_seconds": s.gen_seconds, "perf/sandbox_wait_seconds": wait_s,

@@ -292,3 +292,26 @@ def test_resume_replays_from_the_last_checkpoint(k1_run, tiny_setup, tmp_path):
                   if p.isdigit()) == [0, 2]
     untimed = lambda run: {k: v for k, v in run.items() if k != "perf"}  # noqa: E731
     assert untimed(run_loop(cfg)) == untimed(k1_run)
+
+
+def test_dynamic_sampling_refills_groups_without_signal(tiny_setup, tmp_path):
+    """DAPO's dynamic sampling: the tiny policy's groups all get the same reward (no signal), so
+    each step refills; with two tasks (two root states) and B = 1, one refill round finds the
+    other task's draft and the second finds no state this step has not drawn, so it stops.
+    Every refill is generated, logged and counted in the step's generated tokens, and the
+    learner still gets B groups."""
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=0,
+                        dynamic_sampling_rounds=2)
+    cfg.tasks.ids = ("iris-species", "wine-cultivar")
+    cfg.probe.every = 0
+    got = run_loop(cfg)
+    b, g = cfg.rl.batch_states, cfg.rl.group_size
+    assert [m["rollout/refill_rounds"] for m in got["metrics"]] == [1, 1, 1]
+    for m, name in zip(got["metrics"], sorted(got["rollouts"])):
+        rows = got["rollouts"][name]
+        assert len(rows) == 2 * b * g                      # the step's group + 1 refill
+        assert {r["task_id"] for r in rows} == {"iris-species", "wine-cultivar"}
+        assert m["rollout/generated_tokens"] == sum(r["completion_tokens"] for r in rows)
+        # no group has signal: the learner keeps the step's own B groups (the first rows)
+        assert m["grpo/num_completion_tokens"] == sum(r["completion_tokens"]
+                                                      for r in rows[:b * g])
