@@ -94,9 +94,12 @@ def rl_config() -> ml_collections.ConfigDict:
     c.max_staleness = 1               # policy versions a rollout may lag behind the learner
     c.reward = "acegrpo_step"         # a name in ace_jax.env.rewards
     c.max_prompt_tokens = 768         # longer prompts keep their last tokens (counted in metrics)
-    # DAPO's dynamic sampling: when a step's groups whose rewards all agree (no gradient) leave
-    # fewer than batch_states informative ones, up to this many more rounds select, generate,
-    # execute and reward the missing number of states with the current policy; 0 = off.
+    # Dynamic sampling (Trainer._refill): groups whose rewards all agree carry no gradient; up
+    # to dynamic_sampling_rounds more generation rounds per step (0 = off) look for signal.
+    # "dapo": draw new states for the missing informative groups (DAPO's refill);
+    # "reinforce_ada": G more samples of each state whose samples so far all agree, then a
+    # group of G balanced between its best and worst samples (Reinforce-Ada's resampling).
+    c.dynamic_sampling = "dapo"
     c.dynamic_sampling_rounds = 0
     # The buffer starts from one empty draft per task; True also seeds the reference solutions
     # of the seed corpus as improvable states (as on MLE-bench, which ships none).
@@ -118,6 +121,8 @@ def tasks_config() -> ml_collections.ConfigDict:
     c.seed = 0                        # the seed the tasks are prepared with
     return c
 
+
+DYNAMIC_SAMPLING = ("dapo", "reinforce_ada")   # rl.dynamic_sampling (Trainer._refill)
 
 # A run config holds RUN_SEED (-1) here by default: the run's ``seed`` (`resolve_seeds`).
 DERIVED_SEEDS = ("lp.seed", "sft.seed")
@@ -220,6 +225,9 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     if rl.batch_states < 1 or rl.group_size < 2:
         raise ConfigError(f"rl.batch_states must be >= 1 and rl.group_size >= 2 (GRPO compares "
                           f"within a group), got {rl.batch_states}, {rl.group_size}")
+    if rl.dynamic_sampling not in DYNAMIC_SAMPLING:
+        raise ConfigError(f"rl.dynamic_sampling={rl.dynamic_sampling!r}; valid: "
+                          f"{', '.join(DYNAMIC_SAMPLING)}")
     rounds = rl.dynamic_sampling_rounds
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ConfigError(f"rl.dynamic_sampling_rounds must be an int >= 0 (0 = off), got "

@@ -125,15 +125,29 @@ class StepRollouts:
     def select_groups(self, groups: Sequence[int], group_size: int) -> "StepRollouts":
         """The step restricted to ``groups`` (indices of prompts, in the given order): what the
         learner learns on when dynamic sampling dropped some groups. Rows stay group-major."""
-        rows = [b * group_size + g for b in groups for g in range(group_size)]
+        return self.select_rows([[b * group_size + g for g in range(group_size)]
+                                 for b in groups])
+
+    def select_rows(self, groups: Sequence[Sequence[int]]) -> "StepRollouts":
+        """A step of the given groups of rows (each group's rows answer one prompt, e.g. a
+        state's samples gathered over several rounds: equal prompts count as one), group-major
+        in the given order."""
+        rows = [i for grp in groups for i in grp]
+        index = np.asarray(self.gen.prompt_index)
+        prompts = []
+        for grp in groups:
+            owners = sorted({int(index[i]) for i in grp})
+            if not grp or any(self.prompts[o] != self.prompts[owners[0]] for o in owners):
+                raise ValueError(f"a group's rows must answer one prompt, got prompts {owners}")
+            prompts.append(owners[0])
         take = lambda a: None if a is None else np.asarray(a)[rows]  # noqa: E731
         gen = generate.GenerationResult(
             take(self.gen.tokens), take(self.gen.logprobs), take(self.gen.lengths),
-            take(self.gen.finish_reason), np.repeat(np.arange(len(groups), dtype=np.int32),
-                                                    group_size),
+            take(self.gen.finish_reason),
+            np.repeat(np.arange(len(groups), dtype=np.int32), [len(g) for g in groups]),
             take(self.gen.routes), None if self.gen.prompt_routes is None
-            else tuple(self.gen.prompt_routes[b] for b in groups))
-        out = StepRollouts(self.step, [self.prompts[b] for b in groups], gen,
+            else tuple(self.gen.prompt_routes[b] for b in prompts))
+        out = StepRollouts(self.step, [self.prompts[b] for b in prompts], gen,
                            [self.rollouts[i] for i in rows], gen_seconds=self.gen_seconds,
                            gen_tokens=self.gen_tokens, truncated=self.truncated)
         out.learner_version = self.learner_version

@@ -11,7 +11,7 @@ which reads top to bottom:
   2. render their prompts                 -- the step is now IN FLIGHT --
   3. generate G completions each          5. reward the oldest step in flight once it may be
      (behaviour log-probs recorded)          learned on (with ``rl.dynamic_sampling_rounds``,
-                                             DAPO's refill of groups without signal), 6. GRPO
+                                             a refill of groups without signal), 6. GRPO
                                              update, 7. every execution becomes a child
                                              state, 8. persist
 
@@ -332,44 +332,70 @@ class Trainer:
                                  targets=self.targets[r.task_id], cfg=self.cfg.rewards)
 
     def _refill(self, s: StepRollouts) -> StepRollouts:
-        """DAPO's dynamic sampling (``rl.dynamic_sampling_rounds`` = R > 0; else ``s`` itself).
+        """Dynamic sampling (``rl.dynamic_sampling_rounds`` = R > 0; else ``s`` itself).
 
         A group whose rewards all agree (within ``grpo.zero_variance_atol``) carries no
-        gradient. While fewer than B groups of the step are informative, and for at most R
-        rounds (fewer when the sampler has no state left that this step has not drawn), the
-        missing number of states is selected, generated with the current policy,
-        executed and rewarded, and appended to ``s`` (their executions grow the buffer and are
-        logged like the step's own; ``s.gen_tokens`` counts every round). Returns the B groups
-        the learner learns on: the informative ones first, then zero-variance ones to keep the
-        batch's shape when R rounds did not find enough."""
-        rounds, b, g = self.cfg.rl.dynamic_sampling_rounds, self.cfg.rl.batch_states, \
-            self.cfg.rl.group_size
+        gradient. For at most R rounds (fewer when the sampler has no state left that this step
+        has not drawn), with the current policy:
+
+        * ``rl.dynamic_sampling="dapo"``: while fewer than B groups are informative, the missing
+          number of new states is drawn, generated, executed and rewarded; the learner gets the
+          informative groups first, then zero-variance ones to keep B.
+        * ``"reinforce_ada"``: each of the step's states whose samples so far all agree gets G
+          more; a state that found a spread learns on G of its samples balanced between its
+          best (ceil(G/2)) and worst (floor(G/2)) rewards, the others on their first G.
+
+        Every round's rows are appended to ``s`` (``StepRollouts.extend``): their executions
+        grow the buffer and are logged like the step's own, and ``s.gen_tokens`` counts them.
+        Returns what the learner learns on (B groups of G)."""
+        cfg = self.cfg.rl
+        rounds, b, g = cfg.dynamic_sampling_rounds, cfg.batch_states, cfg.group_size
         atol = self.cfg.grpo.zero_variance_atol
+        ada = cfg.dynamic_sampling == "reinforce_ada"
+        own = {i: [i * g + j for j in range(g)] for i in range(b)}   # a state's rows (ada)
+
+        def spread(rows) -> bool:
+            r = s.rewards()[rows]
+            return r.max() - r.min() > atol
 
         def informative() -> list[int]:
-            r = s.rewards().reshape(-1, g)
-            return [i for i in range(len(r)) if r[i].max() - r[i].min() > atol]
+            return [i for i in range(len(s.prompts)) if spread(range(i * g, (i + 1) * g))]
 
         s.refill_rounds = 0
         # the sampler's clock is the newest step generated (k steps may be newer than s)
         clock = max(s.step, self.next_step - 1)
-        while s.refill_rounds < rounds and len(informative()) < b:
-            try:
-                states = self._select(clock, b - len(informative()))
-            except learnability.InsufficientStatesError as e:
-                log.info("dynamic sampling of step %d stopped after %d rounds: %s", s.step,
-                         s.refill_rounds, e)
-                break
+        while s.refill_rounds < rounds:
+            if ada:
+                again = [i for i in range(b) if not spread(own[i])]
+                if not again:
+                    break
+                states = [self.buffer.get(s.rollouts[i * g].state_id) for i in again]
+            else:
+                if len(informative()) >= b:
+                    break
+                try:
+                    states = self._select(clock, b - len(informative()))
+                except learnability.InsufficientStatesError as e:
+                    log.info("dynamic sampling of step %d stopped after %d rounds: %s", s.step,
+                             s.refill_rounds, e)
+                    break
             prompts, truncated = self._prompts(states)
             more = self._generate(s.step, states, prompts)
             more.truncated = truncated
             self.env.execute(more)
             self._wait_results(more)
             self._reward(more)
+            first = len(s.rollouts)
             s.extend(more)
+            if ada:
+                for k, i in enumerate(again):
+                    own[i] += [first + k * g + j for j in range(g)]
             s.refill_rounds += 1
         if len(s.prompts) == b:
             return s
+        if ada:
+            return s.select_rows([balanced_group(own[i], s.rewards(), g, atol)
+                                  for i in range(b)])
         keep = informative()
         chosen = sorted((keep + [i for i in range(len(s.prompts)) if i not in keep])[:b])
         return s.select_groups(chosen, g)
@@ -629,6 +655,18 @@ def root_child_metrics(is_root: Sequence[bool], valid: Sequence[bool]) -> dict[s
         if hits:
             m[f"rollout/valid_rate_{name}"] = sum(hits) / len(hits)
     return m
+
+
+def balanced_group(rows: Sequence[int], rewards: np.ndarray, group_size: int,
+                   atol: float) -> list[int]:
+    """G of a state's sample ``rows`` (Reinforce-Ada's balanced group): when their
+    ``rewards`` spread by more than ``atol``, the ceil(G/2) best and floor(G/2) worst (ties
+    by row order), else the first G; in row order."""
+    r = np.asarray(rewards)[list(rows)]
+    if r.max() - r.min() <= atol:
+        return list(rows[:group_size])
+    ranked = sorted(rows, key=lambda i: (-rewards[i], i))
+    return sorted(ranked[:(group_size + 1) // 2] + ranked[len(ranked) - group_size // 2:])
 
 
 def medal_level(report) -> int:

@@ -315,3 +315,29 @@ def test_dynamic_sampling_refills_groups_without_signal(tiny_setup, tmp_path):
         # no group has signal: the learner keeps the step's own B groups (the first rows)
         assert m["grpo/num_completion_tokens"] == sum(r["completion_tokens"]
                                                       for r in rows[:b * g])
+
+
+def test_reinforce_ada_resamples_the_same_state_and_balances_its_group(tiny_setup, tmp_path):
+    """``rl.dynamic_sampling="reinforce_ada"``: a state whose samples all agree gets G more, each
+    round (the tiny policy never finds a spread, so every step runs its 2 rounds on the same
+    state); without a spread the learner keeps the first G samples."""
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=0,
+                        dynamic_sampling="reinforce_ada", dynamic_sampling_rounds=2)
+    cfg.probe.every = 0
+    got = run_loop(cfg)
+    b, g = cfg.rl.batch_states, cfg.rl.group_size
+    assert [m["rollout/refill_rounds"] for m in got["metrics"]] == [2, 2, 2]
+    for m, name in zip(got["metrics"], sorted(got["rollouts"])):
+        rows = got["rollouts"][name]
+        assert len(rows) == 3 * b * g and len({r["state_id"] for r in rows}) == b
+        assert m["grpo/num_completion_tokens"] == sum(r["completion_tokens"]
+                                                      for r in rows[:b * g])
+
+
+def test_balanced_group_takes_the_best_and_the_worst():
+    rewards = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, -1.0])
+    # the first 4 agree: their resampled rows 4-7 bring the spread
+    assert trainer.balanced_group(range(8), rewards, 4, 1e-6) == [4, 5, 6, 7]
+    assert trainer.balanced_group(range(8), rewards, 3, 1e-6) == [4, 5, 7]
+    assert trainer.balanced_group([0, 1, 2, 3], rewards, 4, 1e-6) == [0, 1, 2, 3]
+    assert trainer.balanced_group([1, 4], rewards, 2, 1e-6) == [1, 4]
