@@ -48,7 +48,9 @@ def enable(path: str | None, *, min_compile_seconds: float = MIN_COMPILE_SECONDS
         os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    # A shared remote folder (gs://) is not evicted: JAX's eviction locks the folder with a
+    # local file lock, which a bucket cannot hold (it would make a local "gs:" folder).
+    jax.config.update("jax_compilation_cache_max_size", -1 if "://" in path else MAX_BYTES)
     # On a pod: process 0 compiles a program missing from the cache and hands the binary to the
     # other hosts (JAX writes cache entries from process 0 only); no effect on one process.
     jax.config.update("jax_share_binary_between_hosts", True)

@@ -175,7 +175,7 @@ def resolve_seeds(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def config_json(cfg: ml_collections.ConfigDict) -> str:
-    """The config as sorted JSON (tuples as lists; what ``<workdir>/config.json`` holds)."""
+    """The config as canonical JSON: sorted keys, tuples as lists, one line."""
     return json.dumps(cfg.to_dict(), sort_keys=True, default=repr)
 
 

@@ -225,7 +225,7 @@ class Trainer:
             probed = self._probe()              # the parameters before this update, when due
             wait_s = self._wait_results(done)
             self._reward(done)                                           # 5. reward
-            learn_on = self._refill(done)       # DAPO dynamic sampling (when configured)
+            learn_on = self._refill(done)       # dynamic sampling (when configured)
             learn, learn_s = self._learn(done, learn_on)                 # 6. learn
             self._grow_buffer(done)                                      # 7. grow the buffer
             self._log_rollouts(done)
