@@ -186,6 +186,7 @@ class IdeatorEnv:
 
     def bind(self, trainer) -> None:
         self.trainer = trainer
+        self.cfg = trainer.cfg   # the run's resolved config (lp.seed / sft.seed = the seed)
         if self.impl_kind == "self":
             ctx = self.impl_max_new + self.impl_max_prompt
             max_pos = trainer.model.config.max_position_embeddings

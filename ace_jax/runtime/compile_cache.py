@@ -6,9 +6,11 @@ for compiling.
 The key of an entry is the program, the compile options, the devices and the jax / XLA
 versions, so a hit gives the executable a fresh compile would give (the same results). Writes
 are atomic: processes of one machine (or the hosts of a pod, on a shared ``gs://`` folder) may
-share one folder. On a pod JAX writes entries from process 0 only, and with the cache on, a
-program missing from it is compiled by process 0 and its binary sent to the other hosts
-(``jax_share_binary_between_hosts``): one compile per program for the whole pod.
+share one folder. On a pod JAX writes entries from process 0 only. JAX's
+``jax_share_binary_between_hosts`` (process 0 compiles, the others wait for its binary) stays
+off: it needs every process to compile the same programs in the same order, and a run's
+processes do not (process 0 alone trains the tokenizer; the two-process test deadlocked in a
+shared compile at the first barrier).
 
 ``launch/tpu_train.py`` enables it from the run config's top-level ``compile_cache_dir``
 (``""`` = off), ``launch/evaluate.py`` and ``launch/serve.py`` from their ``--compile_cache_dir``
@@ -51,8 +53,5 @@ def enable(path: str | None, *, min_compile_seconds: float = MIN_COMPILE_SECONDS
     # A shared remote folder (gs://) is not evicted: JAX's eviction locks the folder with a
     # local file lock, which a bucket cannot hold (it would make a local "gs:" folder).
     jax.config.update("jax_compilation_cache_max_size", -1 if "://" in path else MAX_BYTES)
-    # On a pod: process 0 compiles a program missing from the cache and hands the binary to the
-    # other hosts (JAX writes cache entries from process 0 only); no effect on one process.
-    jax.config.update("jax_share_binary_between_hosts", True)
     logger.info("XLA compilation cache: %s", path)
     return path
