@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -96,11 +97,8 @@ def upload_dir(local: str, path: str) -> None:
                 fs, p = _fs(join(path, name))
                 fs.put_file(src, p)
             else:
-                with open(src, "rb") as f:
-                    data = f.read()
                 os.makedirs(path, exist_ok=True)
-                with open(os.path.join(path, name), "wb") as f:
-                    f.write(data)
+                shutil.copyfile(src, os.path.join(path, name))
 
 
 def local_copy(path: str, cache_dir: str = CACHE_DIR) -> str:

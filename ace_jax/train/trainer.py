@@ -249,15 +249,15 @@ class Trainer:
         return [self.buffer.get(i) for i in ids]
 
     def _prompts(self, states: Sequence[buffer_lib.State]) -> tuple[list[list[int]], int]:
-        """The states' prompt token ids, each keeping its last ``rl.max_prompt_tokens``; and
-        how many were cut."""
+        """The states' prompt token ids (`_prompt_ids`); and how many were cut."""
+        out = [self._prompt_ids(self.env.prompt_text(s)) for s in states]
+        return [ids for ids, _ in out], sum(cut for _, cut in out)
+
+    def _prompt_ids(self, text: str) -> tuple[list[int], bool]:
+        """A prompt's token ids keeping its last ``rl.max_prompt_tokens``; whether it was cut."""
         limit = self.cfg.rl.max_prompt_tokens
-        prompts, cut = [], 0
-        for s in states:
-            ids = self.tokenizer(self.env.prompt_text(s), add_special_tokens=False)["input_ids"]
-            cut += len(ids) > limit
-            prompts.append(ids[-limit:] if len(ids) > limit else ids)
-        return prompts, cut
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return (ids[-limit:], True) if len(ids) > limit else (ids, False)
 
     def _sample(self, prompts: list[list[int]], key: jax.Array,
                 sampling: Optional[generate.SamplingConfig] = None) -> generate.GenerationResult:
@@ -296,11 +296,9 @@ class Trainer:
         if self.probe is None or not self.probe.due(updates, self.cfg.rl.num_steps):
             return {}
         t0 = time.perf_counter()
-        limit = self.cfg.rl.max_prompt_tokens
         m = self.probe.run(
-            lambda ps: self.tokenizer(agent.render_prompt(
-                ps.state, self.probe.tasks[ps.state.task_id], self.cfg.agent),
-                add_special_tokens=False)["input_ids"][-limit:],
+            lambda ps: self._prompt_ids(agent.render_prompt(
+                ps.state, self.probe.tasks[ps.state.task_id], self.cfg.agent))[0],
             lambda prompts, key, n: self._sample(
                 prompts, key, dataclasses.replace(self.sampling, group_size=n)),
             self.pool, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),

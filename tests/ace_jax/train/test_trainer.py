@@ -294,18 +294,24 @@ def test_resume_replays_from_the_last_checkpoint(k1_run, tiny_setup, tmp_path):
     assert untimed(run_loop(cfg)) == untimed(k1_run)
 
 
+def _refill_run(tiny_setup, tmp_path, task_ids, **rl):
+    """A synchronous tiny run with 2 dynamic-sampling rounds on ``task_ids``, no probe:
+    (run_loop's result, B, G)."""
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=0,
+                        dynamic_sampling_rounds=2, **rl)
+    cfg.tasks.ids = task_ids
+    cfg.probe.every = 0
+    return run_loop(cfg), cfg.rl.batch_states, cfg.rl.group_size
+
+
 def test_dynamic_sampling_refills_groups_without_signal(tiny_setup, tmp_path):
     """DAPO's dynamic sampling: the tiny policy's groups all get the same reward (no signal), so
     each step refills; with two tasks (two root states) and B = 1, one refill round finds the
     other task's draft and the second finds no state this step has not drawn, so it stops.
     Every refill is generated, logged and counted in the step's generated tokens, and the
     learner still gets B groups."""
-    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=0,
-                        dynamic_sampling_rounds=2)
-    cfg.tasks.ids = ("iris-species", "wine-cultivar")
-    cfg.probe.every = 0
-    got = run_loop(cfg)
-    b, g = cfg.rl.batch_states, cfg.rl.group_size
+    got, b, g = _refill_run(tiny_setup, tmp_path, ("iris-species", "wine-cultivar"),
+                            dynamic_sampling="dapo")
     assert [m["rollout/refill_rounds"] for m in got["metrics"]] == [1, 1, 1]
     for m, name in zip(got["metrics"], sorted(got["rollouts"])):
         rows = got["rollouts"][name]
@@ -321,11 +327,8 @@ def test_reinforce_ada_resamples_the_same_state_and_balances_its_group(tiny_setu
     """``rl.dynamic_sampling="reinforce_ada"``: a state whose samples all agree gets G more, each
     round (the tiny policy never finds a spread, so every step runs its 2 rounds on the same
     state); without a spread the learner keeps the first G samples."""
-    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=0,
-                        dynamic_sampling="reinforce_ada", dynamic_sampling_rounds=2)
-    cfg.probe.every = 0
-    got = run_loop(cfg)
-    b, g = cfg.rl.batch_states, cfg.rl.group_size
+    got, b, g = _refill_run(tiny_setup, tmp_path, ("iris-species",),
+                            dynamic_sampling="reinforce_ada")
     assert [m["rollout/refill_rounds"] for m in got["metrics"]] == [2, 2, 2]
     for m, name in zip(got["metrics"], sorted(got["rollouts"])):
         rows = got["rollouts"][name]
