@@ -4,6 +4,7 @@
         --arm behaviour:grpo.proximal=behaviour --arm learner:grpo.proximal=learner
 
     <root>/warm<k>/          seed k's warm start: the config with seed=k, rl.num_steps=0
+                             (``--warm_root``: another comparison's, shared when the same)
     <root>/<arm>/seed<k>/    one RL run per (arm, seed) from warm<k> (model.init_from_run), seed=k
     results/<name>/metrics.csv.gz   every run's per-step metrics (``KEEP`` keys): arm, seed, step, ...
     results/<name>/runs.json        the command, commit, config and each run's config fingerprint
@@ -38,7 +39,8 @@ KEEP = ("probe/updates", "probe/valid_rate", "probe/score", "probe/humanrank",
         "probe/valid_rate_train", "probe/score_train", "probe/humanrank_train",
         "probe/valid_rate_heldout", "probe/score_heldout", "probe/humanrank_heldout",
         "rollout/valid_rate", "score/dev_norm_all", "reward/mean", "grpo/zero_var_frac",
-        "rollout/root_frac", "rollout/completion_tokens_mean",
+        "rollout/root_frac", "rollout/completion_tokens_mean", "rollout/generated_tokens",
+        "rollout/refill_rounds",
         "offpolicy/clip_frac", "offpolicy/behaviour_weight_mean",
         "offpolicy/behaviour_weight_max", "offpolicy/masked_frac", "offpolicy/mismatch_k3",
         "offpolicy/staleness", "grpo/clip_frac_low", "grpo/clip_frac_high", "grpo/entropy",
@@ -62,13 +64,13 @@ def parse_arm(spec: str) -> tuple[str, dict[str, str]]:
 
 def run(root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int], steps: int, *,
         overrides: Mapping[str, Any] = (), config: str = "configs/local.py",
-        progress: bool = True) -> dict[str, dict[int, ablation.RunResult]]:
-    """Per seed (in order): its warm start, then every arm from it. Returns arm -> seed ->
-    result (a seed whose warm start failed has no runs)."""
+        warm_root: str = "", progress: bool = True) -> dict[str, dict[int, ablation.RunResult]]:
+    """Per seed (in order): its warm start (in ``warm_root``, default ``root``), then every arm
+    from it. Returns arm -> seed -> result (a seed whose warm start failed has no runs)."""
     out: dict[str, dict[int, ablation.RunResult]] = {a: {} for a in arms}
     for seed in seeds:
         base = {**dict(overrides), "seed": seed}
-        warm = ablation.run_jobs([(f"warm{seed}", os.path.join(root, f"warm{seed}"),
+        warm = ablation.run_jobs([(f"warm{seed}", os.path.join(warm_root or root, f"warm{seed}"),
                                    {**base, "rl.num_steps": 0})], desc=f"seed {seed} warm start",
                                  progress=progress, config=config)[0]
         if warm.error:
@@ -162,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--root", default="", help="run folders (default runs/<name>)")
     p.add_argument("--arm", action="append", required=True,
                    help="name:key=value[,key=value] (repeat for each arm)")
+    p.add_argument("--warm_root", default="",
+                   help="where the warm starts are (default --root): another comparison's "
+                        "root shares its warm starts (reused when their configs are the same)")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--config", default="configs/local.py")
@@ -183,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = args.root or os.path.join("runs", args.name)
     failed = False
     if not args.export_only:
-        results = run(root, arms, seeds, args.steps, overrides=overrides, config=args.config)
+        results = run(root, arms, seeds, args.steps, overrides=overrides, config=args.config,
+                      warm_root=args.warm_root)
         failed = any(r.error for per in results.values() for r in per.values())
     command = "python -m ace_jax.experiments.compare " + " ".join(
         sys.argv[1:] if argv is None else argv)

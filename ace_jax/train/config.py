@@ -88,6 +88,10 @@ def rl_config() -> ml_collections.ConfigDict:
     """The ``rl`` section: the RL loop (read by ``ace_jax.train.trainer``)."""
     c = ml_collections.ConfigDict()
     c.num_steps = 20
+    # A budget of generated completion tokens (every step's, every dynamic-sampling round's):
+    # no new step goes out once the run has generated this many; 0 = rl.num_steps alone. For
+    # comparisons at equal generation cost (e.g. dynamic sampling against plain GRPO).
+    c.token_budget = 0
     c.batch_states = 4                # B states sampled by the LP sampler per step
     c.group_size = 4                  # G completions per state (GRPO compares within a group)
     c.async_rollouts = True           # sandbox of step t overlaps generation / learning of t+1
@@ -232,6 +236,10 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ConfigError(f"rl.dynamic_sampling_rounds must be an int >= 0 (0 = off), got "
                           f"{rounds!r}")
+    if isinstance(rl.token_budget, bool) or not isinstance(rl.token_budget, int) \
+            or rl.token_budget < 0:
+        raise ConfigError(f"rl.token_budget must be an int >= 0 (0 = off), got "
+                          f"{rl.token_budget!r}")
     k = rl.get("max_staleness", 1)
     if rl.get("async_rollouts", True) and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
         raise ConfigError(f"rl.max_staleness must be an int >= 0, got {k!r}")

@@ -19,7 +19,8 @@ keys every ``probe.every`` learner updates:
 So two runs with the same ``seed`` and different samplers (or objectives) are probed on the same
 prompts with the same keys; only the parameters differ. Metrics (``metrics.jsonl``; the line of
 RL step s holds the probe of the parameters after s updates, measured before that step's
-update; the probe after the last update is a line of its own at step ``rl.num_steps``):
+update; the probe after the last update is a line of its own at the run's step count,
+``rl.num_steps`` unless ``rl.token_budget`` stopped it earlier):
 
   probe/valid_rate   share of completions whose script ran and wrote a valid submission
   probe/score        mean normalised dev score (``rewards.normalised_score``), failures 0
@@ -147,10 +148,10 @@ class Probe:
         return cls(states, tasks, {i: rewards.task_targets(t) for i, t in tasks.items()},
                    int(p.samples), int(cfg.seed), int(p.every))
 
-    def due(self, updates: int, num_steps: int) -> bool:
-        """Whether the parameters after ``updates`` learner updates are probed: every
-        ``every`` updates, and after the last (``num_steps``)."""
-        return updates % self.every == 0 or updates == num_steps
+    def due(self, updates: int) -> bool:
+        """Whether the parameters after ``updates`` learner updates are probed on the way:
+        every ``every`` updates (the trainer probes after the last update too)."""
+        return updates % self.every == 0
 
     def run(self, prompt_ids: Callable[[ProbeState], list[int]],
             generate: Callable[[list[list[int]], jax.Array, int], Any], pool: Any,

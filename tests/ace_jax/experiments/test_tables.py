@@ -109,6 +109,23 @@ def test_arms_parse_and_refuse_nonsense():
             compare.parse_arm(bad)
 
 
+def test_warm_starts_can_be_another_comparisons(tmp_path, monkeypatch):
+    """``warm_root``: seed k's warm start is <warm_root>/warm<k>, the arms' runs stay under
+    root and start from it."""
+    jobs = []
+
+    def run_jobs(batch, **kw):
+        jobs.extend(batch)
+        return [compare.ablation.RunResult(workdir=wd, seconds=0.0) for _, wd, _ in batch]
+    monkeypatch.setattr(compare.ablation, "run_jobs", run_jobs)
+    compare.run(str(tmp_path / "b"), {"x": {"rl.token_budget": 9}}, [3], 5,
+                warm_root=str(tmp_path / "a"), progress=False)
+    assert [(name, wd) for name, wd, _ in jobs] == [
+        ("warm3", str(tmp_path / "a" / "warm3")), ("x/seed3", str(tmp_path / "b" / "x" / "seed3"))]
+    assert jobs[1][2]["model.init_from_run"] == str(tmp_path / "a" / "warm3")
+    assert jobs[1][2]["rl.token_budget"] == 9 and jobs[1][2]["rl.num_steps"] == 5
+
+
 def test_export_keeps_finished_runs_and_says_if_complete(tmp_path):
     root = tmp_path / "runs"
     run = root / "a" / "seed0"

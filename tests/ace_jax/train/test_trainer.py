@@ -294,6 +294,28 @@ def test_resume_replays_from_the_last_checkpoint(k1_run, tiny_setup, tmp_path):
     assert untimed(run_loop(cfg)) == untimed(k1_run)
 
 
+def test_token_budget_ends_the_run_at_the_step_that_spends_it(tiny_setup, tmp_path):
+    """``rl.token_budget``: no step goes out once the run has generated that many completion
+    tokens (k = 1: the step in flight is still learned on); the final probe is the line after
+    the last step; killed and resumed, the run ends at the same step with the same metrics
+    (the count is checkpointed)."""
+    budget = 17    # > one step's most (B x G x max_new_tokens = 16): at least 2 steps
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", num_steps=50, token_budget=budget)
+    got = run_loop(cfg)
+    tokens = [m["rollout/generated_tokens"] for m in got["metrics"]]
+    n = len(tokens)
+    assert 2 <= n < 50 and sum(tokens[:-1]) < budget <= sum(tokens), tokens
+    assert [m["step"] for m in got["metrics"]] == list(range(n))
+    assert got["probes"][-1] == (n, {**got["probes"][-1][1], "probe/updates": float(n)})
+    cfg.workdir = str(tmp_path / "resumed")
+    run_loop(cfg, stop_after_iteration=1)
+    untimed = lambda run: {k: v for k, v in run.items() if k != "perf"}  # noqa: E731
+    assert untimed(run_loop(cfg)) == untimed(got)
+    cfg.rl.token_budget = -1
+    with pytest.raises(config_utils.ConfigError, match="token_budget"):
+        train_config.validate(cfg)
+
+
 def _refill_run(tiny_setup, tmp_path, task_ids, **rl):
     """A synchronous tiny run with 2 dynamic-sampling rounds on ``task_ids``, no probe:
     (run_loop's result, B, G)."""
