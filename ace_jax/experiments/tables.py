@@ -39,14 +39,15 @@ class TableError(RuntimeError):
     """A document names a table no function makes, or a table's raw data is missing."""
 
 
-def _interval(values: Sequence[float], digits: int = 3) -> str:
+def _interval(values: Sequence[float], digits: int = 3, signed: bool = True) -> str:
     """"mean [low, high]" (95% Student-t); said so when there are too few values."""
     if not len(values):
         return "n/a (no runs)"
     mean, low, high = ablation.mean_interval(values, CONFIDENCE)
+    f = f"{'+' if signed else ''}.{digits}f"
     if not np.isfinite(low):
-        return f"{mean:+.{digits}f} (n = {len(values)}: no interval)"
-    return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+        return f"{mean:{f}} (n = {len(values)}: no interval)"
+    return f"{mean:{f}} [{low:{f}}, {high:{f}}]"
 
 
 # ------------------------------------------------------------------------ routing replay
@@ -83,33 +84,81 @@ def probe_gains(rows: Sequence[dict], key: str) -> dict[tuple[str, int], float]:
     return out
 
 
-def compare_table(results: str, name: str, a: str, b: str,
-                  keys: Sequence[str] = ("probe/score", "probe/valid_rate", "probe/humanrank",
-                                         "probe/score_heldout", "probe/valid_rate_heldout")
-                  ) -> str:
-    """Per probe key: each arm's gain (last probe - first) over its seeds and the paired
-    difference ``b - a`` by seed, with 95% Student-t intervals; a row of run counts first."""
+def detectable_effect(diffs: Sequence[float], confidence: float = CONFIDENCE,
+                      power: float = 0.8) -> float:
+    """The smallest paired mean difference a two-sided t-test at ``confidence`` detects with
+    ``power``, given the observed spread: (t(1 - a/2, n-1) + t(power, n-1)) sd / sqrt(n)
+    (nan with fewer than 2 values)."""
+    from scipy import stats
+
+    v = np.asarray(diffs, dtype=np.float64)
+    if v.size < 2:
+        return float("nan")
+    t = stats.t.ppf(0.5 + confidence / 2, v.size - 1) + stats.t.ppf(power, v.size - 1)
+    return float(t * v.std(ddof=1) / np.sqrt(v.size))
+
+
+PROBE_KEYS = ("probe/score", "probe/valid_rate", "probe/humanrank", "probe/score_heldout",
+              "probe/valid_rate_heldout")
+
+
+def compare_table(results: str, name: str, arms: Sequence[str],
+                  pairs: Sequence[tuple[str, str]], keys: Sequence[str] = PROBE_KEYS,
+                  cost: bool = False) -> str:
+    """``results/<name>``: per probe key each arm's gain (last probe - first, over the seeds
+    it finished) and, per pair (x, y), the paired difference x - y over the seeds both
+    finished, with 95% Student-t intervals and the effect the design detects at 80% power.
+    ``cost``: a table of updates and generated completion tokens per arm too."""
     folder = os.path.join(results, name)
     info = json.load(open(os.path.join(folder, "runs.json")))
     rows = compare.read_csv(os.path.join(folder, "metrics.csv.gz"))
     done = {(r["arm"], r["seed"]) for r in info["runs"]}
-    paired = [s for s in info["seeds"] if (a, s) in done and (b, s) in done]
-    head = (f"{len(done)} of {len(info['arms']) * len(info['seeds'])} runs finished; seeds "
-            f"paired: {', '.join(map(str, paired)) or 'none'}"
-            + ("" if info["complete"] else " (incomplete: no conclusion is drawn)") + ".\n\n")
-    out = [f"| probe key | gain {a} | gain {b} | {b} - {a} (paired) |", "|---|---|---|---|"]
-    for key in keys:
-        g = probe_gains(rows, key)
-        cells = [_interval([g[(arm, s)] for s in paired if (arm, s) in g]) for arm in (a, b)]
-        diff = [g[(b, s)] - g[(a, s)] for s in paired if (a, s) in g and (b, s) in g]
-        out.append(f"| {key} | {cells[0]} | {cells[1]} | {_interval(diff)} |")
-    return head + "\n".join(out)
+    seeds = {arm: [s for s in info["seeds"] if (arm, s) in done] for arm in arms}
+    out = [f"{len(done)} of {len(info['arms']) * len(info['seeds'])} runs finished"
+           + ("" if info["complete"] else " (incomplete: no conclusion is drawn)") + ".", "",
+           "| probe key | " + " | ".join(f"gain {a}" for a in arms) + " |",
+           "|---|" + "---|" * len(arms)]
+    gains = {key: probe_gains(rows, key) for key in keys}
+    for key, g in gains.items():
+        out.append(f"| {key} | " + " | ".join(
+            _interval([g[(a, s)] for s in seeds[a] if (a, s) in g]) for a in arms) + " |")
+    out += ["", "| probe key | paired difference | seeds | mean [95% interval] | "
+                "detectable at 80% power |", "|---|---|---|---|---|"]
+    for key, g in gains.items():
+        for x, y in pairs:
+            both = [s for s in seeds[x] if s in seeds[y] and (x, s) in g and (y, s) in g]
+            diff = [g[(x, s)] - g[(y, s)] for s in both]
+            mde = detectable_effect(diff)
+            out.append(f"| {key} | {x} - {y} | {', '.join(map(str, both)) or 'none'} | "
+                       f"{_interval(diff)} | {'n/a' if np.isnan(mde) else f'{mde:.3f}'} |")
+    if cost:
+        out += ["", "| arm | updates | generated tokens | refill rounds per step |",
+                "|---|---|---|---|"]
+        for a in arms:
+            per = [[r for r in rows if r["arm"] == a and r["seed"] == s] for s in seeds[a]]
+            upd = [max(r.get("probe/updates", 0.0) for r in p) for p in per]
+            tok = [sum(r.get("rollout/generated_tokens", 0.0) for r in p) for p in per]
+            refill = [r["rollout/refill_rounds"] for p in per for r in p
+                      if "rollout/refill_rounds" in r]
+            out.append(f"| {a} | {_interval(upd, 1, False)} | {_interval(tok, 0, False)} | "
+                       f"{np.mean(refill) if refill else float('nan'):.2f} |")
+    return "\n".join(out)
 
 
 @TABLES.register("offpolicy_k1")
 def offpolicy_k1(results: str) -> str:
     """``results/offpolicy_k1``: behaviour vs learner (decoupled) at k = 1, on the probe."""
-    return compare_table(results, "offpolicy_k1", "behaviour", "learner")
+    return compare_table(results, "offpolicy_k1", ("behaviour", "learner"),
+                         [("learner", "behaviour")])
+
+
+@TABLES.register("samplers_budget")
+def samplers_budget(results: str) -> str:
+    """``results/samplers_budget``: LP against uniform, DAPO and Reinforce-Ada at one budget
+    of generated tokens, on the probe."""
+    others = ("uniform", "dapo", "reinforce_ada")
+    return compare_table(results, "samplers_budget", ("lp", *others),
+                         [("lp", o) for o in others], cost=True)
 
 
 # ------------------------------------------------------------------------ documents

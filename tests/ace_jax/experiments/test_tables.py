@@ -47,16 +47,19 @@ def test_a_marker_without_a_table_is_an_error(tmp_path):
     assert tables.main(["--check", "--root", str(root)]) == 2
 
 
-def _experiment(tmp_path, gains):
-    """results/offpolicy_k1 with probe/score rising by gains[arm][seed] from 0.1 at update 0."""
-    folder = tmp_path / "results" / "offpolicy_k1"
+def _experiment(tmp_path, gains, name="offpolicy_k1"):
+    """results/<name> with probe/score rising by gains[arm][seed] from 0.1 at update 0 (two
+    steps generating 7 and 5 tokens, with 0 and 1 refill rounds)."""
+    folder = tmp_path / "results" / name
     folder.mkdir(parents=True)
     rows = []
     for arm, per_seed in gains.items():
         for seed, g in enumerate(per_seed):
             rows += [{"arm": arm, "seed": seed, "step": 0, "probe/updates": 0.0,
-                      "probe/score": 0.1, "rollout/valid_rate": 0.5},
-                     {"arm": arm, "seed": seed, "step": 1, "rollout/valid_rate": 0.5},
+                      "probe/score": 0.1, "rollout/valid_rate": 0.5,
+                      "rollout/generated_tokens": 7.0, "rollout/refill_rounds": 0.0},
+                     {"arm": arm, "seed": seed, "step": 1, "rollout/valid_rate": 0.5,
+                      "rollout/generated_tokens": 5.0, "rollout/refill_rounds": 1.0},
                      {"arm": arm, "seed": seed, "step": 2, "probe/updates": 2.0,
                       "probe/score": 0.1 + g}]
     compare.write_csv(rows, str(folder / "metrics.csv.gz"))
@@ -70,16 +73,37 @@ def _experiment(tmp_path, gains):
 def test_a_known_input_gives_a_known_table(tmp_path):
     results = _experiment(tmp_path, {"behaviour": [0.1, 0.2, 0.3], "learner": [0.2, 0.2, 0.5]})
     text = tables.offpolicy_k1(str(results))
-    assert text.startswith("6 of 6 runs finished; seeds paired: 0, 1, 2.")
-    row = next(x for x in text.splitlines() if x.startswith("| probe/score |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    for cell, values in zip(cells[1:], ([0.1, 0.2, 0.3], [0.2, 0.2, 0.5], [0.1, 0.0, 0.2])):
+    assert text.startswith("6 of 6 runs finished.")
+    lines = [x for x in text.splitlines() if x.startswith("| probe/score |")]
+    gains = [c.strip() for c in lines[0].strip("|").split("|")]
+    for cell, values in zip(gains[1:], ([0.1, 0.2, 0.3], [0.2, 0.2, 0.5])):
         mean, low, high = ablation.mean_interval(values)
         assert cell == f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
-    half = 4.302652729911275 * np.std([0.1, 0.0, 0.2], ddof=1) / np.sqrt(3)
-    assert cells[3] == f"+0.100 [{0.1 - half:+.3f}, {0.1 + half:+.3f}]"
+    diff = [c.strip() for c in lines[1].strip("|").split("|")]
+    sd = np.std([0.1, 0.0, 0.2], ddof=1)
+    half = 4.302652729911275 * sd / np.sqrt(3)
+    # t(0.975, 2) + t(0.8, 2) = 4.3027 + 1.0607
+    assert diff == ["probe/score", "learner - behaviour", "0, 1, 2",
+                    f"+0.100 [{0.1 - half:+.3f}, {0.1 + half:+.3f}]",
+                    f"{(4.302652729911275 + 1.0606601717798212) * sd / np.sqrt(3):.3f}"]
     # keys no run has: no values, said so
-    assert "| probe/humanrank | n/a (no runs) | n/a (no runs) | n/a (no runs) |" in text
+    assert "| probe/humanrank | n/a (no runs) | n/a (no runs) |" in text
+    assert "| probe/humanrank | learner - behaviour | none | n/a (no runs) | n/a |" in text
+
+
+def test_the_budget_table_pairs_each_arm_with_lp_and_counts_the_cost(tmp_path):
+    gains = {"lp": [0.3, 0.4], "uniform": [0.1, 0.3], "dapo": [0.2, 0.2],
+             "reinforce_ada": [0.0, 0.1]}
+    results = _experiment(tmp_path, gains, name="samplers_budget")
+    text = tables.samplers_budget(str(results))
+    for arm in ("uniform", "dapo", "reinforce_ada"):
+        row = next(x for x in text.splitlines() if x.startswith(f"| probe/score | lp - {arm} |"))
+        diff = [a - b for a, b in zip(gains["lp"], gains[arm])]
+        mean, low, high = ablation.mean_interval(diff)
+        assert f"| {mean:+.3f} [{low:+.3f}, {high:+.3f}] |" in row
+    # each run of _experiment: 2 updates, 7 + 5 generated tokens
+    assert "| lp | 2.0 (n = 2: no interval)" not in text
+    assert "| lp | 2.0 [2.0, 2.0] | 12 [12, 12] | 0.50 |" in text
 
 
 def test_gains_need_the_warm_start_probe(tmp_path):
