@@ -53,6 +53,7 @@ from flax import nnx
 from ace_jax.env import agent, rewards
 from ace_jax.ideator import ideator, prompts, sft_examples
 from ace_jax.runtime import checkpoint as ckpt_lib
+from ace_jax.runtime import multihost
 from ace_jax.train import sft
 from ace_jax.train.rollouts import Rollout, StepRollouts
 from ace_jax.train.setup import SetupError
@@ -302,7 +303,9 @@ class IdeatorEnv:
 
     def execute(self, s: StepRollouts) -> None:
         """Parses every idea, lets the frozen implementer take one step for each valid one (one
-        batched call) and sends the scripts it wrote to the sandbox pool."""
+        batched call) and sends the scripts of this process's share (``multihost.my_share``;
+        all of them on one host) to its sandbox pool; the trainer gathers every process's
+        results, as for the code agent."""
         step, rollouts, t = s.step, s.rollouts, self.trainer
         icfg = self.cfg.ideator
         asks: list[tuple[int, list[dict]]] = []
@@ -326,16 +329,33 @@ class IdeatorEnv:
                     a.implementer = agent.parse_action(
                         c.text, max_code_chars=self.cfg.agent.max_code_chars)
         self._impl_seconds[step] = time.perf_counter() - t0
+        mine = multihost.my_share(len(rollouts))
         s.futures = [t.pool.submit(t.task_by_id[r.task_id], r.action.code)
-                     if r.action.code is not None else None for r in rollouts]
+                     if r.action.code is not None and i in mine else None
+                     for i, r in enumerate(rollouts)]
 
     def _ask_implementer(self, conversations: list, step: int) -> list:
-        """One batched implementer call; a JAX implementer's batch is padded to B*G (one compiled
-        shape). Never raises: an exception becomes an error Completion for every conversation."""
+        """One batched implementer call, the same replies on every process. A JAX implementer
+        runs on every process (its generation is collective, or the same program with the same
+        keys), its batch padded to B*G (one compiled shape); any other (an HTTP endpoint) is
+        asked by each process for its share of the conversations and the replies are gathered.
+        Never raises: an exception becomes an error Completion for every conversation asked."""
         from ace_jax.policy import policy
 
         impl = self._get_implementer()
+        if multihost.is_multi_process() and not isinstance(impl, policy.JaxPolicy):
+            mine = multihost.my_share(len(conversations))
+            own = self._call_implementer(impl, [conversations[i] for i in mine], step)
+            return [policy.Completion(**d) for d in multihost.allgather_json(
+                [dataclasses.asdict(c) for c in own])]
+        return self._call_implementer(impl, conversations, step)
+
+    def _call_implementer(self, impl: Any, conversations: list, step: int) -> list:
+        from ace_jax.policy import policy
+
         n = len(conversations)
+        if not n:
+            return []
         convs = list(conversations)
         full = self.cfg.rl.batch_states * self.cfg.rl.group_size
         if isinstance(impl, policy.JaxPolicy) and self.cfg.ideator.implementer_pad_batch \
