@@ -98,7 +98,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.tasks.source = "mlebench"       # prepared competitions (`mlebench prepare`), see docs/tpu.md
     c.tasks.ids = ()                  # () = every prepared competition under data_dir
-    c.tasks.data_dir = "/mnt/mlebench/data"   # placeholder: the MLE-bench data dir on every host
+    # placeholder: the prepared competitions on GCS; each host copies those of tasks.ids (all
+    # of them when ids is ()) into tasks.cache_dir/mlebench once (ace_jax.env.tasks)
+    c.tasks.data_dir = "gs://YOUR_BUCKET/mlebench/mlebench-data"
 
     c.checkpoint.directory = "gs://YOUR_BUCKET/runs/ace30b/checkpoints"
     c.checkpoint.keep = 3

@@ -11,6 +11,7 @@ import logging
 import os
 from typing import Sequence
 
+from ace_jax.runtime import storage
 from sandbox.tasks import registry
 
 log = logging.getLogger("ace_jax.env.tasks")
@@ -33,7 +34,9 @@ def load_tasks(ids: Sequence[str] = (), *, source: str = "offline",
       source: "offline" (``sandbox.tasks.registry``) or "mlebench" (prepared MLE-bench
         competitions in ``data_dir``).
       cache_dir: where the offline suite is prepared (``registry.load_suite``).
-      data_dir: the folder of prepared MLE-bench competitions (source "mlebench" only).
+      data_dir: the folder of prepared MLE-bench competitions (source "mlebench" only): a local
+        path, or a URL (``gs://bucket/mlebench``) from which only the competitions ``ids`` are
+        copied, once, into ``cache_dir/mlebench/<id>`` (``stage_competitions``).
       seed: the seed the tasks are (or were) prepared with; the reference leaderboard of the
         offline suite belongs to it.
       time_limit_s: when > 0, each task's per-execution ``time_limit_s`` is capped to it.
@@ -60,6 +63,8 @@ def load_tasks(ids: Sequence[str] = (), *, source: str = "offline",
     elif source == "mlebench":
         from sandbox.tasks import mlebench
 
+        if storage.is_url(data_dir):
+            data_dir = stage_competitions(data_dir, ids, cache_dir)
         if not data_dir or not os.path.isdir(data_dir):
             raise TaskLoadError(f"tasks.data_dir={data_dir!r} is not a directory of prepared "
                                 "MLE-bench competitions")
@@ -84,3 +89,28 @@ def load_tasks(ids: Sequence[str] = (), *, source: str = "offline",
                             "relative to its baseline %.6g; medals and HumanRank n/a",
                             t.task_id, t.baseline_score)
     return tasks
+
+
+def stage_competitions(url: str, ids: Sequence[str], cache_dir: str) -> str:
+    """Copies the prepared MLE-bench competitions ``ids`` (every one under ``url`` when empty)
+    from ``url/<id>/`` (its ``prepared/{public,private}``, and ``config.yaml`` /
+    ``description.md`` / ``leaderboard.csv`` when the mlebench package does not supply them)
+    to ``cache_dir/mlebench/<id>/``; a competition already there is reused until its remote
+    files change. Returns the local data folder. The private answers land in the cache, as a
+    local ``data_dir``'s do: the sandbox hides ``prepared/private`` (``Task.hidden_paths``)
+    and mounts only the public folder. TaskLoadError when a competition is not under ``url``."""
+    import fsspec
+
+    local = os.path.join(cache_dir, "mlebench")
+    if not ids:
+        fs, root = fsspec.core.url_to_fs(url)
+        ids = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    for cid in ids:
+        try:
+            storage.local_copy(storage.join(url, cid), local, name=cid)
+        except FileNotFoundError:
+            raise TaskLoadError(f"tasks.data_dir={url!r} holds no competition {cid!r} "
+                                f"(expected {storage.join(url, cid, 'prepared')}/...)") from None
+        log.info("task %s staged from %s in %s", cid, url, local)
+    return local
+

@@ -8,7 +8,7 @@ workdir never becomes a local folder named ``gs:``:
   exists / read_text / write_text / makedirs
   local_copy(path)          a directory as a local path (a URL's files are downloaded into a
                             cache folder keyed by the URL and the files' versions), for the
-                            libraries that read only local files (tokenizers)
+                            libraries that read only local files (tokenizers, task data)
   upload_dir(local, path)   a local directory's files to ``path``
 
 Local writes are atomic (a temporary file renamed into place); an object store's single-object
@@ -89,23 +89,26 @@ def write_text(path: str, text: str) -> None:
 
 
 def upload_dir(local: str, path: str) -> None:
-    """Copies the files of the local directory ``local`` to ``path`` (a URL or a local path)."""
+    """Copies the files of the local directory ``local``, sub-folders included, to ``path``
+    (a URL or a local path)."""
     for name in sorted(os.listdir(local)):
         src = os.path.join(local, name)
-        if os.path.isfile(src):
-            if is_url(path):
-                fs, p = _fs(join(path, name))
-                fs.put_file(src, p)
-            else:
-                os.makedirs(path, exist_ok=True)
-                shutil.copyfile(src, os.path.join(path, name))
+        if os.path.isdir(src):
+            upload_dir(src, join(path, name))
+        elif is_url(path):
+            fs, p = _fs(join(path, name))
+            fs.put_file(src, p)
+        else:
+            os.makedirs(path, exist_ok=True)
+            shutil.copyfile(src, os.path.join(path, name))
 
 
-def local_copy(path: str, cache_dir: str = CACHE_DIR) -> str:
-    """``path`` itself when local; for a URL, a local folder holding its files. The folder is
-    keyed by the URL and its files' names, sizes and versions (etag / md5 / mtime), so a later
-    call reuses it until the remote files change. FileNotFoundError when the URL holds no
-    file."""
+def local_copy(path: str, cache_dir: str = CACHE_DIR, *, name: str = "") -> str:
+    """``path`` itself when local; for a URL, a local folder holding its files, downloaded
+    once: a later call reuses it until the remote files change (their names, sizes and
+    versions: etag / md5 / mtime). The folder is ``cache_dir/<name>`` (replaced when the
+    remote files changed), or without ``name`` a folder named by a hash of the URL and its
+    files' versions. FileNotFoundError when the URL holds no file."""
     path = os.fspath(path)
     if not is_url(path):
         return path
@@ -117,13 +120,22 @@ def local_copy(path: str, cache_dir: str = CACHE_DIR) -> str:
         raise FileNotFoundError(f"{path} holds no file")
     version = lambda i: str(i.get("etag") or i.get("md5Hash") or i.get("mtime")  # noqa: E731
                             or i.get("updated") or "")
-    key = repr(sorted((f[len(root):], int(i.get("size") or 0), version(i))
-                      for f, i in found.items()))
-    local = os.path.join(cache_dir, hashlib.sha256((path.rstrip("/") + key).encode())
-                         .hexdigest()[:20])
+    key = path.rstrip("/") + repr(sorted((f[len(root):], int(i.get("size") or 0), version(i))
+                                         for f, i in found.items()))
+    local = os.path.join(cache_dir, name or hashlib.sha256(key.encode()).hexdigest()[:20])
     done = os.path.join(local, ".complete")
-    if os.path.exists(done):
+    if os.path.exists(done) and open(done).read() == key:
         return local
+    if os.path.exists(local):       # another version of the files, or an interrupted copy
+        shutil.rmtree(local)
+    os.makedirs(local)
+    for f in found:
+        dst = os.path.join(local, *f[len(root):].split("/"))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        fs.get_file(f, dst)
+    with open(done, "w") as f:
+        f.write(key)
+    return local
     os.makedirs(local, exist_ok=True)
     for f in found:
         dst = os.path.join(local, *f[len(root):].split("/"))

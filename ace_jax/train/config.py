@@ -121,7 +121,7 @@ def tasks_config() -> ml_collections.ConfigDict:
     c.source = "offline"              # offline (the bundled suite) | mlebench
     c.ids = ()                        # () = every task of the source
     c.cache_dir = "cache/tasks"       # offline: where the suite is prepared
-    c.data_dir = ""                   # mlebench: the directory of prepared competitions
+    c.data_dir = ""                   # mlebench: the folder of prepared competitions (or gs://)
     c.seed = 0                        # the seed the tasks are prepared with
     return c
 

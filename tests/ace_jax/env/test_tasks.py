@@ -2,6 +2,7 @@
 offline suite (iris prepared into a temporary cache)."""
 import dataclasses
 import logging
+import os
 
 import pytest
 
@@ -52,3 +53,40 @@ def test_training_needs_a_baseline_and_warns_without_a_leaderboard(cache, monkey
     assert tasks_lib.load_tasks([TASK_ID]) == [broken]
     with pytest.raises(tasks_lib.TaskLoadError, match="anchors the rewards"):
         tasks_lib.load_tasks([TASK_ID], training=True)
+
+
+def test_mlebench_tasks_from_a_bucket_are_staged_once_each(gcs_emulator, monkeypatch, tmp_path):
+    """``tasks.data_dir=gs://...``: only the competitions asked for are copied into the cache
+    (public and private apart, as prepared), reused until their remote files change."""
+    import fsspec
+
+    from ace_jax.runtime import storage
+    from tests.sandbox.test_mlebench_adapter import _write_competition
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
+    url = "gs://" + gcs_emulator.prefix() + "/mlebench"
+    prepared = tmp_path / "prepared"
+    for cid in ("toy-a", "toy-b"):
+        _write_competition(prepared, cid, "multi-class-log-loss")
+        storage.upload_dir(str(prepared / cid), storage.join(url, cid))
+    cache = tmp_path / "cache"
+    [task] = tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url,
+                                  cache_dir=str(cache))
+    staged = cache / "mlebench" / "toy-a"
+    assert sorted(os.listdir(cache / "mlebench")) == ["toy-a"]        # toy-b never fetched
+    assert task.public_dir == staged / "prepared" / "public"
+    assert str(staged / "prepared" / "private") in task.hidden_paths
+    assert task.description.startswith("# Toy authors") and len(task.leaderboard) == 10
+    marker = (staged / ".complete").stat().st_mtime_ns
+    tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url, cache_dir=str(cache))
+    assert (staged / ".complete").stat().st_mtime_ns == marker        # reused
+    storage.write_text(storage.join(url, "toy-a", "description.md"), "# Changed\n")
+    [task] = tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url,
+                                  cache_dir=str(cache))
+    assert task.description == "# Changed\n"
+    with pytest.raises(tasks_lib.TaskLoadError, match="holds no competition 'toy-c'"):
+        tasks_lib.load_tasks(["toy-c"], source="mlebench", data_dir=url, cache_dir=str(cache))
+    # every competition under the URL when no id is given
+    got = tasks_lib.load_tasks(source="mlebench", data_dir=url, cache_dir=str(cache))
+    assert [t.task_id for t in got] == ["toy-a", "toy-b"]
