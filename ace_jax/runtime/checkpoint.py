@@ -13,7 +13,9 @@ Layout: `<directory>/<step>/{params,opt_state,rng,meta}/` written by an Orbax
 with step, rng implementation, sampler state and a format version). Orbax writes into
 `<step>.orbax-checkpoint-tmp-*` and renames when complete, leaving `commit_success.txt` in the
 step dir; an unrenamed tmp dir is an unfinished save. `directory` may be a local path or `gs://`
-(etils/gcsfs for files, tensorstore for arrays; tested against the gcp-storage-emulator).
+(etils/gcsfs for files, tensorstore for arrays; tested against the gcp-storage-emulator with
+`use_ocdbt=False`: the emulator sends no object generation with a read, which OCDBT's conditional
+manifest writes need; real GCS does).
 
 Saves are asynchronous by default: `save` returns once the arrays are copied off the device and
 the write continues in the background; `wait_until_finished()` / `close()` (or leaving the `with`
@@ -105,6 +107,10 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.keep = 3                    # complete checkpoints retained (oldest deleted first)
     cfg.save_interval_steps = 1     # `save` is a no-op on other steps unless force=True
     cfg.async_save = True
+    # Orbax's OCDBT layout (one small database per item; its manifest is updated with
+    # conditional writes). False: a zarr folder per array, for a store without working
+    # conditional writes (gcp-storage-emulator: no x-goog-generation on reads).
+    cfg.use_ocdbt = True
     return cfg
 
 
@@ -145,10 +151,11 @@ class Checkpointer:
       keep: number of complete checkpoints kept (None keeps all).
       save_interval_steps: `save` only writes on multiples of this, unless `force=True`.
       async_save: write in the background.
+      use_ocdbt: Orbax's OCDBT array layout (False: a zarr folder per array).
     """
 
     def __init__(self, directory: str, *, keep: int | None = 3, save_interval_steps: int = 1,
-                 async_save: bool = True):
+                 async_save: bool = True, use_ocdbt: bool = True):
         if not directory:
             raise ValueError("checkpoint directory is empty")
         if save_interval_steps < 1:
@@ -160,7 +167,8 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=1, create=True,
             enable_async_checkpointing=async_save)
-        handlers = {item: ocp.StandardCheckpointHandler() for item in ARRAY_ITEMS}
+        handlers = {item: ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt)
+                    for item in ARRAY_ITEMS}
         handlers["meta"] = ocp.JsonCheckpointHandler()
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_handlers=handlers)
@@ -168,7 +176,7 @@ class Checkpointer:
     @classmethod
     def from_config(cls, cfg: ml_collections.ConfigDict) -> "Checkpointer":
         return cls(cfg.directory, keep=cfg.keep, save_interval_steps=cfg.save_interval_steps,
-                   async_save=cfg.async_save)
+                   async_save=cfg.async_save, use_ocdbt=cfg.use_ocdbt)
 
     # ------------------------------------------------------------------ saving
 

@@ -128,12 +128,12 @@ class Trainer:
         except config_utils.ConfigError as e:
             raise SetupError(str(e)) from e
         ck = cfg.checkpoint
-        self.async_save = bool(ck.get("async_save", False))
+        self.async_save = bool(ck.async_save)
         self.checkpointer = ckpt_lib.Checkpointer(
             ck.directory or os.path.join(self.workdir, "checkpoints"),
             keep=max(2, ck.keep),   # the previous one too: its buffer commit may be the newest
-            save_interval_steps=int(ck.get("save_interval_steps", 1)),
-            async_save=self.async_save)
+            save_interval_steps=int(ck.save_interval_steps), async_save=self.async_save,
+            use_ocdbt=bool(ck.use_ocdbt))
         # Pruning ranks states by the potential that selects them (the configured LP).
         self.buffer = buffer_lib.EvolvingBuffer(
             cfg.buffer, list(self.targets.values()),
@@ -192,6 +192,10 @@ class Trainer:
             self._persist()
         if self.is_writer:   # the GRPO mode, on the terminal at every start
             print(grpo.describe(cfg.grpo), file=sys.stderr, flush=True)
+        if multihost.is_multi_process():   # each host: did it join, and which mesh
+            print(f"process {jax.process_index()} of {jax.process_count()}: "
+                  f"{jax.local_device_count()} of {jax.device_count()} devices, mesh "
+                  f"{dict(self.placement.mesh.shape)}", file=sys.stderr, flush=True)
         last: dict = {}
         while not self.done:
             last = self.step() or last
@@ -560,11 +564,17 @@ class Trainer:
             self._commit_saved()
 
     def _commit_saved(self) -> None:
-        """Waits for the checkpoint being written, then commits the buffer of its iteration."""
+        """Waits for the checkpoint being written, then commits the buffer of its iteration.
+        A save that failed raises here, and its buffer commit is dropped (taken off before the
+        wait), so a later call (``close``) cannot commit a buffer whose checkpoint is missing:
+        the run resumes from the last iteration with both."""
+        pending, self._uncommitted = self._uncommitted, None
         self.checkpointer.wait_until_finished()
-        if self._uncommitted is not None:
-            iteration, buf, sampler_state = self._uncommitted
-            self._uncommitted = None
+        if pending is not None:
+            iteration, buf, sampler_state = pending
+            # a remote workdir's metrics are uploaded every ~30 s: up to date before the commit
+            # a resume restarts from, so a killed run's steps keep their lines
+            self.metrics.sync()
             self.store.commit(buf, iteration, sampler_state)
 
     def _restore(self) -> bool:

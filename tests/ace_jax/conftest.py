@@ -32,8 +32,8 @@ def _free_port() -> int:
 
 
 class Emulator:
-    def __init__(self, endpoint: str, bucket: str, proc):
-        self.endpoint, self.bucket, self.proc = endpoint, bucket, proc
+    def __init__(self, endpoint: str, bucket: str, proc, log_path: Path):
+        self.endpoint, self.bucket, self.proc, self.log_path = endpoint, bucket, proc, log_path
 
     def fs(self, endpoint=None):
         import gcsfs.core
@@ -45,14 +45,18 @@ class Emulator:
 
 
 @pytest.fixture(scope="session")
-def gcs_emulator():
+def gcs_emulator(tmp_path_factory):
     exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
     if not os.path.exists(exe):
         pytest.skip("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
     port = _free_port()
+    # Its log goes to a file: the emulator serves one request at a time and prints a traceback
+    # for a request it cannot handle, so an undrained pipe would stall it once full.
+    log_path = tmp_path_factory.mktemp("gcs_emulator") / "emulator.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory",
                              "--default-bucket", BUCKET, "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.time() + 30
     while True:
         try:
@@ -64,15 +68,16 @@ def gcs_emulator():
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            err = log_path.read_text(errors="replace")[-2000:]
             pytest.fail(f"GCS emulator did not start on port {port}: {err}")
         time.sleep(0.1)
-    yield Emulator(f"http://127.0.0.1:{port}", BUCKET, proc)
+    yield Emulator(f"http://127.0.0.1:{port}", BUCKET, proc, log_path)
     proc.terminate()
     try:
         proc.wait(5)
     except subprocess.TimeoutExpired:
         proc.kill()
+    log.close()
 
 
 class FaultyProxy:

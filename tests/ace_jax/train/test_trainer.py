@@ -294,6 +294,34 @@ def test_resume_replays_from_the_last_checkpoint(k1_run, tiny_setup, tmp_path):
     assert untimed(run_loop(cfg)) == untimed(k1_run)
 
 
+def test_a_failed_background_save_gets_no_buffer_commit(k1_run, tiny_setup, tmp_path):
+    """The checkpoint of iteration 2, written in the background, fails (as an object store's
+    write can): the run stops with the error, closing it commits nothing for iteration 2, and
+    the same command resumes from the last iteration with both and ends as the straight run."""
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=1)
+    cfg.checkpoint.save_interval_steps = 2
+    cfg.checkpoint.async_save = True
+    t = trainer.Trainer(cfg, progress=False)
+    wait = t.checkpointer.wait_until_finished
+
+    failed = []
+
+    def failing_wait():      # as Orbax: the failed save raises once, at the next wait
+        wait()
+        if t.iteration == 3 and not failed:   # iteration 2's save was pending
+            failed.append(True)
+            raise OSError("Error writing manifest.ocdbt (injected)")
+    t.checkpointer.wait_until_finished = failing_wait
+    with pytest.raises(OSError, match="injected"):
+        t.run()
+    t.close()
+    from ace_jax.curriculum import buffer, buffer_store
+    buf = buffer.EvolvingBuffer(cfg.buffer, list(t.targets.values()))
+    assert buffer_store.BufferStore(str(tmp_path / "run" / "buffer")).restore(buf).step == 0
+    untimed = lambda run: {k: v for k, v in run.items() if k != "perf"}  # noqa: E731
+    assert untimed(run_loop(cfg)) == untimed(k1_run)
+
+
 def test_token_budget_ends_the_run_at_the_step_that_spends_it(tiny_setup, tmp_path):
     """``rl.token_budget``: no step goes out once the run has generated that many completion
     tokens (k = 1: the step in flight is still learned on); the final probe is the line after

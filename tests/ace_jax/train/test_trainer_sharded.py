@@ -341,5 +341,6 @@ def test_two_processes_run_one_mesh_and_survive_a_lost_peer(sharded_runs, tmp_pa
     # each process ran its own share of the executions (multihost.my_share: half each)
     for i, text in enumerate(logs):
         assert f"process {i} of 2 ran" in text, text[-2000:]
+        assert f"process {i} of 2: 4 of 8 devices, mesh " in text, text[-2000:]
     # the buffer (written by process 0 alone) holds exactly the reference run's states
     assert got["buffer"] == ref["buffer"]
