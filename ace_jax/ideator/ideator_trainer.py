@@ -232,9 +232,10 @@ class IdeatorEnv:
         """Saves the current (warm-started) weights as the frozen "self" implementer."""
         with ckpt_lib.Checkpointer(self.snapshot_dir, keep=1, async_save=False) as c:
             c.delete_after(-1)   # a warm start that crashed before its first commit left one
+            replicate = self.trainer.placement.replicate   # global arrays: multi-host saves
             c.save(ckpt_lib.TrainState(step=0, params=nnx.state(self.trainer.model, nnx.Param),
-                                       opt_state={"unused": jnp.zeros(())},
-                                       rng=jax.random.key(0),
+                                       opt_state={"unused": replicate(jnp.zeros(()))},
+                                       rng=replicate(jax.random.key(0)),
                                        sampler_state={"what": "frozen ideator implementer"}),
                    force=True)
 

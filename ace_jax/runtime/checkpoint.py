@@ -65,6 +65,15 @@ __all__ = [
 ]
 
 
+def bytes_read() -> int:
+    """Bytes this process's tensorstore key-value stores (file, gcs, ...) have read so far."""
+    import tensorstore as ts
+
+    return int(sum(v.get("value", 0)
+                   for m in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/")
+                   if m["name"].endswith("/bytes_read") for v in m["values"]))
+
+
 class CheckpointError(Exception):
     """Base class of checkpoint errors."""
 
@@ -277,11 +286,16 @@ class Checkpointer:
         self._check_complete(step)
         _compare_trees("params", step, self._read_array_metadata(step)["params"], params)
         args = ocp.args.Composite(params=ocp.args.StandardRestore(jax.tree.map(_abstract, params)))
+        before = bytes_read()
         try:
-            return self._manager.restore(step, args=args)["params"]
+            out = self._manager.restore(step, args=args)["params"]
         except Exception as e:  # tensorstore / orbax raise many types for unreadable data
             raise CheckpointCorruptError(step, f"reading array data failed: "
                                                f"{type(e).__name__}: {_short(e)}") from e
+        # with sharded targets each host reads only its slices: this says how much it read
+        logger.info("process %d read %d bytes of the parameters of checkpoint step %d in %s",
+                    jax.process_index(), bytes_read() - before, step, self.directory)
+        return out
 
     def restore_latest(self, target: TrainState, *, quarantine: bool = True) -> TrainState | None:
         """Restore the newest complete checkpoint; None when the directory holds none.

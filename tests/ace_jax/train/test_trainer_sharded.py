@@ -213,7 +213,8 @@ def sharded_runs(tmp_path_factory):
 
     def get(name):
         if name not in cache:
-            cache[name] = _run_in_process(tmp_path_factory.mktemp(name) / "run", name)
+            workdir = tmp_path_factory.mktemp(name) / "run"
+            cache[name] = dict(_run_in_process(workdir, name), workdir=str(workdir))
         return cache[name]
 
     return get
@@ -344,3 +345,64 @@ def test_two_processes_run_one_mesh_and_survive_a_lost_peer(sharded_runs, tmp_pa
         assert f"process {i} of 2: 4 of 8 devices, mesh " in text, text[-2000:]
     # the buffer (written by process 0 alone) holds exactly the reference run's states
     assert got["buffer"] == ref["buffer"]
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
+        sharded_runs, gcs_emulator, tmp_path, monkeypatch):
+    """MLE-Ideator on two processes (one 8-device mesh over both), its weights restored from
+    the sharded run (``model.init_from_run``), its task an MLE-bench competition prepared in a
+    (emulated) bucket: each process stages the task into its own cache, restores only its
+    slices of the parameters (tensorstore's count of the bytes each process read, against
+    the parameter files' size: a process reading everything would read about all of it), and
+    runs its share of the implementer's scripts."""
+    from ace_jax.runtime import storage
+    from tests.sandbox.test_mlebench_adapter import _write_competition
+
+    source = sharded_runs("fsdp4_expert2")["workdir"]
+    bucket = "gs://" + gcs_emulator.prefix() + "/mlebench"
+    _write_competition(tmp_path / "prepared", "toy-authors", "multi-class-log-loss")
+    env = dict(_env(4), STORAGE_EMULATOR_HOST=gcs_emulator.endpoint, FSSPEC_GS_TOKEN="anon",
+               GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", NO_GCE_CHECK="true")
+    import fsspec
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
+    storage.upload_dir(str(tmp_path / "prepared" / "toy-authors"),
+                       storage.join(bucket, "toy-authors"))
+    port, procs, workdir = _free_port(), [], tmp_path / "run"
+    for i in range(2):
+        cmd = [sys.executable, str(REPO / "launch/tpu_train.py"), "--config=configs/ideator.py",
+               f"--config.workdir={workdir}", "--no_progress", "--verbosity=0",
+               f"--config.model.init_from_run={source}",
+               *[f"--config.model.overrides.{k}={v}" for k, v in OVERRIDES.items()],
+               "--config.tasks.source=mlebench", f"--config.tasks.data_dir={bucket}",
+               "--config.tasks.ids=('toy-authors',)", f"--config.tasks.cache_dir={tmp_path}/tasks{i}",
+               "--config.rl.num_steps=2", "--config.rl.batch_states=1", "--config.rl.group_size=4",
+               "--config.sampling.max_new_tokens=24",
+               "--config.ideator.implementer_max_new_tokens=24",
+               "--config.sandbox.backend=process",
+               *[f"--config.mesh.{k}={v}" for k, v in MESHES["fsdp4_expert2"][0].items()],
+               "--config.mesh.distributed=always",
+               f"--config.mesh.coordinator_address=127.0.0.1:{port}",
+               "--config.mesh.num_processes=2", f"--config.mesh.process_id={i}",
+               "--config.mesh.heartbeat_timeout_s=10"]
+        log = open(tmp_path / f"proc{i}.log", "w")
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True), log))
+    codes = _wait(procs)
+    logs = [(tmp_path / f"proc{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], "\n\n".join(x[-3000:] for x in logs)
+    metrics = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "reward/mean" in m] == [0, 1]
+    step_dir = max((p for p in (pathlib.Path(source) / "checkpoints").iterdir()
+                    if p.name.isdigit()), key=lambda p: int(p.name))
+    total = sum(f.stat().st_size for f in (step_dir / "params").rglob("*") if f.is_file())
+    for i, text in enumerate(logs):
+        assert f"process {i} of 2: 4 of 8 devices" in text, text[-2000:]
+        assert f"process {i} of 2 ran" in text, text[-2000:]
+        assert os.listdir(tmp_path / f"tasks{i}" / "mlebench") == ["toy-authors"]
+        read = [int(x.split(" read ")[1].split(" bytes")[0]) for x in text.splitlines()
+                if f"process {i} read " in x and f"checkpoint step {step_dir.name} in "
+                f"{step_dir.parent}" in x]
+        assert read and read[0] < 0.75 * total, (read, total)
+
