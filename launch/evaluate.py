@@ -8,10 +8,13 @@
   python launch/evaluate.py ... --ideator=openai:http://host/v1#big-model   # MLE-Ideator advisor
 
 Writes to --out: results.json, report.md, per_task.png, best_dev.png, seed_solutions.jsonl and
-episodes/<task>__seed<k>.jsonl (one line per step), and prints the table. Semantics and metric
-definitions: ``ace_jax/eval/runner.py`` (episodes) and ``ace_jax/eval/scoring.py`` (metrics).
+episodes/<task>__seed<k>.jsonl (one line per step), and prints the table. A gs:// --out is
+written locally and uploaded when the evaluation ends. Semantics and metric definitions:
+``ace_jax/eval/runner.py`` (episodes) and ``ace_jax/eval/scoring.py`` (metrics).
 """
-
+import os
+import shutil
+import tempfile
 
 from absl import app, flags
 
@@ -23,7 +26,7 @@ _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "Comma-separated episode seeds.")
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 4, "Implementer steps per episode.")
 _TIME_BUDGET = flags.DEFINE_float("time_budget_s", 0.0, "Wall-clock seconds per episode, "
                                   "checked before each step; 0 = no budget.")
-_OUT = flags.DEFINE_string("out", None, "Output directory.")
+_OUT = flags.DEFINE_string("out", None, "Output directory (a local path or gs://).")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Sandbox workers, and episodes run at once.")
 _BACKEND = flags.DEFINE_string("backend", "bwrap", "Sandbox backend: bwrap | process | docker.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Tokens per completion (default: the "
@@ -77,7 +80,7 @@ def main(argv):
     from ace_jax.env import agent, tasks as tasks_lib
     from ace_jax.eval import harness, reports, run_config
     from ace_jax.policy import policy as policy_lib
-    from ace_jax.runtime import compile_cache
+    from ace_jax.runtime import compile_cache, storage
 
     compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
     try:
@@ -104,19 +107,25 @@ def main(argv):
             if _IDEATOR.value else None
     except (policy_lib.PolicySpecError, harness.EvaluationError) as e:
         raise app.UsageError(str(e)) from None
+    # a gs:// --out: written to a local folder, uploaded when the evaluation ends
+    out = tempfile.mkdtemp(prefix="ace_jax_eval_") if storage.is_url(_OUT.value) else _OUT.value
     pool = _make_pool(_BACKEND.value, _WORKERS.value)
     try:
         result = harness.evaluate(
             policy, tasks, pool, seeds=seeds, max_steps=_MAX_STEPS.value,
             time_budget_s=_TIME_BUDGET.value or None, advisor=advisor,
             stagnation_steps=_STAGNATION.value, agent_cfg=agent_cfg, buffer_cfg=buffer_cfg,
-            out_dir=_OUT.value, episode_workers=_WORKERS.value,
+            out_dir=out, episode_workers=_WORKERS.value,
             serialize_policy=kind != "openai", progress=not _NO_PROGRESS.value)
     finally:
         pool.close()
     result.config.update(policy_spec=_POLICY.value, ideator_spec=_IDEATOR.value or None,
                          backend=_BACKEND.value, task_seed=_TASK_SEED.value)
-    paths = reports.write_reports(result, _OUT.value)
+    paths = reports.write_reports(result, out)
+    if out != _OUT.value:
+        storage.upload_dir(out, _OUT.value)
+        paths = {k: storage.join(_OUT.value, os.path.relpath(v, out)) for k, v in paths.items()}
+        shutil.rmtree(out)
     print(reports.format_table(result))
     for name, path in sorted(paths.items()):
         print(f"{name}: {path}")

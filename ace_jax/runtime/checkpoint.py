@@ -239,8 +239,12 @@ class Checkpointer:
         """Deletes every checkpoint newer than `step` (e.g. one whose companion buffer commit
         never landed), so those steps can be saved again; returns the deleted steps."""
         newer = [s for s in self.all_steps() if s > step]
+        finished = set(self._manager.all_steps())
         for s in newer:
-            self._manager.delete(s)
+            if s in finished:
+                self._manager.delete(s)
+            else:   # an unfinished save on an object store (written in place: nothing renames)
+                (self.directory / str(s)).rmtree()
         self._manager.reload()
         return newer
 

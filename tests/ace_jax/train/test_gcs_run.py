@@ -81,13 +81,14 @@ def test_a_gs_run_is_killed_resumes_finishes_and_evaluates(gcs_emulator, tmp_pat
     assert len(fs.ls(url[len("gs://"):] + "/rollouts")) == STEPS
 
     ev = subprocess.run([sys.executable, str(REPO / "launch/evaluate.py"), f"--policy=run:{url}",
-                         f"--out={tmp_path}/eval", "--tasks=iris-species", "--seeds=0",
+                         f"--out={url}/eval", "--tasks=iris-species", "--seeds=0",
                          "--max_steps=1", "--backend=process", f"--cache_dir={tmp_path}/tasks",
                          "--no_progress"], cwd=cwd, env=env, capture_output=True, text=True,
                         timeout=600)
     assert ev.returncode == 0, ev.stderr[-4000:]
-    assert os.listdir(tmp_path / "eval")
-    # nothing of the run landed on local disk under a folder named like the URL
-    local = [str(p) for p in cwd.rglob("*")] + [str(p) for p in (tmp_path / "eval").rglob("*")]
-    assert not [p for p in local if "gs:" in p], local[:10]
+    got = {p[len(url) - len("gs://"):] for p in fs.find(url[len("gs://"):] + "/eval")}
+    assert {"/eval/results.json", "/eval/report.md", "/eval/seed_solutions.jsonl",
+            "/eval/episodes/iris-species__seed0.jsonl"} <= got, got
+    assert f"json: {url}/eval/results.json" in ev.stdout
+    # nothing of the run or its evaluation landed on local disk under a folder named gs:
     assert os.listdir(cwd) == []
