@@ -65,7 +65,9 @@ def main(argv):
         summary = t.run()
     finally:
         t.close()
-    print(f"done: {summary}", flush=True)
+    from ace_jax.train import metrics
+
+    print(metrics.format_run_summary(summary), flush=True)
 
 
 def _dry_run(cfg) -> None:

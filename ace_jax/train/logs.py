@@ -21,6 +21,7 @@ Call ``configure_logging()`` first thing in an absl ``main``, once the flags are
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 DEFAULT_VERBOSITY = -1   # warnings and errors
@@ -77,6 +78,9 @@ def configure_logging(verbosity: Optional[int] = None) -> int:
     logging.getLogger().setLevel(level)
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(level)
+    if level > logging.INFO:   # transformers' import-time advice (e.g. "PyTorch was not found":
+        # it is used for tokenizers only) stays out of the default terminal
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     fv = flags.FLAGS
     if "logger_levels" in fv and fv.is_parsed():
         for name, name_level in fv.logger_levels.items():

@@ -203,8 +203,14 @@ class Trainer:
         if probed:
             self.metrics.write(self.next_step, probed)
         self._commit_saved()
-        return {"steps": self.next_step, "generated_tokens": self.generated_tokens, "minutes": (time.perf_counter() - t_start) / 60,
-                "warm_start": warm, "last": last}
+        self.metrics.flush()
+        return {"steps": self.next_step, "generated_tokens": self.generated_tokens,
+                "minutes": (time.perf_counter() - t_start) / 60, "warm_start": warm,
+                "last": last, "workdir": self.workdir,
+                "checkpoints": str(self.checkpointer.directory),
+                "metrics": storage.join(self.workdir, metrics_lib.METRICS_FILE),
+                "tensorboard": storage.join(self.workdir, metrics_lib.TENSORBOARD_DIR),
+                "curves": metrics_lib.run_curves(self.metrics.jsonl_path)}
 
     @property
     def generating(self) -> bool:
