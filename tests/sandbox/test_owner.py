@@ -66,8 +66,7 @@ class Owner:
         self.proc = subprocess.Popen(
             list(prefix) + [sys.executable, "-c", OWNER, os.fspath(root), then,
                             "1" if with_cgroup else "0"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": os.fspath(REPO)})
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
         line = self.proc.stdout.readline().split()
         assert len(line) == 3, f"owner failed to start (exit {self.proc.wait()})"
         self.token, self.pid = line[0], int(line[1])

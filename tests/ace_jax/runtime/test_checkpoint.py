@@ -321,9 +321,7 @@ def test_gcs_round_trip_against_emulator():
     import subprocess
     import sys
     pytest.importorskip("gcp_storage_emulator")
-    root = pathlib.Path(__file__).resolve().parents[3]
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
     proc = subprocess.run([sys.executable, "-c", GCS_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=240)
     assert "GCS_ROUND_TRIP_OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -16,7 +16,6 @@ ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 # ours, then a warning and an error; stdout says which level configure_logging set.
 APP = textwrap.dedent("""
     import logging, sys
-    sys.path.insert(0, {root!r})
     from absl import app, logging as absl_logging
     from ace_jax.train import logs
 
@@ -36,7 +35,7 @@ APP = textwrap.dedent("""
 
 def _run_app(tmp_path, *flags):
     script = tmp_path / "app.py"
-    script.write_text(APP.format(root=ROOT))
+    script.write_text(APP)
     res = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
