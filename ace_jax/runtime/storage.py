@@ -136,10 +136,3 @@ def local_copy(path: str, cache_dir: str = CACHE_DIR, *, name: str = "") -> str:
     with open(done, "w") as f:
         f.write(key)
     return local
-    os.makedirs(local, exist_ok=True)
-    for f in found:
-        dst = os.path.join(local, *f[len(root):].split("/"))
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        fs.get_file(f, dst)
-    open(done, "w").close()
-    return local
