@@ -68,6 +68,11 @@ def check_writable(path: str) -> None:
             probe = root.rstrip("/") + "/" + _probe_name()
             fs.pipe(probe, b"ok")
             fs.rm(probe)
+        except FileNotFoundError as e:   # what GCS answers for a bucket that does not exist
+            bucket = path[len("gs://"):].split("/", 1)[0]
+            raise SetupError(f"cannot write to {path}: the bucket gs://{bucket} does not exist "
+                             f"(create it in the TPU's region: gcloud storage buckets create "
+                             f"gs://{bucket} --location=REGION) [{e}]") from e
         except Exception as e:  # noqa: BLE001 - reported with the path and the reason
             raise SetupError(f"cannot write to {path}: {type(e).__name__}: {e}") from e
         return

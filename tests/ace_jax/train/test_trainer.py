@@ -24,6 +24,17 @@ def test_gs_without_credentials_is_a_clear_error(monkeypatch, tmp_path):
         trainer.check_writable("gs://some-bucket/run")
 
 
+def test_a_bucket_that_does_not_exist_is_named_with_the_fix(gcs_emulator, monkeypatch):
+    import fsspec
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
+    with pytest.raises(trainer.SetupError, match="bucket gs://no-such-bucket does not exist.*"
+                                                 "gcloud storage buckets create"):
+        trainer.check_writable("gs://no-such-bucket/run")
+    trainer.check_writable("gs://" + gcs_emulator.prefix() + "/run")     # an existing one
+
+
 def test_unknown_task_is_refused_with_the_available_ones(cfg):
     cfg.tasks.ids = ("iris-species", "no-such-task")
     with pytest.raises(trainer.SetupError, match="no-such-task.*available"):
