@@ -58,6 +58,17 @@ class Metric:
 METRICS: dict[str, Metric] = {}
 
 
+def improves(a: Optional[float], b: Optional[float], lower_is_better: bool) -> bool:
+    """Whether score ``a`` is strictly better than ``b`` in a metric's direction. A missing or
+    non-finite ``a`` never improves; any finite ``a`` improves on a missing or non-finite ``b``.
+    The one definition of "better" (tasks, the buffer's targets, rewards, evaluation)."""
+    if a is None or not math.isfinite(a):
+        return False
+    if b is None or not math.isfinite(b):
+        return True
+    return a < b if lower_is_better else a > b
+
+
 def register_metric(name: str, *, lower_is_better: bool, kind: str):
     """Decorator: registers ``fn(y_true, y_pred) -> float`` under ``name``."""
     if kind not in PREDICTION_KINDS:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ace_jax.curriculum.state_stats import (NO_STATUS, STAT_FIELDS, STATUS_CODES, PotentialFn,
                                             StateStats, default_potential, pruning_victims)
+from sandbox.grading import improves
 from sandbox.result import ExecutionResult, Status
 
 ORIGINS = ("seed", "rollout", "evaluation")
@@ -137,12 +138,8 @@ class TaskTargets:
         return float(min(1.0, max(0.0, self.sign * (self.gold - s) / self.spread)))
 
     def better(self, a: Optional[float], b: Optional[float]) -> Optional[float]:
-        """The better of two scores (None = no score)."""
-        if a is None:
-            return b
-        if b is None:
-            return a
-        return max(a, b) if not self.lower_is_better else min(a, b)
+        """The better of two scores (None = no score; ``grading.improves``), ``b`` on a tie."""
+        return a if improves(a, b, self.lower_is_better) else b
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 
 from ace_jax.registry import Registry
+from sandbox.grading import improves
 from sandbox.result import ExecutionResult, Status
 
 RewardFn = Callable[..., float]
@@ -191,7 +192,7 @@ def ideator_ternary(*, action: Any, result: Optional[ExecutionResult], current_s
     if new is None:
         return float(cfg.ideator_no_improve)
     cur = targets.baseline if current_score is None else float(current_score)
-    better = new < cur if targets.lower_is_better else new > cur
+    better = improves(new, cur, targets.lower_is_better)
     return float(cfg.ideator_improve if better else cfg.ideator_no_improve)
 
 

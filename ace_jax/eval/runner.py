@@ -45,6 +45,7 @@ from ace_jax.env.advice import Advice, AdviceRequest, Advisor, Attempt, SEEK_HEL
 from ace_jax.eval.episodes import Episode, EpisodeStep, FinalSubmission, JsonlLog, finite
 from ace_jax.eval.scoring import score_episode
 from ace_jax.policy.policy import Completion
+from sandbox.grading import improves
 from sandbox.result import ExecutionResult, Status
 
 SEED_STRIDE = 10_000          # policy seed of step t in episode seed s: s * SEED_STRIDE + t
@@ -53,11 +54,7 @@ ADVICE_SEED_OFFSET = 5_000    # advisor seed after step t: s * SEED_STRIDE + ADV
 
 def _better(task: Any, a: Optional[float], b: Optional[float]) -> bool:
     """True when score ``a`` is strictly better than ``b`` (a None ``b`` is beaten by any score)."""
-    if not finite(a):
-        return False
-    if not finite(b):
-        return True
-    return a < b if task.lower_is_better else a > b
+    return improves(a, b, task.lower_is_better)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -59,6 +59,7 @@ from ace_jax.train.rollouts import Rollout, StepRollouts
 from ace_jax.train.setup import SetupError
 from ace_jax.train.trainer import Trainer
 from models import tokenizer as tok_lib
+from sandbox.grading import improves
 
 log = logging.getLogger("ace_jax.ideator.ideator_trainer")
 
@@ -404,7 +405,7 @@ class IdeatorEnv:
                 continue
             tgt = self.trainer.targets[r.task_id]
             cur = tgt.baseline if r.action.current_score is None else r.action.current_score
-            improved += (new < cur) if tgt.lower_is_better else (new > cur)
+            improved += improves(new, cur, tgt.lower_is_better)
         m["ideator/improve_rate"] = improved / n
         m["perf/implementer_seconds"] = self._impl_seconds.pop(p.step, 0.0)
         return m

@@ -177,8 +177,9 @@ class Task:
         return self.medal_thresholds().median
 
     def better(self, a: float, b: float) -> bool:
-        """True when score ``a`` is strictly better than ``b`` in this task's direction."""
-        return a < b if self.lower_is_better else a > b
+        """True when score ``a`` is strictly better than ``b`` in this task's direction
+        (``grading.improves``)."""
+        return grading.improves(a, b, self.lower_is_better)
 
     # ---------------------------------------------------------------- serialisation
 

@@ -250,3 +250,14 @@ def test_position_score_is_one_minus_fraction_strictly_better(board, score, lowe
     strictly_better = sum((b < score) if lower else (b > score) for b in board)
     assert grading.position_score(score, board, lower) == pytest.approx(
         1 - strictly_better / len(board))
+
+
+def test_improves_is_strict_directional_and_treats_missing_scores():
+    assert grading.improves(0.9, 0.8, lower_is_better=False)
+    assert grading.improves(0.1, 0.2, lower_is_better=True)
+    assert not grading.improves(0.8, 0.8, lower_is_better=False)          # a tie is not better
+    assert not grading.improves(0.7, 0.8, lower_is_better=False)
+    assert grading.improves(0.1, None, lower_is_better=True)              # anything beats none
+    assert grading.improves(0.1, float("nan"), lower_is_better=False)
+    assert not grading.improves(None, 0.1, lower_is_better=False)         # none never improves
+    assert not grading.improves(float("inf"), 0.1, lower_is_better=False)
