@@ -55,7 +55,7 @@ def main(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     compile_cache.enable(cfg.get("compile_cache_dir", ""))
-    if cfg.get("mode", "acegrpo") == "ideator":   # MLE-Ideator (configs/ideator.py)
+    if cfg.mode == "ideator":   # MLE-Ideator (configs/ideator.py)
         from ace_jax.ideator import ideator_trainer
 
         t = ideator_trainer.make_trainer(cfg, progress=not _NO_PROGRESS.value)

@@ -48,7 +48,7 @@ def test_check_overrides_lists_the_siblings():
         config_utils.check_overrides(c, ["--config.rl.grup_size=3"])
     msg = str(e.value)
     assert msg.startswith("--config.rl.grup_size: no such config key. Did you mean rl.group_size")
-    assert "Valid keys under rl:\n  rl.async_rollouts" in msg and "sampling." not in msg
+    assert "Valid keys under rl:\n  rl.batch_states" in msg and "sampling." not in msg
 
 
 def test_merge_section_sets_known_keys_and_refuses_unknown_ones():

@@ -94,8 +94,9 @@ def rl_config() -> ml_collections.ConfigDict:
     c.token_budget = 0
     c.batch_states = 4                # B states sampled by the LP sampler per step
     c.group_size = 4                  # G completions per state (GRPO compares within a group)
-    c.async_rollouts = True           # sandbox of step t overlaps generation / learning of t+1
-    c.max_staleness = 1               # policy versions a rollout may lag behind the learner
+    # policy versions a rollout may lag behind the learner: the sandbox runs step t while the
+    # trainer generates t+1 and learns on t-1 (1); 0 = synchronous
+    c.max_staleness = 1
     c.reward = "acegrpo_step"         # a name in ace_jax.env.rewards
     c.max_prompt_tokens = 768         # longer prompts keep their last tokens (counted in metrics)
     # Dynamic sampling (Trainer._refill): groups whose rewards all agree carry no gradient; up
@@ -137,6 +138,9 @@ def default_config() -> ml_collections.ConfigDict:
     starts from this and sets what differs; ``name`` and ``workdir`` it must set."""
     c = ml_collections.ConfigDict()
     c.name = ""                       # the run's name
+    # the job: "acegrpo" (the code agent, ace_jax.train.environment) or "ideator" (MLE-Ideator,
+    # configs/ideator.py: ace_jax.ideator.ideator_trainer), built by launch/tpu_train.py
+    c.mode = "acegrpo"
     c.workdir = ""                    # checkpoints, buffer, metrics, tokenizer (local or gs://)
     c.seed = 0
     # XLA's persistent compilation cache (ace_jax.runtime.compile_cache), enabled by the
@@ -196,8 +200,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     """Checks what can be checked of a run config before any heavy work; raises ConfigError.
 
     Checks: ``workdir`` is set; ``mode``; ``grpo`` (``grpo.validate_config``); ``rl.reward`` is
-    registered and ``grpo.beta == 0`` (no reference model); ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``
-    (with ``rl.async_rollouts``); ``optim.microbatches`` divides the rows of a step;
+    registered and ``grpo.beta == 0`` (no reference model); ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``;
+    ``optim.microbatches`` divides the rows of a step;
     ``optim.share_prompts`` (`learner.check_share_prompts`); the ``sampling`` values;
     ``tasks.source``; the ``mesh`` against the devices; and, for a preset model (no ``model.hf_path`` / ``model.init_from_run``), the
     context length against its ``max_position_embeddings`` (`check_context`; call it again once
@@ -210,7 +214,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     """
     if not cfg.get("workdir"):
         raise ConfigError("workdir is empty: set it in the config file or with --config.workdir")
-    mode = cfg.get("mode", "acegrpo")
+    mode = cfg.mode
     if mode not in MODES:
         raise ConfigError(f"config mode={mode!r}; valid: {', '.join(MODES)}")
     try:
@@ -240,8 +244,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
             or rl.token_budget < 0:
         raise ConfigError(f"rl.token_budget must be an int >= 0 (0 = off), got "
                           f"{rl.token_budget!r}")
-    k = rl.get("max_staleness", 1)
-    if rl.get("async_rollouts", True) and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+    k = rl.max_staleness
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ConfigError(f"rl.max_staleness must be an int >= 0, got {k!r}")
     rows, k = rl.batch_states * rl.group_size, cfg.optim.microbatches
     if k < 1 or rows % k:

@@ -15,7 +15,7 @@ which reads top to bottom:
                                              update, 7. every execution becomes a child
                                              state, 8. persist
 
-Bounded staleness (``rl.max_staleness`` = k; ``rl.async_rollouts=False`` means k = 0): the
+Bounded staleness (``rl.max_staleness`` = k; k = 0: synchronous): the
 executions of up to k steps stay in flight while the learner updates on an older one, so every
 batch is learned on by a policy at most k updates newer than the one that generated it. The
 objective sees the lag through the behaviour log-probs recorded at generation: by default
@@ -71,8 +71,8 @@ log = logging.getLogger("ace_jax.train.trainer")
 
 def max_staleness(cfg: ml_collections.ConfigDict) -> int:
     """k: how many RL steps' executions may still be in flight when the learner updates
-    (``rl.max_staleness``, checked by ``config.validate``; 0 when ``rl.async_rollouts`` is off)."""
-    return int(cfg.rl.max_staleness) if cfg.rl.get("async_rollouts", True) else 0
+    (``rl.max_staleness``, checked by ``config.validate``; 0: synchronous)."""
+    return int(cfg.rl.max_staleness)
 
 
 class Trainer:

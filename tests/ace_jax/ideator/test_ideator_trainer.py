@@ -76,7 +76,7 @@ def test_config_loads_and_overrides():
         assert key in c.ideator
     # The local base is unchanged where the ideator does not differ.
     local = config_utils.load_config_file(str(REPO / "configs/local.py"))
-    assert c.model.to_dict() == local.model.to_dict() and "mode" not in local
+    assert c.model.to_dict() == local.model.to_dict() and local.mode == "acegrpo"
     assert c.rl.max_prompt_tokens + c.sampling.max_new_tokens <= \
         c.model.overrides.max_position_embeddings
     config_utils.check_overrides(c, ["--config.ideator.implementer=openai:http://h/v1#m",

@@ -42,7 +42,8 @@ def cfg(tmp_path):
 
 def test_default_config_is_every_owners_default():
     c = run_config.default_config()
-    assert set(c.keys()) == {"name", "workdir", "seed", "compile_cache_dir", *run_config.SECTIONS}
+    assert set(c.keys()) == {"name", "mode", "workdir", "seed", "compile_cache_dir",
+                             *run_config.SECTIONS}
     assert set(OWNERS) == set(run_config.SECTIONS)
     for name, owner in OWNERS.items():
         want = owner().to_dict()
@@ -89,9 +90,9 @@ def test_config_files_are_diffs_over_the_schema(name):
     def keys(x):
         return {k for k in config_utils.flat_keys(x) if not k.startswith(free)}
 
-    assert keys(c) - {"mode"} == keys(run_config.default_config())
+    assert keys(c) == keys(run_config.default_config())
     assert set(c.keys()) - set(run_config.default_config().keys()) <= \
-        {"mode", *run_config.OPTIONAL_SECTIONS}
+        set(run_config.OPTIONAL_SECTIONS)
 
 
 def test_local_values_that_matter():
@@ -197,7 +198,7 @@ def test_mode_and_mesh_rules(cfg):
     cfg.mode = "poet"
     with pytest.raises(ConfigError, match="config mode='poet'; valid: acegrpo, ideator"):
         run_config.validate(cfg, num_devices=1, num_processes=1)
-    del cfg["mode"]
+    cfg.mode = "acegrpo"
     cfg.mesh.rules.embed = "model"
     with pytest.raises(ConfigError, match=r"mesh: rule 'embed' names unknown mesh axes"):
         run_config.validate(cfg, num_devices=1, num_processes=1)

@@ -246,9 +246,8 @@ def test_max_staleness_knob():
     assert trainer.max_staleness(c) == c.rl.max_staleness == 1   # the default: today's overlap
     c.rl.max_staleness = 3
     assert trainer.max_staleness(c) == 3
-    c.rl.async_rollouts = False
-    assert trainer.max_staleness(c) == 0
-    c.rl.async_rollouts = True
+    c.rl.max_staleness = 0                   # synchronous (the one knob: no async_rollouts)
+    assert trainer.max_staleness(c) == 0 and "async_rollouts" not in c.rl
     c.rl.max_staleness = -1
     with pytest.raises(config_utils.ConfigError, match="max_staleness"):
         train_config.validate(c)
