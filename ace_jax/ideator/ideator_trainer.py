@@ -79,9 +79,6 @@ def default_config() -> ml_collections.ConfigDict:
     #                                      (one compiled batch shape instead of one per count)
     # Why help is asked in the training prompts ("stagnation" | "seek_help"; advice.REASONS).
     c.reason = "stagnation"
-    # The evaluation harness (ace_jax.eval.runner) asks the ideator for help after this many
-    # implementer steps without a better score; training does not read it.
-    c.stagnation_steps = 2
     # Examples added to the warm start (sft_examples.IDEATOR_SFT_KINDS; () for none).
     c.sft_kinds = sft_examples.IDEATOR_SFT_KINDS
     return c
