@@ -137,7 +137,7 @@ def default_config() -> ml_collections.ConfigDict:
     """The whole run config: every section's owner default (see the module doc). A config file
     starts from this and sets what differs; ``name`` and ``workdir`` it must set."""
     c = ml_collections.ConfigDict()
-    c.name = ""                       # the run's name
+    c.name = ""                       # the run's name (the end-of-run summary says it)
     # the job: "acegrpo" (the code agent, ace_jax.train.environment) or "ideator" (MLE-Ideator,
     # configs/ideator.py: ace_jax.ideator.ideator_trainer), built by launch/tpu_train.py
     c.mode = "acegrpo"

@@ -215,7 +215,8 @@ def format_run_summary(summary: dict[str, Any]) -> str:
     """The lines a training run ends with (``Trainer.run``'s summary): steps and minutes, first vs
     last valid rate and probe, where the metrics, checkpoints and TensorBoard logs are."""
     c = summary.get("curves") or {}
-    lines = [f"done: {summary['steps']} RL steps in {summary['minutes']:.1f} min, "
+    name = f"{summary['name']}: " if summary.get("name") else ""
+    lines = [f"done: {name}{summary['steps']} RL steps in {summary['minutes']:.1f} min, "
              f"{summary.get('generated_tokens', 0):,} completion tokens generated"]
     if "valid_first" in c:
         lines.append(f"  valid rate      {c['valid_first']:.2f} (first {c['window']} steps) -> "

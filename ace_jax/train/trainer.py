@@ -206,7 +206,7 @@ class Trainer:
         self.metrics.flush()
         return {"steps": self.next_step, "generated_tokens": self.generated_tokens,
                 "minutes": (time.perf_counter() - t_start) / 60, "warm_start": warm,
-                "last": last, "workdir": self.workdir,
+                "last": last, "name": cfg.name, "workdir": self.workdir,
                 "checkpoints": str(self.checkpointer.directory),
                 "metrics": storage.join(self.workdir, metrics_lib.METRICS_FILE),
                 "tensorboard": storage.join(self.workdir, metrics_lib.TENSORBOARD_DIR),

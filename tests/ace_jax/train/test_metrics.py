@@ -270,9 +270,10 @@ def test_the_run_summary_states_the_curves_and_where_things_are(tmp_path):
                                  {"updates": 4.0, "score": 0.3, "valid_rate": 0.5}]}
     assert metrics.run_curves(None) == {} and metrics.run_curves(str(tmp_path / "no")) == {}
     text = metrics.format_run_summary(dict(
-        steps=4, minutes=1.25, generated_tokens=12345, curves=curves, metrics="gs://b/r/m.jsonl",
+        name="local", steps=4, minutes=1.25, generated_tokens=12345, curves=curves, metrics="gs://b/r/m.jsonl",
         checkpoints="gs://b/r/checkpoints", tensorboard="gs://b/r/tensorboard"))
-    assert text.splitlines()[0] == "done: 4 RL steps in 1.2 min, 12,345 completion tokens generated"
+    assert text.splitlines()[0] == \
+        "done: local: 4 RL steps in 1.2 min, 12,345 completion tokens generated"
     assert "0.25 (first 2 steps) -> 0.75 (last 2)" in text
     assert "score 0.100 -> 0.300, valid rate 0.25 -> 0.50 (after 0 -> 4 updates)" in text
     assert "tensorboard --logdir gs://b/r/tensorboard" in text and "gs://b/r/checkpoints" in text
