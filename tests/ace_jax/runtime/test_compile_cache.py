@@ -25,8 +25,8 @@ print(json.dumps({"hits": len(hits), "out": [float(v) for v in out]}))
 """
 
 
-def _run(cache_dir) -> dict:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(cache_dir)], cwd=REPO,
+def _run(cache_dir, env=None, cwd=REPO) -> dict:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(cache_dir)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -40,6 +40,25 @@ def test_a_second_process_reads_what_the_first_compiled(tmp_path):
     second = _run(cache)
     assert second["hits"] >= 1
     assert second["out"] == first["out"]
+
+
+def test_a_shared_bucket_cache_is_written_once_and_read_by_the_next_process(gcs_emulator,
+                                                                          tmp_path):
+    """The pod's setting: compile_cache_dir=gs://... (against the GCS emulator): the first
+    process writes its programs to the bucket, the next reads them; nothing local."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", STORAGE_EMULATOR_HOST=gcs_emulator.endpoint,
+               FSSPEC_GS_TOKEN="anon", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
+               NO_GCE_CHECK="true", HOME=str(tmp_path / "home"))
+    url = "gs://" + gcs_emulator.prefix() + "/xla_cache"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    first = _run(url, env, cwd)
+    assert first["hits"] == 0
+    assert gcs_emulator.fs().find(url[len("gs://"):]), "nothing was written to the bucket"
+    second = _run(url, env, cwd)
+    assert second["hits"] >= 1 and second["out"] == first["out"]
+    assert os.listdir(cwd) == []                       # no local folder named gs:
 
 
 def test_an_empty_path_leaves_the_cache_off():
