@@ -14,8 +14,8 @@ layers of the same kind form `LayerGroup`s; each group is one stacked (scanned) 
 
 Presets: `get_model_config(name)` with ``qwen3_0_6b, qwen3_1_7b, qwen3_4b, qwen3_8b,
 qwen3_30b_a3b, qwen3_235b_a22b`` (values of the original Qwen3 releases) and ``tiny_dense,
-tiny_moe`` (tests and the local CPU policy). `param_counts` lives in `models.qwen3` (it needs the
-module) and is re-exported here lazily.
+tiny_moe`` (tests and the local CPU policy). Parameter counts: `models.qwen3.param_counts` (it
+needs the module).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ __all__ = [
     "ModelConfig",
     "get_model_config",
     "model_config_names",
-    "param_counts",
     "qwen3_0_6b",
     "qwen3_1_7b",
     "qwen3_4b",
@@ -589,13 +588,6 @@ def get_model_config(name: str, **overrides: Any) -> ModelConfig:
     except KeyError:
         raise KeyError(f"unknown model config {name!r}; valid names: {model_config_names()}") from None
     return factory(**overrides)
-
-
-def param_counts(config: ModelConfig) -> tuple[int, int]:
-    """(total, active_per_token) parameter counts; see `models.qwen3.param_counts`."""
-    from models.qwen3 import param_counts as _param_counts  # the count is taken from the real module
-
-    return _param_counts(config)
 
 
 def target_platform(config: ModelConfig | str) -> str:

@@ -1,62 +1,142 @@
 """The package's rooms and the direction of imports between them.
 
-Each room of ``ace_jax/`` states in its ``__init__`` docstring which other rooms it may import
-(``Imports: `a`, `b` ...``); this test reads that line and checks every import in the room's
-files against it, lazy imports inside functions included. ``models/`` and ``sandbox/`` know
-nothing of RL: they import no ``ace_jax``.
+Each room of ``ace_jax/`` states in its ``__init__`` docstring which other rooms it imports
+(``Imports: `a`, `b` (and `ace_jax.config_utils`, `models`, ...)``); this test reads that line and
+checks that the room's files import exactly those rooms and at most those extras, lazy imports
+inside functions and relative imports included. ``ace_jax/config_utils.py`` and
+``ace_jax/registry.py`` import no room; ``models/`` and ``sandbox/`` know nothing of RL (they
+import no ``ace_jax``); and no file imports itself back through others (no file-level cycle).
+The checks are functions of a source root, tested on small made-up trees too.
 """
 from __future__ import annotations
 
 import ast
 import pathlib
 import re
+import textwrap
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ROOMS = sorted(p.parent.name for p in (REPO / "ace_jax").glob("*/__init__.py"))
+PACKAGES = ("ace_jax", "models", "sandbox")
+LOOSE = ("ace_jax.config_utils", "ace_jax.registry")   # shared by every room
 
 
-def _imports(path: pathlib.Path) -> set[str]:
-    """Dotted names of every ``ace_jax`` module (or package) imported anywhere in ``path``."""
+def rooms(root: pathlib.Path) -> list[str]:
+    return sorted(p.parent.name for p in (root / "ace_jax").glob("*/__init__.py"))
+
+
+def module_of(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(root: pathlib.Path, path: pathlib.Path) -> set[str]:
+    """Dotted names of every module of ``PACKAGES`` imported anywhere in ``path`` (inside
+    functions too), relative imports resolved; ``from a import b`` gives ``a.b``."""
+    package = module_of(root, path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.split(".")[0] == "ace_jax"}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.split(".")[0] == "ace_jax":
-                out |= {f"{node.module}.{a.name}" for a in node.names}
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.split(".")[0] in PACKAGES}
     return out
 
 
-def _declared(room: str) -> set[str]:
-    doc = ast.get_docstring(ast.parse((REPO / "ace_jax" / room / "__init__.py").read_text()))
-    match = re.search(r"Imports: (.*?)\(", doc or "", re.S)
+def declared(root: pathlib.Path, room: str) -> tuple[set[str], set[str]]:
+    """(rooms, extras) a room's ``Imports:`` line names; extras are ``LOOSE``, models, sandbox."""
+    doc = ast.get_docstring(ast.parse((root / "ace_jax" / room / "__init__.py").read_text()))
+    match = re.search(r"Imports: (.*?)\((.*?)\)", doc or "", re.S)
     assert match, f"ace_jax/{room}/__init__.py must state its imports ('Imports: `room`, ...')"
-    return set(re.findall(r"`(\w+)`", match.group(1)))
+    return set(re.findall(r"`(\w+)`", match.group(1))), set(re.findall(r"`([\w.]+)`",
+                                                                        match.group(2)))
 
+
+def room_violations(root: pathlib.Path, room: str) -> list[str]:
+    """What the room's files import against what it declares (both ways for rooms)."""
+    want_rooms, want_extras = declared(root, room)
+    got_rooms, got_extras, bad = set(), set(), []
+    for path in sorted((root / "ace_jax" / room).rglob("*.py")):
+        for name in sorted(imports(root, path)):
+            parts = name.split(".")
+            if parts[0] == "ace_jax" and len(parts) > 1 and parts[1] in rooms(root):
+                if parts[1] != room:
+                    got_rooms.add(parts[1])
+                    if parts[1] not in want_rooms:
+                        bad.append(f"{path.relative_to(root)} imports {name} (undeclared)")
+                continue
+            extra = ".".join(parts[:2]) if parts[0] == "ace_jax" else parts[0]
+            got_extras.add(extra)
+            if extra not in want_extras:
+                bad.append(f"{path.relative_to(root)} imports {name} (undeclared)")
+    bad += [f"ace_jax/{room} declares `{r}` but imports nothing of it"
+            for r in sorted(want_rooms - got_rooms)]
+    return bad
+
+
+def cycle(root: pathlib.Path) -> list[str]:
+    """A file-level import cycle among the ``PACKAGES`` files (as module names), or []."""
+    files = {module_of(root, p): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")}
+    edges = {}
+    for mod, path in files.items():
+        targets = set()
+        for name in imports(root, path):
+            while name and name not in files:          # `from a import b`: b may be a name
+                name = name.rpartition(".")[0]
+            if name and name != mod and not mod.startswith(name + "."):   # not its own package
+                targets.add(name)
+        edges[mod] = targets
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t not in state:
+                found = visit(t)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return []
+
+    for m in sorted(edges):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return []
+
+
+# ------------------------------------------------------------------------------ the repo
 
 def test_every_module_lives_in_a_room():
     loose = sorted(p.name for p in (REPO / "ace_jax").glob("*.py"))
     assert loose == ["__init__.py", "config_utils.py", "registry.py"]
-    assert len(ROOMS) >= 8
+    assert len(rooms(REPO)) >= 8
 
 
-@pytest.mark.parametrize("room", ROOMS)
-def test_room_imports_only_what_it_declares(room):
-    allowed = _declared(room) | {room}
-    assert allowed <= set(ROOMS), f"{room} declares unknown rooms {allowed - set(ROOMS)}"
-    bad = []
-    for path in sorted((REPO / "ace_jax" / room).glob("*.py")):
-        for name in sorted(_imports(path)):
-            parts = name.split(".")
-            if parts[1] in ROOMS and parts[1] not in allowed:
-                bad.append(f"{path.relative_to(REPO)} imports {name}")
-    assert not bad, f"ace_jax/{room} may import {sorted(allowed)}:\n" + "\n".join(bad)
+@pytest.mark.parametrize("room", rooms(REPO))
+def test_room_imports_exactly_what_it_declares(room):
+    assert declared(REPO, room)[0] <= set(rooms(REPO))
+    bad = room_violations(REPO, room)
+    assert not bad, "\n".join(bad)
 
 
 def test_rooms_form_no_cycle():
-    deps = {room: _declared(room) for room in ROOMS}
+    deps = {room: declared(REPO, room)[0] for room in rooms(REPO)}
     done, visiting = set(), []
 
     def visit(room):
@@ -69,12 +149,63 @@ def test_rooms_form_no_cycle():
         visiting.pop()
         done.add(room)
 
-    for room in ROOMS:
+    for room in rooms(REPO):
         visit(room)
+
+
+def test_the_loose_modules_import_no_room():
+    bad = [f"{m} imports {n}" for m in LOOSE
+           for n in imports(REPO, REPO / (m.replace(".", "/") + ".py"))
+           if n.split(".")[1] in rooms(REPO)]
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("package", ["models", "sandbox"])
 def test_models_and_sandbox_know_nothing_of_rl(package):
     bad = [f"{p.relative_to(REPO)} imports {n}" for p in sorted((REPO / package).rglob("*.py"))
-           for n in sorted(_imports(p))]
+           for n in sorted(imports(REPO, p)) if n.startswith("ace_jax")]
     assert not bad, "\n".join(bad)
+
+
+def test_no_file_level_import_cycle():
+    assert cycle(REPO) == []
+
+
+# ------------------------------------------------------------------------------ the checks
+
+def _tree(tmp_path, files: dict[str, str]) -> pathlib.Path:
+    for name in ("models/__init__.py", "sandbox/__init__.py", "ace_jax/__init__.py"):
+        files.setdefault(name, "")
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def _room(imports_line: str) -> str:
+    return f'"""A room.\n\nImports: {imports_line}."""\n'
+
+
+def test_the_checks_catch_an_unused_declaration_and_a_relative_import_against_the_direction(
+        tmp_path):
+    root = _tree(tmp_path, {
+        "ace_jax/low/__init__.py": _room("no other room (and `models`)"),
+        "ace_jax/low/a.py": "from ..high import b\n",                   # relative, upwards
+        "ace_jax/high/__init__.py": _room("`low`, `other` (and `models`)"),
+        "ace_jax/high/b.py": "from ace_jax.low import a\nimport models\n",
+        "ace_jax/other/__init__.py": _room("no other room (and `models`)"),
+    })
+    assert room_violations(root, "low") == [
+        "ace_jax/low/a.py imports ace_jax.high.b (undeclared)"]
+    assert room_violations(root, "high") == [
+        "ace_jax/high declares `other` but imports nothing of it"]
+    assert room_violations(root, "other") == []
+
+
+def test_the_checks_catch_a_file_level_cycle(tmp_path):
+    root = _tree(tmp_path, {"models/a.py": "from models.b import X\n",
+                            "models/b.py": "def f():\n    from models import c\n",
+                            "models/c.py": "import models.a\n"})
+    assert cycle(root) == ["models.a", "models.b", "models.c", "models.a"]
+    (root / "models/c.py").write_text("import models\n")            # its package: no cycle
+    assert cycle(root) == []

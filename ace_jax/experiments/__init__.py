@@ -1,5 +1,7 @@
-"""Multi-run experiments over the trainer: the sampler ablation (`ablation`) and the multi-seed
-learning runs of the default config (`learning`).
+"""Multi-run experiments over the trainer: the sampler ablation (`ablation`), the multi-seed
+learning runs of the default config (`learning`), comparisons of settings over whole-run seeds
+with their raw data kept under results/ (`compare`) and the docs' tables made from it
+(`tables`).
 
-Imports: `runtime`, `rl`, `curriculum`, `env`, `policy`, `train`, `ideator`, `eval` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
+Imports: `policy`, `train`, `eval` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
 `sandbox`); checked by tests/test_layout.py."""

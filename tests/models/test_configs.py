@@ -13,10 +13,10 @@ from models.configs import (
     UnsupportedConfigError,
     get_model_config,
     model_config_names,
-    param_counts,
     tiny_dense,
     tiny_moe,
 )
+from models.qwen3 import param_counts
 
 REAL_PRESETS = ["qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b"]
 
