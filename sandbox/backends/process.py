@@ -41,11 +41,9 @@ What it does NOT enforce (use the bwrap backend, the default isolation, for thes
 """
 from __future__ import annotations
 
-import math
 import os
 import pathlib
 import resource
-import select
 import selectors
 import signal
 import subprocess
@@ -59,11 +57,11 @@ from typing import Any, Iterable, Mapping, Optional
 from sandbox.backends import base
 from sandbox.backends.cgroup import CgroupMoveError, PidsCgroup, PidsCgroupParent
 from sandbox.backends.owner import OwnerLock, sweep_dead_owners
+from sandbox.backends import supervise as supervise_lib
+from sandbox.backends.supervise import MARKER_ENV
 
-MARKER_ENV = "ACE_SANDBOX_RUN"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS")
-_READ_CHUNK = 1 << 16
 
 
 def default_root_dir(disk_mb: int = 1024) -> pathlib.Path:
@@ -180,7 +178,7 @@ class ProcessBackend(base.Backend):
                 gate_r, ())
 
     def _confined_pid(self, proc: subprocess.Popen,
-                      status: Optional["_StatusPipe"]) -> Optional[int]:
+                      status: Optional["supervise_lib.StatusPipe"]) -> Optional[int]:
         """The waiting process whose rlimits the script will inherit (None: it already died)."""
         return proc.pid
 
@@ -247,7 +245,7 @@ class ProcessBackend(base.Backend):
     def _rlimits(self, limits: base.Limits,
                  cgroup: Optional[PidsCgroup]) -> list[tuple[int, tuple[int, int]]]:
         """(resource, (soft, hard)) pairs applied to the gated child before it may exec."""
-        cpu = _cpu_limit_s(limits)
+        cpu = supervise_lib.cpu_limit_s(limits)
         out = [
             (resource.RLIMIT_AS, (int(limits.memory_mb) << 20,) * 2),
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -256,13 +254,13 @@ class ProcessBackend(base.Backend):
             (resource.RLIMIT_NOFILE, (int(limits.open_files),) * 2),
         ]
         if cgroup is None and os.getuid() != 0:
-            nproc = _uid_task_count(os.getuid()) + int(limits.pids_max)
+            nproc = supervise_lib.uid_task_count(os.getuid()) + int(limits.pids_max)
             out.append((resource.RLIMIT_NPROC, (nproc, nproc)))
         return out
 
     def _spawn(self, cmd: list[str], workdir: pathlib.Path, env: dict[str, str],
                limits: base.Limits, cgroup: Optional[PidsCgroup],
-               status: Optional["_StatusPipe"] = None, pass_fds: tuple = ()
+               status: Optional["supervise_lib.StatusPipe"] = None, pass_fds: tuple = ()
                ) -> tuple[subprocess.Popen, Optional[int]]:
         """Starts ``cmd`` behind a gate (``_gate``), confines it, then opens the gate.
 
@@ -302,7 +300,7 @@ class ProcessBackend(base.Backend):
                 start()
         except (OSError, subprocess.SubprocessError, RuntimeError) as e:
             if started:
-                _abort(started[0], gate_w)
+                supervise_lib.abort(started[0], gate_w)
             else:
                 os.close(gate_w)
             raise base.SandboxSetupError(f"could not start {cmd[0]}: {e}") from e
@@ -319,9 +317,9 @@ class ProcessBackend(base.Backend):
                 # One of them died in its own setup (bwrap: a mount failed) before the gate
                 # opened. Kill the rest before the gate closes (a waiter reads EOF there and
                 # goes on) and let the run end: the exit status and stderr say why.
-                _kill_gated(proc.pid, target)
+                supervise_lib.kill_gated(proc.pid, target)
         except BaseException as e:  # never leave it waiting at the gate
-            _abort(proc, gate_w, target)
+            supervise_lib.abort(proc, gate_w, target)
             if isinstance(e, (OSError, ValueError)):
                 raise base.SandboxSetupError(f"could not confine the sandbox process: {e}") from e
             raise
@@ -350,8 +348,8 @@ class ProcessBackend(base.Backend):
         status = status_w = None
         if self.uses_status_fd:
             status_r, status_w = os.pipe()
-            status = _StatusPipe(status_r)
-        host_rss_kb, _ = _status_memory_kb(os.getpid())
+            status = supervise_lib.StatusPipe(status_r)
+        host_rss_kb, _ = supervise_lib.status_memory_kb(os.getpid())
         start = time.monotonic()
         try:
             cmd = self._command(task, workdir, limits, status_fd=status_w)
@@ -370,18 +368,18 @@ class ProcessBackend(base.Backend):
         sel = selectors.DefaultSelector()
         pidfd = None
         kill_reason = None
-        memory = _MemorySampler(proc.pid, cgroup, start)
+        memory = supervise_lib.MemorySampler(proc.pid, cgroup, start)
         try:
             for fd in streams:
                 os.set_blocking(fd, False)
                 sel.register(fd, selectors.EVENT_READ)
-            pidfd = _pidfd_open(proc.pid)  # readable when the main process exits: no polling
+            pidfd = supervise_lib.pidfd_open(proc.pid)  # readable at exit: no polling
             if pidfd is not None:
                 sel.register(pidfd, selectors.EVENT_READ)
-            kill_reason = supervise(sel, streams, lambda: _has_exited(proc.pid), start=start,
-                                    limits=limits, disk_dir=workdir,
-                                    disk_poll_s=self.disk_poll_s, memory=memory, cancel=cancel,
-                                    max_wait=0.1 if pidfd is not None else 0.01)
+            kill_reason = supervise_lib.supervise(
+                sel, streams, lambda: supervise_lib.has_exited(proc.pid), start=start,
+                limits=limits, disk_dir=workdir, disk_poll_s=self.disk_poll_s, memory=memory,
+                cancel=cancel, max_wait=0.1 if pidfd is not None else 0.01)
             # The main process is a zombie (or still running): its pid still names the group,
             # so killing the group cannot hit a recycled pid.
             left = self._alive(cgroup, marker, exclude=proc.pid)
@@ -390,8 +388,8 @@ class ProcessBackend(base.Backend):
                 # Polite first: SIGTERM, pump output during the grace period, then SIGKILL.
                 self._signal_tree(pgid, cgroup, marker, signal.SIGTERM, extra=left)
                 grace_end = time.monotonic() + limits.grace_s
-                while time.monotonic() < grace_end and not _has_exited(proc.pid):
-                    _pump(sel, streams, timeout=0.05)
+                while time.monotonic() < grace_end and not supervise_lib.has_exited(proc.pid):
+                    supervise_lib.pump(sel, streams, timeout=0.05)
                 left = self._alive(cgroup, marker, exclude=proc.pid)
             self._signal_tree(pgid, cgroup, marker, signal.SIGKILL, extra=left)
             end = time.monotonic()
@@ -400,7 +398,7 @@ class ProcessBackend(base.Backend):
             self._reap_leftovers(pgid, cgroup, marker, main=proc.pid)
             if pidfd is not None:
                 sel.unregister(pidfd)
-            _drain(sel, streams, timeout=1.0)
+            supervise_lib.drain(sel, streams, timeout=1.0)
             setup_status = status.read_all() if status is not None else b""
         finally:
             sel.close()
@@ -437,7 +435,7 @@ class ProcessBackend(base.Backend):
         cpu_s = raw.cpu_s = rusage.ru_utime + rusage.ru_stime
         raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU or (
             raw.exit_code == -signal.SIGKILL and not kill_reason
-            and cpu_s >= _cpu_limit_s(limits))
+            and cpu_s >= supervise_lib.cpu_limit_s(limits))
         if status is not None and not kill_reason:
             raw.error = self._setup_failure(setup_status, raw)
         hits = cgroup.limit_hits() if cgroup is not None else 0
@@ -454,7 +452,7 @@ class ProcessBackend(base.Backend):
     def _alive(self, cgroup: Optional[PidsCgroup], marker: str, exclude: int) -> set[int]:
         alive = set(cgroup.pids()) if cgroup is not None else set()
         if self.scan_marker:
-            alive |= set(marked_pids(marker))
+            alive |= set(supervise_lib.marked_pids(marker))
         alive.discard(exclude)
         return alive
 
@@ -485,254 +483,3 @@ class ProcessBackend(base.Backend):
             self._signal_tree(pgid, cgroup, marker, signal.SIGKILL, extra=alive)
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
-
-
-# -------------------------------------------------------------------------------------------
-# helpers
-
-
-def supervise(sel: selectors.BaseSelector, streams: dict, ended, *, start: float,
-              limits: base.Limits, disk_dir: pathlib.Path, disk_poll_s: float,
-              memory: "_MemorySampler", cancel: Optional[threading.Event],
-              max_wait: float = 0.1) -> Optional[str]:
-    """Reads the script's output until ``ended()`` (returns None) or a limit is passed (returns
-    "cancelled", "timeout" or "disk"), sampling its memory meanwhile. ``sel`` holds the output
-    pipes and anything whose readiness may mean the end (a pidfd, the zygote's socket)."""
-    deadline = start + limits.time_s
-    next_disk = start + disk_poll_s
-    disk_bytes = int(limits.disk_mb) << 20
-    while True:
-        now = time.monotonic()
-        _pump(sel, streams, timeout=min(max(min(deadline, next_disk, memory.next_at) - now, 0.0),
-                                        max_wait))
-        if ended():
-            return None
-        now = time.monotonic()
-        if now >= memory.next_at:
-            memory.sample(now)
-        if cancel is not None and cancel.is_set():
-            return "cancelled"
-        if now >= deadline:
-            return "timeout"
-        if now >= next_disk:
-            next_disk = now + disk_poll_s
-            if base.dir_usage_bytes(disk_dir, disk_bytes) > disk_bytes:
-                return "disk"
-
-
-def _cpu_limit_s(limits: base.Limits) -> int:
-    """The soft RLIMIT_CPU in CPU-seconds (the hard one is a second more)."""
-    return int(math.ceil(limits.time_s * limits.cpu_factor)) + 1
-
-
-def _has_exited(pid: int) -> bool:
-    """True once ``pid`` (our child) has terminated; does not reap it (WNOWAIT)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
-class _MemorySampler:
-    """Peak memory of the execution's process tree, sampled from /proc while it runs.
-
-    ``ru_maxrss`` from wait4 is not usable: the child is forked from the host before exec and
-    the kernel carries the pre-exec high-water mark (the host's whole RSS) into it. Instead the
-    tree (the cgroup's processes, else the children links from the main process) is read every
-    10 ms at first, backing off to 100 ms; the peak is the larger of the biggest per-process
-    VmHWM (a high-water mark, so nothing between samples is lost for long-lived processes) and
-    the biggest sampled sum of VmRSS. Growth in the last interval before exit can be missed.
-    """
-
-    def __init__(self, pid: int, cgroup: Optional[PidsCgroup], start: float):
-        self.pid, self.cgroup = pid, cgroup
-        self.interval = 0.01
-        self.next_at = start + 0.005
-        self.peak_kb = 0
-
-    def sample(self, now: float) -> None:
-        pids = self.cgroup.pids() if self.cgroup is not None else _tree_pids(self.pid)
-        total_rss = 0
-        for pid in pids:
-            rss, hwm = _status_memory_kb(pid)
-            total_rss += rss
-            self.peak_kb = max(self.peak_kb, hwm)
-        self.peak_kb = max(self.peak_kb, total_rss)
-        self.interval = min(self.interval * 1.5, 0.1)
-        self.next_at = now + self.interval
-
-    def peak_mb(self) -> Optional[float]:
-        """Peak in MiB, or None when no sample saw the exec'd script (under 1 MiB: pre-exec)."""
-        return self.peak_kb / 1024.0 if self.peak_kb >= 1024 else None
-
-
-def _tree_pids(root: int, limit: int = 4096) -> list[int]:
-    """``root`` and its descendants, following /proc/<pid>/task/<tid>/children."""
-    out, stack = [], [root]
-    while stack and len(out) < limit:
-        pid = stack.pop()
-        out.append(pid)
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    stack.extend(int(c) for c in f.read().split())
-            except OSError:
-                continue
-    return out
-
-
-def _status_memory_kb(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of ``pid`` in KiB; zeros if it is gone or a zombie."""
-    rss = hwm = 0
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return rss, hwm
-
-
-def _kill_gated(*pids: Optional[int]) -> None:
-    """SIGKILLs each of ``pids`` (None and the already dead are skipped)."""
-    for pid in dict.fromkeys(pids):
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _abort(proc: subprocess.Popen, gate_w: int, target: Optional[int] = None) -> None:
-    """Kills a process still waiting at its gate (and ``target``, its confined descendant), then
-    closes the gate: a process that reads EOF there must find itself already killed."""
-    _kill_gated(proc.pid, target)
-    proc.wait()
-    os.close(gate_w)
-    proc.stdout.close()
-    proc.stderr.close()
-
-
-class _StatusPipe:
-    """The read end of a sandbox's status pipe (bwrap's ``--json-status-fd``).
-
-    Read in two parts: the first line while the sandbox starts (bwrap writes the pid of its
-    namespace child right after cloning it), everything else once the execution has ended.
-    """
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.data = b""
-
-    def first_line(self, timeout_s: float) -> Optional[bytes]:
-        """The first line, waiting up to ``timeout_s``; None if the writer closed the pipe first.
-
-        Raises SandboxSetupError when nothing arrives in time.
-        """
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self.data:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
-                raise base.SandboxSetupError(
-                    f"the sandbox reported nothing on its status pipe within {timeout_s:.0f} s")
-            chunk = os.read(self.fd, _READ_CHUNK)
-            if not chunk:
-                return None
-            self.data += chunk
-        return self.data.split(b"\n", 1)[0]
-
-    def read_all(self) -> bytes:
-        """Everything written so far (its writers are dead or done)."""
-        self.data += _read_available(self.fd)
-        return self.data
-
-
-def _read_available(fd: int, limit: int = 1 << 16) -> bytes:
-    """What a pipe holds now (its writers are dead or done), at most ``limit`` bytes."""
-    os.set_blocking(fd, False)
-    data = b""
-    while len(data) < limit:
-        try:
-            chunk = os.read(fd, limit - len(data))
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def _pidfd_open(pid: int) -> Optional[int]:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _pump(sel: selectors.BaseSelector, streams: dict, timeout: float) -> None:
-    """Reads whatever the pipes hold (waiting at most ``timeout`` s); other fds only wake us."""
-    for key, _ in sel.select(timeout):
-        if key.fd not in streams:
-            continue
-        try:
-            data = os.read(key.fd, _READ_CHUNK)
-        except BlockingIOError:
-            continue
-        if data:
-            streams[key.fd].feed(data)
-        else:
-            sel.unregister(key.fd)
-
-
-def _drain(sel: selectors.BaseSelector, streams: dict, timeout: float) -> None:
-    """Reads what is left in the pipes until EOF (everything holding them is dead) or timeout."""
-    end = time.monotonic() + timeout
-    while any(fd in streams for fd in sel.get_map()) and time.monotonic() < end:
-        _pump(sel, streams, timeout=0.05)
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``ACE_SANDBOX_RUN=<marker>``."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    own = os.getpid()
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == own:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in env:
-            found.append(int(entry))
-    return found
-
-
-def _uid_task_count(uid: int) -> int:
-    """Threads currently owned by ``uid`` (what RLIMIT_NPROC counts)."""
-    count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                text = f.read()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            count += int(fields.get("Threads", "1"))
-    return count

@@ -48,7 +48,7 @@ import uuid
 from typing import Any, Optional
 
 from sandbox.backends import base
-from sandbox.backends import process as process_lib
+from sandbox.backends import supervise as supervise_lib
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Zygote:
             theirs.close()
             os.close(status_w)
             status_w = None
-            status = process_lib._StatusPipe(status_r)
+            status = supervise_lib.StatusPipe(status_r)
             line = status.first_line(timeout_s=READY_TIMEOUT_S)
             if line is None:
                 raise ZygoteError(f"bwrap could not start the warm sandbox: {self.log_tail()}")
@@ -302,7 +302,7 @@ class WarmInterpreters:
                 os.close(fd)
         streams = {out_r: out, err_r: err}
         sel = selectors.DefaultSelector()
-        memory = process_lib._MemorySampler(pid, cgroup, start)
+        memory = supervise_lib.MemorySampler(pid, cgroup, start)
         kill_reason = None
         report: Optional[dict] = None
         try:
@@ -317,7 +317,7 @@ class WarmInterpreters:
                 os.set_blocking(fd, False)
                 sel.register(fd, selectors.EVENT_READ)
             sel.register(z.sock, selectors.EVENT_READ)  # the zygote's report: the script ended
-            kill_reason = process_lib.supervise(
+            kill_reason = supervise_lib.supervise(
                 sel, streams, lambda: _readable(z.sock), start=start, limits=limits,
                 disk_dir=z.dir, disk_poll_s=be.disk_poll_s, memory=memory, cancel=cancel)
             if kill_reason:
@@ -327,14 +327,14 @@ class WarmInterpreters:
                 be._signal_tree(pid, cgroup, marker, signal.SIGTERM)
                 grace_end = time.monotonic() + limits.grace_s
                 while time.monotonic() < grace_end and not _readable(z.sock):
-                    process_lib._pump(sel, streams, timeout=0.05)
+                    supervise_lib.pump(sel, streams, timeout=0.05)
             if kill_reason:
                 alive = set(cgroup.pids()) if cgroup is not None else set()
                 be._signal_tree(pid, cgroup, marker, signal.SIGKILL, extra=alive)
             end = time.monotonic()
             sel.unregister(z.sock)
             report = z._reply(REPLY_TIMEOUT_S)
-            process_lib._drain(sel, streams, timeout=1.0)
+            supervise_lib.drain(sel, streams, timeout=1.0)
         except ZygoteError as e:
             raw.error = f"the warm interpreter failed: {e}"
             be._signal_tree(pid, cgroup, marker, signal.SIGKILL)
@@ -359,7 +359,7 @@ class WarmInterpreters:
                 raw.leftovers_killed = int(report.get("killed", 0))
             raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU or (
                 raw.exit_code == -signal.SIGKILL and not kill_reason
-                and raw.cpu_s >= process_lib._cpu_limit_s(limits))
+                and raw.cpu_s >= supervise_lib.cpu_limit_s(limits))
         hits = cgroup.limit_hits() if cgroup is not None else 0
         if hits:
             raw.notes.append(

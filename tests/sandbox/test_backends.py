@@ -24,7 +24,8 @@ from sandbox.backends.base import remove_owner_workdirs, task_limits
 from sandbox.backends.bwrap import (RUNNER_IN_SANDBOX, BwrapBackend, bwrap_available, etc_snapshot,
                                     find_bwrap)
 from sandbox.backends.cgroup import PidsCgroupParent
-from sandbox.backends.process import MARKER_ENV, ProcessBackend
+from sandbox.backends.process import ProcessBackend
+from sandbox.backends.supervise import MARKER_ENV
 from sandbox.pool import SandboxPool, execute_and_grade
 from sandbox.result import Status
 from tests.sandbox.conftest import GOOD_CODE, TEST_LIMITS, bwrap_skip_reason, processes_with
