@@ -29,7 +29,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from sandbox.tasks.offline_suite import DATA_SEED, OfflineTaskSpec, RawTable
+from sandbox.tasks.offline_data import DATA_SEED, RawTable
+from sandbox.tasks.offline_suite import OfflineTaskSpec
 
 
 def _label_names(ds, label_key: str) -> Optional[list[str]]:
