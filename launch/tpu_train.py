@@ -65,9 +65,9 @@ def main(argv):
         summary = t.run()
     finally:
         t.close()
-    from ace_jax.train import metrics
+    from ace_jax.train import summary as summary_lib
 
-    print(metrics.format_run_summary(summary), flush=True)
+    print(summary_lib.format_run_summary(summary), flush=True)
 
 
 def _dry_run(cfg) -> None:

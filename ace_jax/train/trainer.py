@@ -58,7 +58,7 @@ from ace_jax.rl import grpo, learner as learner_lib
 from ace_jax.runtime import (checkpoint as ckpt_lib, engine, generate, multihost,
                              placement as placement_lib, sampler_layout, storage)
 from ace_jax.train import (config as train_config, environment, metrics as metrics_lib,
-                           probe as probe_lib, setup)
+                           probe as probe_lib, setup, summary as summary_lib)
 from ace_jax.train.rollouts import Rollout, StepRollouts
 from ace_jax.train.setup import (SetupError, check_writable, load_evaluation_seeds,
                                  load_tasks)
@@ -210,7 +210,7 @@ class Trainer:
                 "checkpoints": str(self.checkpointer.directory),
                 "metrics": storage.join(self.workdir, metrics_lib.METRICS_FILE),
                 "tensorboard": storage.join(self.workdir, metrics_lib.TENSORBOARD_DIR),
-                "curves": metrics_lib.run_curves(self.metrics.jsonl_path)}
+                "curves": summary_lib.run_curves(self.metrics.jsonl_path)}
 
     @property
     def generating(self) -> bool:

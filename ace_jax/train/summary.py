@@ -1,0 +1,54 @@
+"""What a training run prints when it ends (``launch/tpu_train.py``): the run's name, steps,
+minutes and generated tokens, first vs last valid rate and probe, and where its metrics,
+checkpoints and TensorBoard logs are. Built from ``Trainer.run``'s summary and the metrics file."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ace_jax.train.metrics import _read_records
+
+
+def run_curves(path: str | None, window: int = 5) -> dict[str, Any]:
+    """What a run's end summary says of its metrics file (``path``; {} when None or missing):
+    the mean ``rollout/valid_rate`` of the first and of the last ``window`` steps (fewer when
+    the run is short) and the first and last probes (``probe/score``, ``probe/valid_rate``)."""
+    if not path or not os.path.exists(path):
+        return {}
+    records = _read_records(path)[0]
+    steps = [r for r in records if "rollout/valid_rate" in r]
+    probes = [r for r in records if "probe/updates" in r]
+    out: dict[str, Any] = {"steps": len(steps)}
+    if steps:
+        w = max(1, min(window, len(steps) // 2))
+        out.update(window=w, valid_first=float(np.mean([r["rollout/valid_rate"] for r in steps[:w]])),
+                   valid_last=float(np.mean([r["rollout/valid_rate"] for r in steps[-w:]])))
+    if probes:
+        out["probes"] = [{k: probes[i].get(f"probe/{k}") for k in ("updates", "score", "valid_rate")}
+                         for i in sorted({0, len(probes) - 1})]
+    return out
+
+
+def format_run_summary(summary: dict[str, Any]) -> str:
+    """The lines a training run ends with (``Trainer.run``'s summary): steps and minutes, first vs
+    last valid rate and probe, where the metrics, checkpoints and TensorBoard logs are."""
+    c = summary.get("curves") or {}
+    name = f"{summary['name']}: " if summary.get("name") else ""
+    lines = [f"done: {name}{summary['steps']} RL steps in {summary['minutes']:.1f} min, "
+             f"{summary.get('generated_tokens', 0):,} completion tokens generated"]
+    if "valid_first" in c:
+        lines.append(f"  valid rate      {c['valid_first']:.2f} (first {c['window']} steps) -> "
+                     f"{c['valid_last']:.2f} (last {c['window']}); the states sampled change, "
+                     "the probe does not")
+    probes = c.get("probes") or []
+    if probes:
+        first, last = probes[0], probes[-1]
+        lines.append(f"  probe           score {first['score']:.3f} -> {last['score']:.3f}, "
+                     f"valid rate {first['valid_rate']:.2f} -> {last['valid_rate']:.2f} "
+                     f"(after {first['updates']:.0f} -> {last['updates']:.0f} updates)")
+    lines += [f"  metrics         {summary['metrics']}",
+              f"  checkpoints     {summary['checkpoints']}",
+              f"  tensorboard     tensorboard --logdir {summary['tensorboard']}"]
+    return "\n".join(lines)
