@@ -282,18 +282,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_two(workdir, tmp_path, port):
+def _start_two(workdir, tmp_path, port, cmd=None, env=None):
     """Two processes of 4 CPU devices each on this machine: one run over an 8-device mesh
-    (fsdp=4 x expert=2) spanning both, as on a 2-host pod (each host its own task cache)."""
+    (fsdp=4 x expert=2) spanning both, as on a 2-host pod (each host its own task cache).
+    ``cmd``: the command before the multi-process flags (default: the module's run)."""
     procs = []
     for i in range(2):
-        cmd = _cmd(workdir, MESHES["fsdp4_expert2"][0]) + [
+        full = (cmd or _cmd(workdir, MESHES["fsdp4_expert2"][0])) + [
             "--config.mesh.distributed=always", f"--config.mesh.coordinator_address=127.0.0.1:{port}",
             "--config.mesh.num_processes=2", f"--config.mesh.process_id={i}",
             "--config.mesh.heartbeat_timeout_s=10", f"--config.tasks.cache_dir={tmp_path}/tasks{i}",
             "--verbosity=0"]   # INFO: each process logs the executions it ran
         log = open(tmp_path / f"proc{i}.log", "w")
-        procs.append((subprocess.Popen(cmd, cwd=REPO, env=_env(4), stdout=log,
+        procs.append((subprocess.Popen(full, cwd=REPO, env=env or _env(4), stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True), log))
     return procs
 
@@ -369,26 +370,18 @@ def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
     monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
     storage.upload_dir(str(tmp_path / "prepared" / "toy-authors"),
                        storage.join(bucket, "toy-authors"))
-    port, procs, workdir = _free_port(), [], tmp_path / "run"
-    for i in range(2):
-        cmd = [sys.executable, str(REPO / "launch/tpu_train.py"), "--config=configs/ideator.py",
-               f"--config.workdir={workdir}", "--no_progress", "--verbosity=0",
-               f"--config.model.init_from_run={source}",
-               *[f"--config.model.overrides.{k}={v}" for k, v in OVERRIDES.items()],
-               "--config.tasks.source=mlebench", f"--config.tasks.data_dir={bucket}",
-               "--config.tasks.ids=('toy-authors',)", f"--config.tasks.cache_dir={tmp_path}/tasks{i}",
-               "--config.rl.num_steps=2", "--config.rl.batch_states=1", "--config.rl.group_size=4",
-               "--config.sampling.max_new_tokens=24",
-               "--config.ideator.implementer_max_new_tokens=24",
-               "--config.sandbox.backend=process",
-               *[f"--config.mesh.{k}={v}" for k, v in MESHES["fsdp4_expert2"][0].items()],
-               "--config.mesh.distributed=always",
-               f"--config.mesh.coordinator_address=127.0.0.1:{port}",
-               "--config.mesh.num_processes=2", f"--config.mesh.process_id={i}",
-               "--config.mesh.heartbeat_timeout_s=10"]
-        log = open(tmp_path / f"proc{i}.log", "w")
-        procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True), log))
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / "launch/tpu_train.py"), "--config=configs/ideator.py",
+           f"--config.workdir={workdir}", "--no_progress",
+           f"--config.model.init_from_run={source}",
+           *[f"--config.model.overrides.{k}={v}" for k, v in OVERRIDES.items()],
+           "--config.tasks.source=mlebench", f"--config.tasks.data_dir={bucket}",
+           "--config.tasks.ids=('toy-authors',)",
+           "--config.rl.num_steps=2", "--config.rl.batch_states=1", "--config.rl.group_size=4",
+           "--config.sampling.max_new_tokens=24", "--config.ideator.implementer_max_new_tokens=24",
+           "--config.sandbox.backend=process",
+           *[f"--config.mesh.{k}={v}" for k, v in MESHES["fsdp4_expert2"][0].items()]]
+    procs = _start_two(workdir, tmp_path, _free_port(), cmd=cmd, env=env)
     codes = _wait(procs)
     logs = [(tmp_path / f"proc{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], "\n\n".join(x[-3000:] for x in logs)
