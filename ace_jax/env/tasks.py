@@ -99,12 +99,8 @@ def stage_competitions(url: str, ids: Sequence[str], cache_dir: str) -> str:
     files change. Returns the local data folder. The private answers land in the cache, as a
     local ``data_dir``'s do: the sandbox hides ``prepared/private`` (``Task.hidden_paths``)
     and mounts only the public folder. TaskLoadError when a competition is not under ``url``."""
-    import fsspec
-
     local = os.path.join(cache_dir, "mlebench")
-    if not ids:
-        fs, root = fsspec.core.url_to_fs(url)
-        ids = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    ids = list(ids) or storage.listdir(url)
     for cid in ids:
         try:
             storage.local_copy(storage.join(url, cid), local, name=cid)

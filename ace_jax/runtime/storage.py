@@ -5,7 +5,7 @@ buffer store (each of which has its own remote path) goes through here, so a ``g
 workdir never becomes a local folder named ``gs:``:
 
   join(root, *parts)        a child path ("/"-joined for a URL, os.path.join for a local path)
-  exists / read_text / write_text / makedirs
+  exists / listdir / read_text / write_text / makedirs
   local_copy(path)          a directory as a local path (a URL's files are downloaded into a
                             cache folder keyed by the URL and the files' versions), for the
                             libraries that read only local files (tokenizers, task data)
@@ -49,6 +49,15 @@ def exists(path: str) -> bool:
         return os.path.exists(path)
     fs, p = _fs(path)
     return fs.exists(p)
+
+
+def listdir(path: str) -> list[str]:
+    """The names of the entries of a folder (a local path or a URL), sorted."""
+    path = os.fspath(path)
+    if not is_url(path):
+        return sorted(os.listdir(path))
+    fs, p = _fs(path)
+    return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False))
 
 
 def makedirs(path: str) -> None:

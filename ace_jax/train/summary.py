@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ace_jax.train.metrics import _read_records
+from ace_jax.train.metrics import read_metrics
 
 
 def run_curves(path: str | None, window: int = 5) -> dict[str, Any]:
@@ -17,7 +17,7 @@ def run_curves(path: str | None, window: int = 5) -> dict[str, Any]:
     the run is short) and the first and last probes (``probe/score``, ``probe/valid_rate``)."""
     if not path or not os.path.exists(path):
         return {}
-    records = _read_records(path)[0]
+    records = read_metrics(path)
     steps = [r for r in records if "rollout/valid_rate" in r]
     probes = [r for r in records if "probe/updates" in r]
     out: dict[str, Any] = {"steps": len(steps)}

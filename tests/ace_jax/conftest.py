@@ -43,6 +43,13 @@ class Emulator:
     def prefix(self) -> str:
         return f"{self.bucket}/run-{uuid.uuid4().hex[:8]}"
 
+    def env(self) -> dict:
+        """The variables a subprocess needs to reach this emulator by gs:// URLs alone: gcsfs
+        (fsspec) and tensorstore (Orbax checkpoints), anonymous, no GCE metadata probe."""
+        return dict(STORAGE_EMULATOR_HOST=self.endpoint, TENSORSTORE_GCS_HTTP_URL=self.endpoint,
+                    GOOGLE_AUTH_TOKEN_FOR_TESTING="fake", FSSPEC_GS_TOKEN="anon",
+                    GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", NO_GCE_CHECK="true")
+
 
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):

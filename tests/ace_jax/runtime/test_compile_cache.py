@@ -47,9 +47,7 @@ def test_a_shared_bucket_cache_is_written_once_and_read_by_the_next_process(gcs_
     """The pod's setting: compile_cache_dir=gs://... (against the GCS emulator): the first
     process writes its programs to the bucket, the next reads them; nothing local."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", STORAGE_EMULATOR_HOST=gcs_emulator.endpoint,
-               FSSPEC_GS_TOKEN="anon", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
-               NO_GCE_CHECK="true", HOME=str(tmp_path / "home"))
+    env.update(gcs_emulator.env(), JAX_PLATFORMS="cpu", HOME=str(tmp_path / "home"))
     url = "gs://" + gcs_emulator.prefix() + "/xla_cache"
     cwd = tmp_path / "cwd"
     cwd.mkdir()

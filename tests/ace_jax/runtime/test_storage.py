@@ -73,3 +73,9 @@ def test_upload_and_local_copy_follow_the_remote_files(root, tmp_path):
             '{"v": 2}'
         with pytest.raises(FileNotFoundError, match="holds no file"):
             storage.local_copy(storage.join(root, "nothing"), cache)
+
+
+def test_listdir_names_the_entries(root):
+    for name in ("b.txt", "a/x.txt"):
+        storage.write_text(storage.join(root, name), "x")
+    assert storage.listdir(root) == ["a", "b.txt"]

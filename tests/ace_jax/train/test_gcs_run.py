@@ -27,11 +27,7 @@ STEPS = 6
 
 def _env(emulator, home) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", NO_GCE_CHECK="true", HOME=str(home),
-               GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
-               STORAGE_EMULATOR_HOST=emulator.endpoint,        # gcsfs (fsspec)
-               TENSORSTORE_GCS_HTTP_URL=emulator.endpoint,     # Orbax checkpoints (tensorstore)
-               GOOGLE_AUTH_TOKEN_FOR_TESTING="fake", FSSPEC_GS_TOKEN="anon")
+    env.update(emulator.env(), JAX_PLATFORMS="cpu", HOME=str(home))
     return env
 
 

@@ -363,8 +363,7 @@ def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
     source = sharded_runs("fsdp4_expert2")["workdir"]
     bucket = "gs://" + gcs_emulator.prefix() + "/mlebench"
     _write_competition(tmp_path / "prepared", "toy-authors", "multi-class-log-loss")
-    env = dict(_env(4), STORAGE_EMULATOR_HOST=gcs_emulator.endpoint, FSSPEC_GS_TOKEN="anon",
-               GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", NO_GCE_CHECK="true")
+    env = dict(_env(4), **gcs_emulator.env())
     import fsspec
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
     monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
