@@ -94,7 +94,7 @@ def main() -> None:
         "score_valid_only_first5": mean(col("score/dev_norm_mean", first)),
         "score_valid_only_last5": mean(col("score/dev_norm_mean", last)),
         # Where the batch came from: the aggregate moves with the share of child states
-        # (trainer.root_child_metrics); valid rates on root / child states (steps that had any).
+        # (step_metrics.root_child_metrics); valid rates on root / child states (steps that had any).
         "root_frac_first5": mean(col("rollout/root_frac", first)),
         "root_frac_last5": mean(col("rollout/root_frac", last)),
         "valid_root_first5": mean(col("rollout/valid_rate_root", first)),

@@ -33,6 +33,7 @@ import numpy as np
 from ace_jax.curriculum import buffer as B
 from ace_jax.curriculum import learnability as L
 from sandbox.result import ExecutionResult, Status
+from sandbox.tasks.targets import TaskTargets
 
 
 def simulate(sampler: str, steps: int = 150, batch: int = 32, group: int = 8, n_tasks: int = 8,
@@ -42,7 +43,7 @@ def simulate(sampler: str, steps: int = 150, batch: int = 32, group: int = 8, n_
     rng = np.random.default_rng(seed)
     bcfg = B.default_config()
     bcfg.capacity = capacity
-    targets = [B.TaskTargets(f"t{i}", gold=1.0, median=0.5, baseline=0.0) for i in range(n_tasks)]
+    targets = [TaskTargets(f"t{i}", gold=1.0, median=0.5, baseline=0.0) for i in range(n_tasks)]
     buf = B.EvolvingBuffer(bcfg, targets)
     lcfg = L.default_config()
     lcfg.seed = seed

@@ -9,9 +9,11 @@
 
 Writes to --out: results.json, report.md, per_task.png, best_dev.png, seed_solutions.jsonl and
 episodes/<task>__seed<k>.jsonl (one line per step), and prints the table. A gs:// --out is
-written locally and uploaded when the evaluation ends. Semantics and metric definitions:
+written locally: each episode's log is copied there as the episode ends, the rest when the
+evaluation ends. Semantics and metric definitions:
 ``ace_jax/eval/runner.py`` (episodes) and ``ace_jax/eval/scoring.py`` (metrics).
 """
+import logging
 import os
 import shutil
 import tempfile
@@ -107,8 +109,10 @@ def main(argv):
             if _IDEATOR.value else None
     except (policy_lib.PolicySpecError, harness.EvaluationError) as e:
         raise app.UsageError(str(e)) from None
-    # a gs:// --out: written to a local folder, uploaded when the evaluation ends
+    # a gs:// --out: written to a local folder, each episode log copied as it ends, the rest
+    # uploaded when the evaluation ends
     out = tempfile.mkdtemp(prefix="ace_jax_eval_") if storage.is_url(_OUT.value) else _OUT.value
+    on_episode = _episode_uploader(out, _OUT.value) if out != _OUT.value else None
     pool = _make_pool(_BACKEND.value, _WORKERS.value)
     try:
         result = harness.evaluate(
@@ -116,7 +120,8 @@ def main(argv):
             time_budget_s=_TIME_BUDGET.value or None, advisor=advisor,
             stagnation_steps=_STAGNATION.value, agent_cfg=agent_cfg, buffer_cfg=buffer_cfg,
             out_dir=out, episode_workers=_WORKERS.value,
-            serialize_policy=kind != "openai", progress=not _NO_PROGRESS.value)
+            serialize_policy=kind != "openai", progress=not _NO_PROGRESS.value,
+            on_episode=on_episode)
     finally:
         pool.close()
     result.config.update(policy_spec=_POLICY.value, ideator_spec=_IDEATOR.value or None,
@@ -129,6 +134,22 @@ def main(argv):
     print(reports.format_table(result))
     for name, path in sorted(paths.items()):
         print(f"{name}: {path}")
+
+
+def _episode_uploader(local_out: str, url: str):
+    """A ``harness.evaluate`` ``on_episode`` copying each finished episode's log from the local
+    ``local_out`` to the same place under ``url``; a failed copy is logged (the final upload
+    copies every file again)."""
+    from ace_jax.runtime import storage
+
+    def upload(episode, log_path):
+        try:
+            with open(log_path, encoding="utf-8") as f:
+                storage.write_text(storage.join(url, os.path.relpath(log_path, local_out)),
+                                   f.read())
+        except Exception as e:  # noqa: BLE001 - the evaluation goes on; the end retries
+            logging.warning("episode log %s not copied to %s yet: %s", log_path, url, e)
+    return upload
 
 
 if __name__ == "__main__":

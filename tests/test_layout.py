@@ -2,11 +2,13 @@
 
 Each room of ``ace_jax/`` states in its ``__init__`` docstring which other rooms it imports
 (``Imports: `a`, `b` (and `ace_jax.config_utils`, `models`, ...)``); this test reads that line and
-checks that the room's files import exactly those rooms and at most those extras, lazy imports
+checks that the room's files import exactly those rooms and those extras, lazy imports
 inside functions and relative imports included. ``ace_jax/config_utils.py`` and
 ``ace_jax/registry.py`` import no room; ``models/`` and ``sandbox/`` know nothing of RL (they
 import no ``ace_jax``); and no file imports itself back through others (no file-level cycle).
-The checks are functions of a source root, tested on small made-up trees too.
+A room's ``__main__.py`` (``python -m ace_jax.<room>``) is an entry point, like ``launch/``: it
+may import any room and no module imports it. The checks are functions of a source root, tested
+on small made-up trees too.
 """
 from __future__ import annotations
 
@@ -62,10 +64,12 @@ def declared(root: pathlib.Path, room: str) -> tuple[set[str], set[str]]:
 
 
 def room_violations(root: pathlib.Path, room: str) -> list[str]:
-    """What the room's files import against what it declares (both ways for rooms)."""
+    """What the room's files import against what it declares (both ways)."""
     want_rooms, want_extras = declared(root, room)
     got_rooms, got_extras, bad = set(), set(), []
     for path in sorted((root / "ace_jax" / room).rglob("*.py")):
+        if path.name == "__main__.py":   # an entry point (`entry_point_violations`)
+            continue
         for name in sorted(imports(root, path)):
             parts = name.split(".")
             if parts[0] == "ace_jax" and len(parts) > 1 and parts[1] in rooms(root):
@@ -79,8 +83,15 @@ def room_violations(root: pathlib.Path, room: str) -> list[str]:
             if extra not in want_extras:
                 bad.append(f"{path.relative_to(root)} imports {name} (undeclared)")
     bad += [f"ace_jax/{room} declares `{r}` but imports nothing of it"
-            for r in sorted(want_rooms - got_rooms)]
+            for r in sorted((want_rooms - got_rooms) | (want_extras - got_extras))]
     return bad
+
+
+def entry_point_violations(root: pathlib.Path) -> list[str]:
+    """Modules that import an entry point (a ``__main__`` module)."""
+    return [f"{p.relative_to(root)} imports {n}" for pkg in PACKAGES
+            for p in sorted((root / pkg).rglob("*.py"))
+            for n in sorted(imports(root, p)) if "__main__" in n.split(".")]
 
 
 def cycle(root: pathlib.Path) -> list[str]:
@@ -171,6 +182,11 @@ def test_no_file_level_import_cycle():
     assert cycle(REPO) == []
 
 
+def test_entry_points_are_imported_by_no_module():
+    assert (REPO / "ace_jax/train/__main__.py").exists()
+    assert entry_point_violations(REPO) == []
+
+
 # ------------------------------------------------------------------------------ the checks
 
 def _tree(tmp_path, files: dict[str, str]) -> pathlib.Path:
@@ -190,16 +206,17 @@ def test_the_checks_catch_an_unused_declaration_and_a_relative_import_against_th
         tmp_path):
     root = _tree(tmp_path, {
         "ace_jax/low/__init__.py": _room("no other room (and `models`)"),
-        "ace_jax/low/a.py": "from ..high import b\n",                   # relative, upwards
+        "ace_jax/low/a.py": "from ..high import b\nimport models\n",    # relative, upwards
         "ace_jax/high/__init__.py": _room("`low`, `other` (and `models`)"),
         "ace_jax/high/b.py": "from ace_jax.low import a\nimport models\n",
-        "ace_jax/other/__init__.py": _room("no other room (and `models`)"),
+        "ace_jax/other/__init__.py": _room("no other room (and `sandbox`)"),   # unused extra
     })
     assert room_violations(root, "low") == [
         "ace_jax/low/a.py imports ace_jax.high.b (undeclared)"]
     assert room_violations(root, "high") == [
         "ace_jax/high declares `other` but imports nothing of it"]
-    assert room_violations(root, "other") == []
+    assert room_violations(root, "other") == [
+        "ace_jax/other declares `sandbox` but imports nothing of it"]
 
 
 def test_the_checks_catch_a_file_level_cycle(tmp_path):
@@ -209,3 +226,19 @@ def test_the_checks_catch_a_file_level_cycle(tmp_path):
     assert cycle(root) == ["models.a", "models.b", "models.c", "models.a"]
     (root / "models/c.py").write_text("import models\n")            # its package: no cycle
     assert cycle(root) == []
+
+
+def test_an_entry_point_may_import_any_room_but_no_module_imports_it(tmp_path):
+    root = _tree(tmp_path, {
+        "ace_jax/low/__init__.py": _room("no other room (and `models`)"),
+        "ace_jax/low/__main__.py": "from ace_jax.high import b\nimport models\n",
+        "ace_jax/low/a.py": "import models\n",
+        "ace_jax/high/__init__.py": _room("`low` (and `models`)"),
+        "ace_jax/high/b.py": "from ace_jax.low import a\nimport models\n",
+    })
+    assert room_violations(root, "low") == [] and entry_point_violations(root) == []
+    (root / "ace_jax/high/b.py").write_text("from ace_jax.low import a, __main__\n")
+    assert entry_point_violations(root) == [
+        "ace_jax/high/b.py imports ace_jax.low.__main__"]
+    (root / "ace_jax/low/a.py").write_text("import models\nfrom ace_jax.high import b\n")  # not one
+    assert room_violations(root, "low") == ["ace_jax/low/a.py imports ace_jax.high.b (undeclared)"]

@@ -2,5 +2,5 @@
 pruning order `state_stats`), its local / gs:// store (`buffer_store`), seed solutions (`seeds`)
 and the Learnability Potential with its samplers (`learnability`).
 
-Imports: no other room (and `ace_jax.config_utils`, `ace_jax.registry`, `models`, `sandbox`);
-checked by tests/test_layout.py."""
+Imports: no other room (and `ace_jax.config_utils`, `ace_jax.registry`, `sandbox`); checked by
+tests/test_layout.py."""

@@ -24,8 +24,8 @@ import numpy as np
 
 from ace_jax.curriculum.state_stats import (NO_STATUS, STAT_FIELDS, STATUS_CODES, PotentialFn,
                                             StateStats, default_potential, pruning_victims)
-from sandbox.grading import improves
 from sandbox.result import ExecutionResult, Status
+from sandbox.tasks.targets import TaskTargets
 
 ORIGINS = ("seed", "rollout", "evaluation")
 class BufferError(Exception):
@@ -65,81 +65,6 @@ def default_config() -> ml_collections.ConfigDict:
     c.store.retry_max_s = 10.0       # backoff cap, seconds
     c.store.retry_multiplier = 2.0   # backoff growth per retry
     return c
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskTargets:
-    """Per-task score anchors used for headroom (and by rewards).
-
-    Attributes:
-      task_id: the task.
-      gold: the gold-medal threshold of the reference leaderboard (metric units); None when the
-        task has no leaderboard.
-      median: the leaderboard median (metric units); None exactly when ``gold`` is None.
-      baseline: the task's prior baseline score (what a first valid submission improves on).
-      lower_is_better: metric direction.
-
-    A task without a leaderboard (``gold`` = ``median`` = None) still trains, with this fallback:
-
-    * headroom is 1 for every score: no ceiling is known, so the learnability potential ranks the
-      task's states by their reward spread alone;
-    * spread = |baseline| (1 metric unit when the baseline is 0): an improvement as large as the
-      baseline itself is one spread, so the reward's improvement term and the normalised score
-      are relative to the baseline (log loss 1.10 -> 0.55 is +0.5, accuracy 0.40 -> 0.60 is
-      +0.5).
-    """
-
-    task_id: str
-    gold: Optional[float]
-    median: Optional[float]
-    baseline: float
-    lower_is_better: bool = False
-
-    def __post_init__(self):
-        if (self.gold is None) != (self.median is None):
-            raise ValueError(f"TaskTargets({self.task_id!r}): gold and median are both set (a "
-                             f"leaderboard) or both None (none); got gold={self.gold!r}, "
-                             f"median={self.median!r}")
-        for name in ("gold", "median", "baseline"):
-            value = getattr(self, name)
-            if (value is not None or name == "baseline") and not math.isfinite(float(value)):
-                raise ValueError(f"TaskTargets({self.task_id!r}).{name} must be finite, "
-                                 f"got {value!r}")
-        if self.has_leaderboard and self.spread <= 0:
-            d = "below" if self.lower_is_better else "above"
-            raise ValueError(f"TaskTargets({self.task_id!r}): gold ({self.gold}) must be strictly {d} "
-                             f"the median ({self.median}) for a "
-                             f"{'lower' if self.lower_is_better else 'higher'}-is-better metric")
-
-    @property
-    def has_leaderboard(self) -> bool:
-        """True when gold and median come from a reference leaderboard."""
-        return self.gold is not None
-
-    @property
-    def sign(self) -> float:
-        """+1 if higher is better, -1 if lower is better."""
-        return -1.0 if self.lower_is_better else 1.0
-
-    @property
-    def spread(self) -> float:
-        """gold - median in the "better" direction (> 0), metric units; without a leaderboard
-        |baseline|, or 1 when the baseline is 0."""
-        if not self.has_leaderboard:
-            return abs(float(self.baseline)) or 1.0
-        return self.sign * (self.gold - self.median)
-
-    def headroom(self, score: Optional[float]) -> float:
-        """clip((gold - best) / spread, 0, 1), direction-aware; a missing score counts as baseline.
-        1 for every score when the task has no leaderboard."""
-        if not self.has_leaderboard:
-            return 1.0
-        s = self.baseline if score is None else float(score)
-        return float(min(1.0, max(0.0, self.sign * (self.gold - s) / self.spread)))
-
-    def better(self, a: Optional[float], b: Optional[float]) -> Optional[float]:
-        """The better of two scores (None = no score; ``grading.improves``), ``b`` on a tie."""
-        return a if improves(a, b, self.lower_is_better) else b
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,8 @@ Every reward has the same keyword signature::
   executed (an invalid action is never executed);
 * ``current_score``: the state's current dev score (metric units), None when the state has no valid
   submission yet;
-* ``targets``: ``ace_jax.curriculum.buffer.TaskTargets`` of the task (gold, median, baseline, direction);
+* ``targets``: the task's ``sandbox.tasks.targets.TaskTargets`` (gold, median, baseline,
+  direction);
 * ``cfg``: the ``rewards`` config section (``default_config()``).
 
 Registered here:
@@ -18,7 +19,7 @@ Registered here:
   submission -> ``r_fail``; valid -> ``r_valid + improve_coef * clip((s_new - s_cur) * sign /
   spread, -1, 1)`` with ``s_cur = current_score`` or, for a first valid submission, the task's
   baseline; ``sign`` = -1 for lower-is-better metrics; ``spread = |gold - median|`` of the
-  reference leaderboard (a task without one: ``|baseline|``, see ``buffer.TaskTargets``).
+  reference leaderboard (a task without one: ``|baseline|``, see ``TaskTargets``).
 * ``ideator_ternary`` (MLE-Ideator): +1 if the implementer's execution strictly improves on
   ``s_cur``, 0 if not or if it fails, -1 if the idea is not in the required format.
 
@@ -32,7 +33,6 @@ import math
 from typing import Any, Callable, Optional, Sequence
 
 import ml_collections
-import numpy as np
 
 from ace_jax.registry import Registry
 from sandbox.grading import improves
@@ -82,29 +82,6 @@ def get_reward(name: str) -> RewardFn:
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
-
-
-def task_targets(task: Any) -> "Any":
-    """``ace_jax.curriculum.buffer.TaskTargets`` of a ``sandbox.tasks.base.Task`` (gold / median from its
-    reference leaderboard, baseline = the sample submission's dev score).
-
-    A task without a leaderboard gets gold = median = None: headroom 1 and rewards relative to
-    the baseline (the fallback documented on ``TaskTargets``).
-
-    Raises:
-      ValueError: the task has no baseline score (names the task and, for an MLE-bench task, why
-        its sample submission did not grade).
-    """
-    from ace_jax.curriculum.buffer import TaskTargets
-
-    if task.baseline_score is None:
-        why = getattr(task, "baseline_error", "") or "prepare it with sandbox.prepare"
-        raise ValueError(f"task {task.task_id!r} has no baseline_score: {why}")
-    gold = median = None
-    if task.leaderboard:
-        gold, median = float(task.gold), float(task.median)
-    return TaskTargets(task_id=task.task_id, gold=gold, median=median,
-                       baseline=float(task.baseline_score), lower_is_better=bool(task.lower_is_better))
 
 
 def valid_score(result: Optional[ExecutionResult]) -> Optional[float]:
@@ -198,15 +175,17 @@ def ideator_ternary(*, action: Any, result: Optional[ExecutionResult], current_s
 
 def compute_rewards(name: str, actions: Sequence[Any], results: Sequence[Optional[ExecutionResult]],
                     current_scores: Sequence[Optional[float]], targets: Sequence[Any],
-                    cfg: Optional[ml_collections.ConfigDict] = None) -> np.ndarray:
-    """Rewards of a batch (all sequences of the same length N) as float32 [N].
+                    cfg: Optional[ml_collections.ConfigDict] = None) -> list[float]:
+    """Rewards of a batch (all sequences of the same length N): the registered reward ``name``
+    of each (action, result, current score, task targets), as N floats (what the trainer's
+    rollouts carry).
 
     Raises:
       UnknownNameError: ``name`` is not registered (the message lists the valid names).
       ValueError: the sequences differ in length.
     """
     fn = get_reward(name)
-    cfg = cfg or default_config()
+    cfg = cfg if cfg is not None else default_config()
     n = len(actions)
     lens = {"actions": n, "results": len(results), "current_scores": len(current_scores),
             "targets": len(targets)}
@@ -214,4 +193,4 @@ def compute_rewards(name: str, actions: Sequence[Any], results: Sequence[Optiona
         raise ValueError(f"compute_rewards: sequences differ in length: {lens}")
     out = [fn(action=a, result=r, current_score=s, targets=t, cfg=cfg)
            for a, r, s, t in zip(actions, results, current_scores, targets)]
-    return np.asarray(out, dtype=np.float32).reshape(n)
+    return [float(x) for x in out]

@@ -3,5 +3,5 @@ episode (`runner`), metrics and their aggregation (`scoring`), the harness over 
 (`harness.evaluate`), reports and plots (`reports`), and what an evaluation takes from a
 training run (`run_config`).
 
-Imports: `curriculum`, `env`, `policy`, `ideator` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`); checked by tests/test_layout.py."""
+Imports: `curriculum`, `env`, `policy`, `ideator` (and `ace_jax.config_utils`, `sandbox`);
+checked by tests/test_layout.py."""

@@ -52,7 +52,9 @@ def evaluate(policy: Any, tasks: Sequence[Any], pool: Any, *, seeds: Sequence[in
              agent_cfg: Optional[ml_collections.ConfigDict] = None,
              buffer_cfg: Optional[ml_collections.ConfigDict] = None,
              out_dir: Optional[Union[str, os.PathLike]] = None, episode_workers: int = 1,
-             serialize_policy: bool = True, progress: bool = False) -> EvaluationResult:
+             serialize_policy: bool = True, progress: bool = False,
+             on_episode: Optional[Callable[[Episode, Optional[str]], None]] = None
+             ) -> EvaluationResult:
     """Runs one episode per (task, seed) and aggregates the metrics.
 
     Args:
@@ -65,6 +67,9 @@ def evaluate(policy: Any, tasks: Sequence[Any], pool: Any, *, seeds: Sequence[in
       serialize_policy: one policy call at a time across threads (a JAX policy needs it; an HTTP
         policy does not).
       progress: a tqdm bar over episodes.
+      on_episode: called with each finished episode and its log path (None without
+        ``out_dir``), in the thread that ran it (``launch/evaluate.py`` copies the log to a
+        gs:// ``--out`` at once).
 
     Returns:
       an ``EvaluationResult``; episodes ordered by task (as given) then seed. A failure of one
@@ -84,10 +89,13 @@ def evaluate(policy: Any, tasks: Sequence[Any], pool: Any, *, seeds: Sequence[in
     def one(job: tuple[Any, int]) -> Episode:
         task, seed = job
         log = None if out_dir is None else episode_log_path(out_dir, task.task_id, seed)
-        return run_episode(policy, task, pool, seed=seed, max_steps=max_steps,
-                           time_budget_s=time_budget_s, advisor=advisor,
-                           stagnation_steps=stagnation_steps, agent_cfg=agent_cfg,
-                           buffer_cfg=buffer_cfg, log_path=log, policy_lock=lock)
+        ep = run_episode(policy, task, pool, seed=seed, max_steps=max_steps,
+                         time_budget_s=time_budget_s, advisor=advisor,
+                         stagnation_steps=stagnation_steps, agent_cfg=agent_cfg,
+                         buffer_cfg=buffer_cfg, log_path=log, policy_lock=lock)
+        if on_episode is not None:
+            on_episode(ep, None if log is None else str(log))
+        return ep
 
     episodes = _run_jobs(one, jobs, episode_workers, progress)
     task_summaries, overall, notes = summarize(episodes)

@@ -3,5 +3,5 @@ learning runs of the default config (`learning`), comparisons of settings over w
 with their raw data kept under results/ (`compare`) and the docs' tables made from it
 (`tables`).
 
-Imports: `policy`, `train`, `eval` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`); checked by tests/test_layout.py."""
+Imports: `policy`, `train`, `eval` (and `ace_jax.registry`, `sandbox`); checked by
+tests/test_layout.py."""

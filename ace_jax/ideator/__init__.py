@@ -2,5 +2,5 @@
 the advisor over a policy (`advisor`), warm-start examples (`sft_examples`) and the ideator's
 environment for the one training loop (`ideator_trainer`: `IdeatorEnv`, `make_trainer`).
 
-Imports: `runtime`, `curriculum`, `env`, `policy`, `train` (and `ace_jax.config_utils`,
-`ace_jax.registry`, `models`, `sandbox`); checked by tests/test_layout.py."""
+Imports: `runtime`, `curriculum`, `env`, `policy`, `train` (and `models`, `sandbox`); checked by
+tests/test_layout.py."""

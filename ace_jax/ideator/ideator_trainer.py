@@ -1,9 +1,10 @@
 """MLE-Ideator training with the AceGRPO trainer: the trained policy is the IDEATOR.
 
 A variant is a config (``configs/ideator.py``: ``mode = "ideator"``), not a fork: ``IdeatorEnv`` is
-an environment (``ace_jax.train.environment``) plugged into the one ``Trainer`` loop
-(``make_trainer``), which keeps its asynchrony, checkpointing, exact resume, metrics and Evolving
-Data Buffer. What the environment changes, per RL step:
+an environment (``ace_jax.env.environment.Environment``) plugged into the one ``Trainer`` loop
+(``make_trainer``; ``python -m ace_jax.train`` builds it for ``mode = "ideator"``), which keeps
+its asynchrony, checkpointing, exact resume, metrics and Evolving Data Buffer. What the
+environment changes, per RL step:
 
   LP sampler -> B buffer states (task, the implementer's code + history, its best score)
   -> the IDEATOR prompt of each state (``prompts.render_ideator_messages`` of
@@ -51,6 +52,7 @@ import ml_collections
 from flax import nnx
 
 from ace_jax.env import agent, rewards
+from ace_jax.env.environment import EnvContext
 from ace_jax.ideator import ideator, prompts, sft_examples
 from ace_jax.runtime import checkpoint as ckpt_lib
 from ace_jax.runtime import multihost
@@ -158,6 +160,8 @@ class IdeatorEnv:
         implementer context the model cannot hold / an implementer that cannot be loaded.
     """
 
+    mode = "ideator"
+
     def __init__(self, cfg: ml_collections.ConfigDict, *, implementer: Any = None):
         if "ideator" not in cfg:
             raise SetupError("an ideator run needs an 'ideator' config section "
@@ -179,18 +183,18 @@ class IdeatorEnv:
         self.impl_max_new = int(icfg.implementer_max_new_tokens or cfg.sampling.max_new_tokens)
         self.impl_max_prompt = int(icfg.implementer_max_prompt_tokens or cfg.rl.max_prompt_tokens)
         self.implementer = implementer
-        self.trainer: Any = None
+        self.ctx: Optional[EnvContext] = None
         self._impl_seconds: dict[int, float] = {}
-        self._warm_started = False   # this process ran the warm start (a fresh run)
+        self._warm_model: Any = None   # the policy this process warm-started (a fresh run)
 
-    def bind(self, trainer) -> None:
-        self.trainer = trainer
-        self.cfg = trainer.cfg   # the run's resolved config (lp.seed / sft.seed = the seed)
+    def bind(self, ctx: EnvContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg   # the run's resolved config (lp.seed / sft.seed = the seed)
         if self.impl_kind == "self":
-            ctx = self.impl_max_new + self.impl_max_prompt
-            max_pos = trainer.model.config.max_position_embeddings
-            if ctx > max_pos:
-                raise SetupError(f"ideator implementer prompt + new tokens = {ctx} exceed the "
+            n = self.impl_max_new + self.impl_max_prompt
+            max_pos = ctx.model.config.max_position_embeddings
+            if n > max_pos:
+                raise SetupError(f"ideator implementer prompt + new tokens = {n} exceed the "
                                  f"model's max_position_embeddings ({max_pos})")
         if self.implementer is None and self.impl_kind in ("run", "hf", "openai"):
             self.implementer = self._build_external_implementer()
@@ -200,7 +204,7 @@ class IdeatorEnv:
     @property
     def snapshot_dir(self) -> str:
         """Where the "self" implementer's frozen weights are kept."""
-        return os.path.join(self.trainer.workdir, "implementer")
+        return os.path.join(self.ctx.workdir, "implementer")
 
     def _jax_policy_kwargs(self) -> dict:
         return dict(max_new_tokens=self.impl_max_new,
@@ -226,12 +230,13 @@ class IdeatorEnv:
         except policy.PolicyError as e:
             raise SetupError(f"ideator.implementer={self.cfg.ideator.implementer!r}: {e}") from e
 
-    def _save_snapshot(self) -> None:
-        """Saves the current (warm-started) weights as the frozen "self" implementer."""
+    def _save_snapshot(self, model: Any) -> None:
+        """Saves ``model``'s (the warm-started policy's) weights as the frozen "self"
+        implementer."""
         with ckpt_lib.Checkpointer(self.snapshot_dir, keep=1, async_save=False) as c:
             c.delete_after(-1)   # a warm start that crashed before its first commit left one
-            replicate = self.trainer.placement.replicate   # global arrays: multi-host saves
-            c.save(ckpt_lib.TrainState(step=0, params=nnx.state(self.trainer.model, nnx.Param),
+            replicate = self.ctx.replicate   # global arrays: multi-host saves
+            c.save(ckpt_lib.TrainState(step=0, params=nnx.state(model, nnx.Param),
                                        opt_state={"unused": replicate(jnp.zeros(()))},
                                        rng=replicate(jax.random.key(0)),
                                        sampler_state={"what": "frozen ideator implementer"}),
@@ -239,8 +244,7 @@ class IdeatorEnv:
 
     def _self_implementer(self):
         """The frozen "self" implementer: the saved snapshot if there is one (a resumed run),
-        else the current weights (a fresh run: the trainer's model is the warm-started policy;
-        the learner trains a copy of it)."""
+        else the warm-started policy (a fresh run; the learner trains a copy of it)."""
         from ace_jax.policy import policy
 
         model = None
@@ -248,15 +252,15 @@ class IdeatorEnv:
             with ckpt_lib.Checkpointer(self.snapshot_dir, keep=None, async_save=False) as c:
                 steps = c.all_steps()
                 if steps:
-                    graphdef, params = nnx.split(self.trainer.model, nnx.Param)
+                    graphdef, params = nnx.split(self.ctx.model, nnx.Param)
                     model = nnx.merge(graphdef, c.restore_params(steps[-1], params))
         if model is None:
-            if not self._warm_started:  # resumed, but the run never saved a frozen copy
+            if self._warm_model is None:  # resumed, but the run never saved a frozen copy
                 raise SetupError(f"ideator.implementer='self' but {self.snapshot_dir} holds no "
                                  "frozen implementer: this run was started with another "
                                  "implementer; resume it with that one")
-            model = self.trainer.model
-        return policy.JaxPolicy(model, self.trainer.tokenizer, name="implementer:self",
+            model = self._warm_model
+        return policy.JaxPolicy(model, self.ctx.tokenizer, name="implementer:self",
                                 **self._jax_policy_kwargs())
 
     def _get_implementer(self):
@@ -276,7 +280,7 @@ class IdeatorEnv:
             seed_corpus_seed=cfg.tasks.seed)]
 
     def sft_examples(self) -> list:
-        tasks, cfg = self.trainer.tasks, self.cfg
+        tasks, cfg = self.ctx.tasks, self.cfg
         examples = []
         if tuple(cfg.sft.kinds):
             examples += sft.build_sft_examples(tasks, cfg.sft, cfg.agent)
@@ -289,13 +293,13 @@ class IdeatorEnv:
                              "an example")
         return examples
 
-    def after_warm_start(self) -> None:
-        self._warm_started = True
+    def after_warm_start(self, model: Any) -> None:
+        self._warm_model = model
         if self.impl_kind == "self":
-            self._save_snapshot()
+            self._save_snapshot(model)
 
     def prompt_text(self, state) -> str:
-        task = self.trainer.task_by_id[state.task_id]
+        task = self.ctx.task_by_id[state.task_id]
         request = prompts.request_from_state(state, task, reason=self.cfg.ideator.reason)
         return tok_lib.render_chat(prompts.render_ideator_messages(request, self.cfg.ideator),
                                    add_generation_prompt=True, enable_thinking=False)
@@ -305,16 +309,16 @@ class IdeatorEnv:
         batched call) and sends the scripts of this process's share (``multihost.my_share``;
         all of them on one host) to its sandbox pool; the trainer gathers every process's
         results, as for the code agent."""
-        step, rollouts, t = s.step, s.rollouts, self.trainer
+        step, rollouts, ctx = s.step, s.rollouts, self.ctx
         icfg = self.cfg.ideator
         asks: list[tuple[int, list[dict]]] = []
         for i, r in enumerate(rollouts):
             parsed = ideator.parse_idea(r.text, icfg, truncated=s.cut_by_budget(i))
-            state = t.buffer.get(r.state_id)
+            state = r.state
             r.action = IdeatorAction(parsed=parsed, current_score=state.score)
             if parsed.valid:
                 asks.append((i, prompts.implementer_prompt_with_idea(
-                    state, t.task_by_id[r.task_id], parsed, self.cfg.agent,
+                    state, ctx.task_by_id[r.task_id], parsed, self.cfg.agent,
                     advice_text=icfg.advice_text)))
         t0 = time.perf_counter()
         if asks:
@@ -329,7 +333,7 @@ class IdeatorEnv:
                         c.text, max_code_chars=self.cfg.agent.max_code_chars)
         self._impl_seconds[step] = time.perf_counter() - t0
         mine = multihost.my_share(len(rollouts))
-        s.futures = [t.pool.submit(t.task_by_id[r.task_id], r.action.code)
+        s.futures = [ctx.submit(ctx.task_by_id[r.task_id], r.action.code)
                      if r.action.code is not None and i in mine else None
                      for i, r in enumerate(rollouts)]
 
@@ -400,7 +404,7 @@ class IdeatorEnv:
             new = rewards.valid_score(r.result)
             if new is None:
                 continue
-            tgt = self.trainer.targets[r.task_id]
+            tgt = self.ctx.targets[r.task_id]
             cur = tgt.baseline if r.action.current_score is None else r.action.current_score
             improved += improves(new, cur, tgt.lower_is_better)
         m["ideator/improve_rate"] = improved / n

@@ -3,5 +3,4 @@ OpenAI-compatible server itself: its HTTP server (`serving`), request and reply 
 (`openai_api`), batching (`batching`), decode engines (`engines`) and a sample's streamed text
 (`sample_stream`); and Hugging Face export (`export`).
 
-Imports: `runtime` (and `ace_jax.config_utils`, `ace_jax.registry`, `models`,
-`sandbox`); checked by tests/test_layout.py."""
+Imports: `runtime` (and `models`); checked by tests/test_layout.py."""

@@ -16,10 +16,11 @@ request or one sample: its slot and pages freed at once); ``generate`` (`Generat
 contract); ``update_weights``; ``stats``. Its callers: the trainer (`make_sampler`), the server
 (`ace_jax.policy.engines.JaxEngine`) and evaluation (`ace_jax.policy.policy.JaxPolicy`).
 
-Programs (jitted once per engine): ``prefill`` (one prompt chunk into its pages, the logits of
-its last real token), ``admit`` (waiting samples into free slots: page table, budget, key,
-first logits; the partial prompt page copied), ``decode`` (``sync_every`` decode steps of all
-slots: sample, check EOS / stop / budget, forward), ``retire`` (cancelled rows marked done).
+Programs (``engine_programs``, jitted once per engine): ``prefill`` (one prompt chunk into its
+pages, the logits of its last real token), ``admit`` (waiting samples into free slots: page
+table, budget, key, first logits; the partial prompt page copied), ``decode`` (``sync_every``
+decode steps of all slots: sample, check EOS / stop / budget, forward), ``retire`` (cancelled
+rows marked done).
 The host admits and collects between ``decode`` calls (one device round trip per
 ``sync_every`` tokens).
 
@@ -37,8 +38,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +46,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from ace_jax.runtime import generate
-from models import configs as model_configs, qwen3
+from ace_jax.runtime import engine_programs, generate
+from models import qwen3
 
 
 class EngineCapacityError(ValueError):
@@ -169,22 +169,6 @@ class Completion(NamedTuple):
     prompt_routes: np.ndarray | None = None
 
 
-class _State(NamedTuple):
-    """The device state of the slots (S = slots)."""
-
-    pools: tuple          # (k, v) per layer group [Lg, pool_pages, page_size, nkv, d]
-    page_table: jax.Array  # int32 [S, pages_per_row]
-    lengths: jax.Array     # int32 [S]: cache slots filled
-    logits: jax.Array      # float32 [S, V]: logits of each row's next token
-    keys: jax.Array        # PRNG keys [S]: each row's sampling key
-    produced: jax.Array    # int32 [S]: tokens generated (the next draw's step t)
-    budget: jax.Array      # int32 [S]: max new tokens of the row
-    done: jax.Array        # bool [S]: no row, or finished
-    reason: jax.Array      # int32 [S]: FinishReason
-    window: jax.Array      # int32 [S, L]: last tokens, for stop sequences
-    temperature: jax.Array  # float32 [S]: each row's request's temperature (0 = greedy)
-
-
 @dataclasses.dataclass
 class _Request:
     prompt: list[int]
@@ -196,96 +180,6 @@ class _Request:
     logits: jax.Array | None = None   # float32 [V] after the prefill
     live: int = 0                 # samples in a slot
     prompt_routes: np.ndarray | None = None   # uint8 [P, L_moe, k] (MoE policies)
-
-
-def _model_forward(model, layer_params, tokens, mask, pools, page_table, lengths):
-    """-> (hidden states, pools, routes uint8 [B, T, L_moe, k] or None for a dense model)."""
-    cache = qwen3.PagedKVCache(k=pools[0], v=pools[1], page_table=page_table, lengths=lengths)
-    moe = model.config.num_moe_layers > 0
-    out = model(tokens, attention_mask=mask, cache=cache, compute_logits=False,
-                layer_params=layer_params, return_routes=moe)
-    routes = None if out.routes is None else out.routes.astype(jnp.uint8)
-    return out.hidden_states, (out.cache.k, out.cache.v), routes
-
-
-def _layer_params(model):
-    # on CPU the per-layer weights are sliced once per program, not in every step (as _rollout)
-    return model.layer_params() if model_configs.target_platform(model.config) == "cpu" else None
-
-
-def _prefill(graphdef, params, pools, ids, page_row, start, n_valid):
-    """One prompt chunk: ids int32 [1, C] (the first ``n_valid`` real) into the pages of
-    ``page_row`` [1, pages] from slot ``start`` [1] -> (pools, logits float32 [V] of the last
-    real token, the chunk's routes uint8 [C, L_moe, k] or None)."""
-    model = nnx.merge(graphdef, params)
-    mask = jnp.arange(ids.shape[1])[None, :] < n_valid
-    h, pools, routes = _model_forward(model, None, ids, mask, pools, page_row, start)
-    logits = model.lm_logits(jax.lax.dynamic_index_in_dim(h[0], n_valid - 1, 0, False))
-    return pools, logits, None if routes is None else routes[0]
-
-
-def _admit(state: _State, slot, page_rows, lengths, budgets, temperatures, request_keys, samples,
-           logits, copy_src, copy_dst):
-    """Puts up to S samples into slots (``slot`` [S], S = none), each with its page row, filled
-    length, budget, temperature, key ``fold_in(request key, sample)`` (``request_keys``: S keys)
-    and first logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for
-    none). The per-sample values come as fixed-length tuples, so that the host builds no array
-    whose shape depends on how many samples enter (each new shape would compile an op)."""
-    keys = jax.vmap(jax.random.fold_in)(jnp.stack(request_keys), samples)
-    logits = jnp.stack(logits)
-    pools = tuple(tuple(p.at[:, copy_dst].set(p[:, copy_src]) for p in side)
-                  for side in state.pools)
-    put = lambda x, v: x.at[slot].set(v, mode="drop")  # noqa: E731
-    s = state.window.shape[0]
-    return state._replace(
-        pools=pools, page_table=put(state.page_table, page_rows), lengths=put(state.lengths, lengths),
-        logits=put(state.logits, logits), keys=put(state.keys, keys),
-        produced=put(state.produced, jnp.zeros((s,), jnp.int32)), budget=put(state.budget, budgets),
-        temperature=put(state.temperature, temperatures),
-        done=put(state.done, jnp.zeros((s,), bool)),
-        reason=put(state.reason, jnp.full((s,), int(generate.FinishReason.LENGTH), jnp.int32)),
-        window=put(state.window, jnp.full(state.window.shape, -2, jnp.int32)))
-
-
-def _retire(state: _State, slots):
-    """Ends the rows of ``slots`` (bool [S]) without a Completion (`Engine.cancel`)."""
-    return state._replace(done=state.done | slots)
-
-
-def _decode(graphdef, steps, params, knobs, state: _State):
-    """``steps`` decode steps of every slot -> (state, tokens int32 [S, steps], logprobs
-    float32 [S, steps], emitted bool [S, steps], routes uint8 [S, steps, L_moe, k] or None). A
-    row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
-    or its budget, and (while live) writes the token's keys / values into its pages."""
-    model = nnx.merge(graphdef, params)
-    layer_params = _layer_params(model)
-    knobs = knobs._replace(temperature=state.temperature)
-
-    def step(state: _State, _):
-        live = ~state.done
-        tok, lp = generate.sample_token(generate.step_keys(state.keys, state.produced),
-                                        state.logits, knobs)
-        tok = jnp.where(live, tok, knobs.pad_id)
-        lp = jnp.where(live, lp, 0.0)
-        produced = state.produced + live
-        window, hit_eos, hit_stop = generate.check_stop(tok, state.window, knobs)
-        spent = produced >= state.budget
-        reason = jnp.where(hit_eos, int(generate.FinishReason.EOS),
-                           jnp.where(hit_stop, int(generate.FinishReason.STOP),
-                                     int(generate.FinishReason.LENGTH)))
-        finishing = live & (hit_eos | hit_stop | spent)
-        h, pools, routes = _model_forward(model, layer_params, tok[:, None], live[:, None],
-                                          state.pools, state.page_table, state.lengths)
-        state = state._replace(
-            pools=pools, lengths=state.lengths + live, logits=model.lm_logits(h[:, -1, :]),
-            produced=produced, done=state.done | finishing,
-            reason=jnp.where(finishing, reason, state.reason), window=window)
-        return state, (tok, lp, live, None if routes is None else routes[:, 0])
-
-    state, (tokens, logprobs, emitted, routes) = jax.lax.scan(step, state, None, length=steps)
-    if routes is not None:
-        routes = jnp.swapaxes(routes, 0, 1)
-    return state, tokens.T, logprobs.T, emitted.T, routes
 
 
 class Engine:
@@ -320,7 +214,7 @@ class Engine:
                                        page_size=config.page_size,
                                        pages_per_row=config.pages_per_row)
         s = config.slots
-        self._state = _State(
+        self._state = engine_programs.SlotState(
             pools=(cache.k, cache.v), page_table=cache.page_table, lengths=cache.lengths,
             logits=jnp.zeros((s, mc.vocab_size), jnp.float32),
             keys=jax.random.split(jax.random.key(0), s), produced=jnp.zeros((s,), jnp.int32),
@@ -340,10 +234,11 @@ class Engine:
         self._next_id = 0
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
                           peak_pages=0)
-        self._prefill = jax.jit(_prefill, static_argnums=(0,), donate_argnums=(2,))
-        self._admit = jax.jit(_admit, donate_argnums=(0,))
-        self._retire = jax.jit(_retire, donate_argnums=(0,))
-        self._decode = jax.jit(_decode, static_argnums=(0, 1), donate_argnums=(4,))
+        self._prefill = jax.jit(engine_programs.prefill, static_argnums=(0,),
+                                donate_argnums=(2,))
+        self._admit = jax.jit(engine_programs.admit, donate_argnums=(0,))
+        self._retire = jax.jit(engine_programs.retire, donate_argnums=(0,))
+        self._decode = jax.jit(engine_programs.decode, static_argnums=(0, 1), donate_argnums=(4,))
 
     # ------------------------------------------------------------------ public surface
     def update_weights(self, params: nnx.State) -> None:

@@ -1,6 +1,9 @@
-"""Training runs: the run's config schema (`config`), building a run (`setup`: tasks,
-tokenizer, model, warm start), the AceGRPO loop (`trainer`, one `Trainer.step()`), a step's
-rollouts as arrays (`rollouts`), SFT (`sft`), metrics and logs (`metrics`, `logs`) and the
+"""Training runs: the entry point (`__main__`: ``python -m ace_jax.train``, a config's
+``mode`` -> its environment), the run's config schema (`config`), building a run (`setup`:
+tasks, tokenizer, model, warm start), the AceGRPO loop (`trainer`, one `Trainer.step()`), the
+code agent's environment (`environment`), a step's rollouts as arrays (`rollouts`), dynamic
+sampling (`dynamic_sampling`), SFT (`sft`), metrics and logs (`metrics`, `step_metrics`,
+`logs`, the run's closing `summary`) and the
 TPU-compiled dry run of a config (`dry_run`; its analytic memory and time plan
 `dry_run_analytic`, its lowered and compiled programs `dry_run_programs`, its text and one-line
 summary `dry_run_report`).

@@ -55,15 +55,13 @@ from models import moe_sharding
 from ace_jax.train import probe, sft
 from sandbox import pool
 
-__all__ = ["ConfigError", "SECTIONS", "OPTIONAL_SECTIONS", "MODES", "default_config",
+__all__ = ["ConfigError", "SECTIONS", "OPTIONAL_SECTIONS", "default_config",
            "model_config", "rl_config", "tasks_config", "validate", "check_context"]
 
 # The sections of `default_config`, in its order, and the optional ones (see the module doc).
 SECTIONS = ("model", "mesh", "sampler_mesh", "rl", "sampling", "engine", "grpo", "optim", "buffer", "lp", "sandbox",
             "agent", "rewards", "sft", "tasks", "checkpoint", "probe")
 OPTIONAL_SECTIONS = ("dry_run", "ideator")
-# ``mode`` (top level, optional): which trainer launch/tpu_train.py builds.
-MODES = ("acegrpo", "ideator")
 
 
 def model_config() -> ml_collections.ConfigDict:
@@ -138,8 +136,8 @@ def default_config() -> ml_collections.ConfigDict:
     starts from this and sets what differs; ``name`` and ``workdir`` it must set."""
     c = ml_collections.ConfigDict()
     c.name = ""                       # the run's name (the end-of-run summary says it)
-    # the job: "acegrpo" (the code agent, ace_jax.train.environment) or "ideator" (MLE-Ideator,
-    # configs/ideator.py: ace_jax.ideator.ideator_trainer), built by launch/tpu_train.py
+    # the environment: "acegrpo" (the code agent, ace_jax.train.environment) or "ideator"
+    # (MLE-Ideator, configs/ideator.py); `python -m ace_jax.train` maps it (its ENVIRONMENTS)
     c.mode = "acegrpo"
     c.workdir = ""                    # checkpoints, buffer, metrics, tokenizer (local or gs://)
     c.seed = 0
@@ -199,7 +197,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
              num_processes: Optional[int] = None) -> None:
     """Checks what can be checked of a run config before any heavy work; raises ConfigError.
 
-    Checks: ``workdir`` is set; ``mode``; ``grpo`` (``grpo.validate_config``); ``rl.reward`` is
+    Checks: ``workdir`` is set; ``grpo`` (``grpo.validate_config``); ``rl.reward`` is
     registered and ``grpo.beta == 0`` (no reference model); ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``;
     ``optim.microbatches`` divides the rows of a step;
     ``optim.share_prompts`` (`learner.check_share_prompts`); the ``sampling`` values;
@@ -214,9 +212,6 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     """
     if not cfg.get("workdir"):
         raise ConfigError("workdir is empty: set it in the config file or with --config.workdir")
-    mode = cfg.mode
-    if mode not in MODES:
-        raise ConfigError(f"config mode={mode!r}; valid: {', '.join(MODES)}")
     try:
         grpo.validate_config(cfg.grpo)
     except ValueError as e:
@@ -262,8 +257,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     if cfg.tasks.source not in tasks.SOURCES:
         raise ConfigError(f"tasks.source={cfg.tasks.source!r}; valid: {', '.join(tasks.SOURCES)}")
     errors = probe.validate(cfg)
-    if cfg.probe.every and mode != "acegrpo":
-        errors.append(f"probe.every={cfg.probe.every} with mode={mode!r}: the probe measures "
+    if cfg.probe.every and cfg.mode != "acegrpo":
+        errors.append(f"probe.every={cfg.probe.every} with mode={cfg.mode!r}: the probe measures "
                       "the code agent (set probe.every=0)")
     if errors:
         raise ConfigError("; ".join(errors))

@@ -1,6 +1,6 @@
 """The production dry run: compile what trains for the target slice, and report its memory.
 
-``python launch/tpu_train.py --config=configs/ace30b.py --dry_run`` calls `run_dry_run(config)`,
+``python -m ace_jax.train --config=configs/ace30b.py --dry_run`` calls `run_dry_run(config)`,
 prints `dry_run_report.format_report` and, last, `dry_run_report.summary` as one JSON line (exit
 status 1 when a program does not fit). Nothing is allocated and no weights are read:
 

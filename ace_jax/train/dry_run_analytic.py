@@ -208,7 +208,7 @@ def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place,
         scores = rows_dev * heads_dev * blk * blk * (4 + 4 + cb)
         scores_note = f"{attn}: one [{blk},{blk}] block of scores+probs, never [T,T]"
         mask, mask_note = 2 * rows_dev * t * 4, "int32 segment ids of queries and keys"
-    chunk = int(optim.get("logprob_chunk_tokens", 0) or 0)
+    chunk = int(optim.logprob_chunk_tokens)
     moe_ws = tok_dev * kk * (2 * H + 3 * im) * cb + tok_dev * H * 4
     if chunk:   # completion log-probs in chunks: fp32 logits, p and dz of one chunk
         logits, logits_note = 3 * min(chunk, rows_dev * m) * vocab_dev * 4, \

@@ -1,93 +1,55 @@
-"""The environment a policy acts in, as the training loop sees it.
+"""The code agent's environment (``mode = "acegrpo"``), AceGRPO's: the policy is the agent and
+writes the script itself (``agent.render_prompt`` -> ``agent.parse_action`` -> the sandbox pool).
 
-``Trainer.step()`` is one loop for every environment: select states, build prompts, generate,
-execute, reward, learn, grow the buffer, persist. What the policy's completions *mean* is the
-environment's: the prompt of a state, how a step's completions become executions, and what a
-step adds to its rollout log and its metrics. A variant of the method is an environment plus a
-config (``mode``), not a trainer subclass:
-
-* ``CodeAgentEnv`` (``mode = "acegrpo"``): the policy writes the script itself
-  (``agent.render_prompt`` -> ``agent.parse_action`` -> the sandbox pool).
-* ``ace_jax.ideator.ideator_trainer.IdeatorEnv`` (``mode = "ideator"``): the policy writes an
-  idea, a frozen implementer writes the script.
-
-An environment is bound to its trainer (``bind``) at the end of ``Trainer.__init__``; its
-methods then read the run's parts (config, tasks, buffer, sandbox pool, model) from it.
+The ``Environment`` protocol and the ``EnvContext`` an environment is bound to are
+``ace_jax.env.environment``'s; ``python -m ace_jax.train`` maps a config's ``mode`` to an
+environment.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
-
-import ml_collections
+from typing import Any, Optional
 
 from ace_jax.env import agent
+from ace_jax.env.environment import EnvContext
 from ace_jax.runtime import multihost
 from ace_jax.train import sft
 from ace_jax.train.rollouts import Rollout, StepRollouts
 
 
-class Environment(Protocol):
-    """What the loop asks of an environment (all called on the trainer's host thread)."""
-
-    def tokenizer_texts(self, cfg: ml_collections.ConfigDict, tasks: Sequence[Any]) -> list[str]:
-        """Texts a tokenizer trained for this run sees besides the agent prompts and the seed
-        scripts (called in ``Trainer.__init__``, before ``bind``)."""
-
-    def bind(self, trainer: Any) -> None:
-        """Called once the trainer's model, tokenizer, buffer and checkpointer exist; may check
-        the config against the model (raising ``setup.SetupError``)."""
-
-    def sft_examples(self) -> list:
-        """The warm start's (prompt, completion) examples."""
-
-    def after_warm_start(self) -> None:
-        """Called after the warm start of a fresh run (not on a resume)."""
-
-    def prompt_text(self, state: Any) -> str:
-        """The policy's chat prompt for a buffer state (rendered text)."""
-
-    def execute(self, s: StepRollouts) -> None:
-        """Sets every rollout's ``action`` and ``s.futures`` (one sandbox future or None per
-        rollout). Also used on a resume to run the steps in flight again."""
-
-    def record(self, r: Rollout) -> dict:
-        """Fields this environment adds to the rollout's line of ``rollouts/<step>.jsonl``."""
-
-    def metrics(self, s: StepRollouts) -> dict[str, float]:
-        """Metrics this environment adds to the step's (after its results and rewards)."""
-
-
 class CodeAgentEnv:
     """AceGRPO's environment: the policy is the agent and writes the script itself."""
 
-    trainer: Any = None
+    mode = "acegrpo"
+
+    def __init__(self):
+        self.ctx: Optional[EnvContext] = None
 
     def tokenizer_texts(self, cfg, tasks) -> list[str]:
         return []
 
-    def bind(self, trainer) -> None:
-        self.trainer = trainer
+    def bind(self, ctx: EnvContext) -> None:
+        self.ctx = ctx
 
     def sft_examples(self) -> list:
-        t = self.trainer
-        return sft.build_sft_examples(t.tasks, t.cfg.sft, t.cfg.agent)
+        c = self.ctx
+        return sft.build_sft_examples(c.tasks, c.cfg.sft, c.cfg.agent)
 
-    def after_warm_start(self) -> None:
+    def after_warm_start(self, model: Any) -> None:
         pass
 
     def prompt_text(self, state) -> str:
-        t = self.trainer
-        return agent.render_prompt(state, t.task_by_id[state.task_id], t.cfg.agent)
+        c = self.ctx
+        return agent.render_prompt(state, c.task_by_id[state.task_id], c.cfg.agent)
 
     def execute(self, s: StepRollouts) -> None:
         """Parses every completion and sends the valid actions of this process's share
         (`multihost.my_share`; all of them on one host) to its sandbox pool."""
-        t = self.trainer
+        c = self.ctx
         mine = multihost.my_share(len(s.rollouts))
         s.futures = []
         for i, r in enumerate(s.rollouts):
-            r.action = agent.parse_action(r.text, max_code_chars=t.cfg.agent.max_code_chars)
-            s.futures.append(t.pool.submit(t.task_by_id[r.task_id], r.action.code)
+            r.action = agent.parse_action(r.text, max_code_chars=c.cfg.agent.max_code_chars)
+            s.futures.append(c.submit(c.task_by_id[r.task_id], r.action.code)
                              if r.action.valid and i in mine else None)
 
     def record(self, r: Rollout) -> dict:

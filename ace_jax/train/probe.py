@@ -42,6 +42,7 @@ import numpy as np
 from ace_jax.curriculum import buffer as buffer_lib, seeds
 from ace_jax.env import agent, rewards
 from sandbox.result import Status
+from sandbox.tasks.targets import task_targets
 
 KINDS = ("draft", "improve")
 METRICS = ("valid_rate", "score", "humanrank")
@@ -130,7 +131,7 @@ class Probe:
     parses and executes them on ``pool`` and returns the ``probe/*`` metrics."""
     states: list[ProbeState]
     tasks: Mapping[str, Any]          # task id -> Task, training and held-out
-    targets: Mapping[str, Any]        # task id -> its reward targets (``rewards.task_targets``)
+    targets: Mapping[str, Any]        # task id -> its TaskTargets (sandbox.tasks.targets)
     samples: int
     seed: int
     every: int
@@ -145,7 +146,7 @@ class Probe:
         states = build_states(train_tasks, heldout_tasks, seed=int(cfg.seed),
                               kinds=tuple(p.kinds), corpus_seed=int(cfg.tasks.seed))
         tasks = {t.task_id: t for t in (*train_tasks, *heldout_tasks)}
-        return cls(states, tasks, {i: rewards.task_targets(t) for i, t in tasks.items()},
+        return cls(states, tasks, {i: task_targets(t) for i, t in tasks.items()},
                    int(p.samples), int(cfg.seed), int(p.every))
 
     def due(self, updates: int) -> bool:

@@ -25,7 +25,8 @@ class Rollout:
     """One completion of one state and, once executed, its outcome.
 
     Attributes:
-      state_id / task_id: where it started.
+      state_id / task_id: where it started; state: that buffer ``State`` (set when generated
+        and when a resumed step is restored, not stored in a checkpoint).
       text: decoded completion; action: what the environment parsed from it (an
         ``agent.Action`` / ``agent.InvalidAction`` for the code agent).
       policy_version: learner step of the params that generated it.
@@ -40,6 +41,7 @@ class Rollout:
     action: Any = None
     result: Optional[ExecutionResult] = None
     reward: float = 0.0
+    state: Any = None
 
 
 @dataclasses.dataclass

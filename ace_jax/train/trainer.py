@@ -3,7 +3,7 @@ update -> buffer children -> metrics, checkpoint and buffer commit.
 
 Building a run (output folder, tasks, tokenizer, model, warm start) is ``ace_jax.train.setup``;
 this module is the loop. What completions mean (prompts, execution, extra logs and metrics) is
-the environment's (``ace_jax.train.environment``: the code agent by default, the MLE-Ideator's
+the environment's (``ace_jax.env.environment``: the code agent by default, the MLE-Ideator's
 ideator -> frozen implementer with ``mode = "ideator"``). One iteration is ``Trainer.step()``,
 which reads top to bottom:
 
@@ -54,17 +54,20 @@ import numpy as np
 from ace_jax.curriculum import buffer as buffer_lib, buffer_store, learnability, seeds
 from ace_jax import config_utils
 from ace_jax.env import agent, rewards
+from ace_jax.env.environment import EnvContext, Environment
 from ace_jax.rl import grpo, learner as learner_lib
 from ace_jax.runtime import (checkpoint as ckpt_lib, engine, generate, multihost,
                              placement as placement_lib, sampler_layout, storage)
 from ace_jax.train import (config as train_config, environment, metrics as metrics_lib,
-                           probe as probe_lib, setup, summary as summary_lib)
+                           dynamic_sampling, probe as probe_lib, setup, step_metrics,
+                           summary as summary_lib)
 from ace_jax.train.rollouts import Rollout, StepRollouts
 from ace_jax.train.setup import (SetupError, check_writable, load_evaluation_seeds,
                                  load_tasks)
 from models import tokenizer as tok_lib
 from sandbox.pool import SandboxPool
 from sandbox.result import ExecutionResult, Status
+from sandbox.tasks import targets as targets_lib
 
 log = logging.getLogger("ace_jax.train.trainer")
 
@@ -77,14 +80,15 @@ def max_staleness(cfg: ml_collections.ConfigDict) -> int:
 
 class Trainer:
     """Wires the parts of one AceGRPO run from a config (``configs/*.py``) and runs it; ``env``:
-    the environment the policy acts in (default ``environment.CodeAgentEnv()``).
+    the environment the policy acts in (default ``environment.CodeAgentEnv()``; its ``mode``
+    must be the config's).
 
     Everything that can be wrong with the setup (paths, tasks, tokenizer / model mismatch, reward
     name, GRPO mode) is checked in ``__init__``, before any heavy work.
     """
 
     def __init__(self, cfg: ml_collections.ConfigDict, *, progress: bool = True,
-                 env: Optional[environment.Environment] = None):
+                 env: Optional[Environment] = None):
         cfg = train_config.resolve_seeds(cfg)   # lp.seed / sft.seed = -1: the run's seed
         self.cfg = cfg
         self.env = env if env is not None else environment.CodeAgentEnv()
@@ -94,15 +98,15 @@ class Trainer:
             train_config.validate(cfg)
         except config_utils.ConfigError as e:
             raise SetupError(str(e)) from e
+        if self.env.mode != cfg.mode:
+            raise SetupError(f"config mode={cfg.mode!r} but the environment is "
+                             f"{type(self.env).__name__} (mode {self.env.mode!r}): build the "
+                             "run with `python -m ace_jax.train` (its build_trainer)")
         self.max_staleness = max_staleness(cfg)
         self.tasks = load_tasks(cfg)
         self.task_by_id = {t.task_id: t for t in self.tasks}
-        self.targets = {t.task_id: rewards.task_targets(t) for t in self.tasks}
+        self.targets = {t.task_id: targets_lib.task_targets(t) for t in self.tasks}
         self.evaluation_seeds = load_evaluation_seeds(cfg.rl.seed_solutions, self.task_by_id)
-        if cfg.probe.every and not isinstance(self.env, environment.CodeAgentEnv):
-            raise SetupError(f"probe.every={cfg.probe.every}: the probe measures the code agent; "
-                             f"this run's environment is {type(self.env).__name__} (set "
-                             "probe.every=0)")
         # the sampler-neutral measure (ace_jax.train.probe; None when probe.every is 0)
         self.probe = probe_lib.Probe.from_config(
             cfg, self.tasks, setup.load_tasks(cfg, cfg.probe.heldout_tasks)
@@ -160,7 +164,11 @@ class Trainer:
         self.in_flight: collections.deque[StepRollouts] = collections.deque()
         self._uncommitted: Optional[tuple] = None   # (iteration, buffer copy, sampler state)
         self.best_scores: dict[str, Optional[float]] = {t: None for t in self.task_by_id}
-        self.env.bind(self)
+        self.env.bind(EnvContext(
+            cfg=cfg, workdir=self.workdir, tasks=self.tasks, task_by_id=self.task_by_id,
+            targets=self.targets, model=self.model, tokenizer=self.tokenizer,
+            replicate=self.placement.replicate,
+            submit=lambda task, code: self.pool.submit(task, code)))
 
     # ------------------------------------------------------------------ the loop
 
@@ -301,7 +309,7 @@ class Trainer:
         for i in range(gen.tokens.shape[0]):
             st = states[int(gen.prompt_index[i])]
             rollouts.append(Rollout(
-                state_id=st.state_id, task_id=st.task_id, policy_version=version,
+                state_id=st.state_id, task_id=st.task_id, state=st, policy_version=version,
                 text=self.tokenizer.decode(gen.tokens[i, :gen.lengths[i]].tolist(),
                                            skip_special_tokens=False)))
         return StepRollouts(step, prompts, gen, rollouts, gen_seconds=gen_s,
@@ -345,80 +353,34 @@ class Trainer:
         return time.perf_counter() - t0
 
     def _reward(self, s: StepRollouts) -> None:
-        reward_fn = rewards.get_reward(self.cfg.rl.reward)
-        for r in s.rollouts:
-            parent = self.buffer.get(r.state_id)
-            r.reward = reward_fn(action=r.action, result=r.result, current_score=parent.score,
-                                 targets=self.targets[r.task_id], cfg=self.cfg.rewards)
+        rs = s.rollouts
+        out = rewards.compute_rewards(
+            self.cfg.rl.reward, [r.action for r in rs], [r.result for r in rs],
+            [r.state.score for r in rs], [self.targets[r.task_id] for r in rs], self.cfg.rewards)
+        for r, x in zip(rs, out):
+            r.reward = x
 
     def _refill(self, s: StepRollouts) -> StepRollouts:
-        """Dynamic sampling (``rl.dynamic_sampling_rounds`` = R > 0; else ``s`` itself).
-
-        A group whose rewards all agree (within ``grpo.zero_variance_atol``) carries no
-        gradient. For at most R rounds (fewer when the sampler has no state left that this step
-        has not drawn), with the current policy:
-
-        * ``rl.dynamic_sampling="dapo"``: while fewer than B groups are informative, the missing
-          number of new states is drawn, generated, executed and rewarded; the learner gets the
-          informative groups first, then zero-variance ones to keep B.
-        * ``"reinforce_ada"``: each of the step's states whose samples so far all agree gets G
-          more; a state that found a spread learns on G of its samples balanced between its
-          best (ceil(G/2)) and worst (floor(G/2)) rewards, the others on their first G.
-
-        Every round's rows are appended to ``s`` (``StepRollouts.extend``): their executions
-        grow the buffer and are logged like the step's own, and ``s.gen_tokens`` counts them.
-        Returns what the learner learns on (B groups of G)."""
+        """Dynamic sampling (``ace_jax.train.dynamic_sampling.refill``; ``s`` itself unless
+        ``rl.dynamic_sampling_rounds`` > 0): what the learner learns on (B groups of G)."""
         cfg = self.cfg.rl
-        rounds, b, g = cfg.dynamic_sampling_rounds, cfg.batch_states, cfg.group_size
-        atol = self.cfg.grpo.zero_variance_atol
-        ada = cfg.dynamic_sampling == "reinforce_ada"
-        own = {i: [i * g + j for j in range(g)] for i in range(b)}   # a state's rows (ada)
-
-        def spread(rows) -> bool:
-            r = s.rewards()[rows]
-            return r.max() - r.min() > atol
-
-        def informative() -> list[int]:
-            return [i for i in range(len(s.prompts)) if spread(range(i * g, (i + 1) * g))]
-
-        s.refill_rounds = 0
         # the sampler's clock is the newest step generated (k steps may be newer than s)
         clock = max(s.step, self.next_step - 1)
-        while s.refill_rounds < rounds:
-            if ada:
-                again = [i for i in range(b) if not spread(own[i])]
-                if not again:
-                    break
-                states = [self.buffer.get(s.rollouts[i * g].state_id) for i in again]
-            else:
-                if len(informative()) >= b:
-                    break
-                try:
-                    states = self._select(clock, b - len(informative()))
-                except learnability.InsufficientStatesError as e:
-                    log.info("dynamic sampling of step %d stopped after %d rounds: %s", s.step,
-                             s.refill_rounds, e)
-                    break
+
+        def roll_out(states):
             prompts, truncated = self._prompts(states)
             more = self._generate(s.step, states, prompts)
             more.truncated = truncated
             self.env.execute(more)
             self._wait_results(more)
             self._reward(more)
-            first = len(s.rollouts)
-            s.extend(more)
-            if ada:
-                for k, i in enumerate(again):
-                    own[i] += [first + k * g + j for j in range(g)]
-            s.refill_rounds += 1
-        if len(s.prompts) == b:
-            return s
-        if ada:
-            return s.select_rows([balanced_group(own[i], s.rewards(), g, atol)
-                                  for i in range(b)])
-        keep = informative()
-        chosen = sorted((keep + [i for i in range(len(s.prompts)) if i not in keep])[:b])
-        return s.select_groups(chosen, g)
+            return more
+
+        return dynamic_sampling.refill(
+            s, kind=cfg.dynamic_sampling, rounds=cfg.dynamic_sampling_rounds,
+            batch_states=cfg.batch_states, group_size=cfg.group_size,
+            atol=self.cfg.grpo.zero_variance_atol, draw=lambda n: self._select(clock, n),
+            roll_out=roll_out)
 
     def _learn(self, s: StepRollouts, learn_on: Optional[StepRollouts] = None
                ) -> tuple[dict, float]:
@@ -442,7 +404,7 @@ class Trainer:
         g = self.cfg.rl.group_size
         for b in range(len(s.rollouts) // g):
             group = s.rollouts[b * g:(b + 1) * g]
-            parent = self.buffer.get(group[0].state_id)
+            parent = group[0].state
             children = [buffer_lib.Child(code=r.action.code, result=r.result, reward=r.reward,
                                          action=agent.step_kind(parent))
                         for r in group if r.result is not None]
@@ -485,28 +447,8 @@ class Trainer:
 
     def _step_metrics(self, s: StepRollouts, learn: dict, wait_s: float, learn_s: float) -> dict:
         rs = s.rollouts
-        n = len(rs)
-        rew = np.asarray([r.reward for r in rs])
-        valid = [r for r in rs if r.result is not None and r.result.status is Status.OK]
-        norm = [rewards.normalised_score(r.result.dev_score, self.targets[r.task_id],
-                                         clip_low=self.cfg.rewards.norm_clip_low,
-                                         clip_high=self.cfg.rewards.norm_clip_high) for r in valid]
-        m = {
-            "reward/mean": rew.mean(), "reward/std": rew.std(),
-            "rollout/valid_rate": len(valid) / n,
-            **root_child_metrics([self.buffer.get(r.state_id).depth == 0 for r in rs],
-                                 [r.result is not None and r.result.status is Status.OK
-                                  for r in rs]),
-            "rollout/format_valid_rate": sum(r.action.valid for r in rs) / n,
-            "score/dev_norm_mean": float(np.mean(norm)) if norm else 0.0,
-            # Failures count as the baseline (0): improves with validity AND quality.
-            "score/dev_norm_all": float(np.sum(norm)) / n,
-            "rollout/completion_tokens_mean": float(np.mean(s.gen.lengths)),
-            # every completion token generated for the step (dynamic sampling's refills too):
-            # what a budget-matched comparison counts
-            "rollout/generated_tokens": float(s.gen_tokens),
-            "rollout/refill_rounds": float(s.refill_rounds),
-            "rollout/prompt_truncated": float(s.truncated),
+        m = step_metrics.rollout_metrics(s, self.targets, self.cfg.rewards)
+        m.update({
             "perf/gen_tokens_per_s": s.gen_tokens / max(s.gen_seconds, 1e-9),
             "perf/gen_seconds": s.gen_seconds, "perf/sandbox_wait_seconds": wait_s,
             "perf/learn_seconds": learn_s,
@@ -517,27 +459,11 @@ class Trainer:
                                             if r.result is not None),
             "offpolicy/staleness": float(s.staleness),
             "buffer/size": len(self.buffer),
-        }
-        for status in Status:
-            m[f"rollout/status/{status.value}"] = sum(
-                r.result is not None and r.result.status is status for r in rs) / n
-        m["rollout/status/invalid_format"] = sum(not r.action.valid for r in rs) / n
+        })
         m.update({(k if k.startswith("offpolicy/") else f"grpo/{k}"): v for k, v in learn.items()})
         m["grpo/zero_var_frac"] = learn.get("frac_zero_variance_groups", 0.0)
-        temp, rho = learnability.schedule(s.step, self.sampler.spec)
-        m["lp/temperature"], m["lp/rho"] = float(temp), float(rho)
-        lp = np.asarray(learnability.potential(learnability.lp_inputs(self.buffer.stats),
-                                               self.sampler.spec))
-        live = np.asarray(self.buffer.stats.valid)
-        m["lp/mean"] = float(lp[live].mean()) if live.any() else 0.0
-        m["lp/max"] = float(lp[live].max()) if live.any() else 0.0
-        for task_id, best in self.best_scores.items():
-            if best is None:
-                continue
-            task = self.task_by_id[task_id]
-            m[metrics_lib.task_scalar(task_id, "best_dev_score")] = best
-            if task.has_leaderboard:
-                m[metrics_lib.task_scalar(task_id, "medal")] = medal_level(task.medal(best))
+        m.update(step_metrics.lp_metrics(s.step, self.sampler, self.buffer))
+        m.update(step_metrics.best_score_metrics(self.best_scores, self.task_by_id))
         m.update(self.env.metrics(s))
         return m
 
@@ -631,6 +557,8 @@ class Trainer:
             s = StepRollouts.from_json(d, max_new_tokens=self.cfg.sampling.max_new_tokens,
                                        pad_id=self.pad_id, eos_ids=self.eos_ids,
                                        group_size=self.cfg.rl.group_size)
+            for r in s.rollouts:
+                r.state = self.buffer.get(r.state_id)
             self.env.execute(s)
             self.in_flight.append(s)
 
@@ -651,7 +579,7 @@ class Trainer:
         self.model, info = setup.warm_start(self.cfg, self.model, self.tokenizer,
                                             self.env.sft_examples, self.placement,
                                             progress=self.progress)
-        self.env.after_warm_start()
+        self.env.after_warm_start(self.model)
         return info
 
     def _make_learner(self) -> learner_lib.Learner:
@@ -669,34 +597,3 @@ class Trainer:
         finally:
             self.checkpointer.close()
             self.metrics.close()
-
-
-def root_child_metrics(is_root: Sequence[bool], valid: Sequence[bool]) -> dict[str, float]:
-    """Where a batch was drawn from and how the policy did there, from one flag pair per rollout:
-    ``rollout/root_frac`` (share of rollouts on root states: the buffer's initial drafts and
-    seeds) and ``rollout/valid_rate_root`` / ``rollout/valid_rate_child`` (each only when the
-    batch has such rollouts). The aggregate valid rate moves with this mix as the buffer fills
-    with children, so these separate a better policy from a harder batch."""
-    m = {"rollout/root_frac": sum(is_root) / len(is_root)}
-    for name, want in (("root", True), ("child", False)):
-        hits = [v for v, root in zip(valid, is_root) if bool(root) is want]
-        if hits:
-            m[f"rollout/valid_rate_{name}"] = sum(hits) / len(hits)
-    return m
-
-
-def balanced_group(rows: Sequence[int], rewards: np.ndarray, group_size: int,
-                   atol: float) -> list[int]:
-    """G of a state's sample ``rows`` (Reinforce-Ada's balanced group): when their
-    ``rewards`` spread by more than ``atol``, the ceil(G/2) best and floor(G/2) worst (ties
-    by row order), else the first G; in row order."""
-    r = np.asarray(rewards)[list(rows)]
-    if r.max() - r.min() <= atol:
-        return list(rows[:group_size])
-    ranked = sorted(rows, key=lambda i: (-rewards[i], i))
-    return sorted(ranked[:(group_size + 1) // 2] + ranked[len(ranked) - group_size // 2:])
-
-
-def medal_level(report) -> int:
-    """3 gold, 2 silver, 1 bronze, 0 none, from a ``sandbox.grading.MedalReport``."""
-    return 3 if report.gold else 2 if report.silver else 1 if report.bronze else 0

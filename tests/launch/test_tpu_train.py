@@ -67,13 +67,13 @@ def _rollouts(workdir):
 def _buffer_states(workdir):
     from ace_jax import config_utils
     from ace_jax.curriculum import buffer, buffer_store
-    from ace_jax.env import rewards
     from ace_jax.train import setup
+    from sandbox.tasks.targets import task_targets
 
     cfg = config_utils.load_config_file(str(REPO / "configs/local.py"))
     cfg.tasks.ids = ("iris-species", "wine-cultivar")
     tasks = setup.load_tasks(cfg)
-    buf = buffer.EvolvingBuffer(cfg.buffer, [rewards.task_targets(t) for t in tasks])
+    buf = buffer.EvolvingBuffer(cfg.buffer, [task_targets(t) for t in tasks])
     info = buffer_store.BufferStore(os.path.join(workdir, "buffer")).restore(buf)
     return info.step, sorted((s.state_id, s.parent_id, s.code) for s in buf.states.values())
 

@@ -1,6 +1,6 @@
 """The MLE-bench adapter on small competition directories the test writes itself.
 
-MLE-bench is not installed here; ``fake_mlebench_spooky`` (written by a fixture) behaves like
+MLE-bench is not installed here; ``tests/sandbox/fake_mlebench_spooky.py`` behaves like
 MLE-bench's ``spooky-author-identification`` grader: its own ``InvalidSubmissionError`` for a wrong
 shape, rows not summing to one or probabilities outside [0, 1], then sklearn's log loss.
 """
@@ -8,7 +8,6 @@ import dataclasses
 import importlib
 import math
 import re
-import sys
 import textwrap
 
 import numpy as np
@@ -19,95 +18,16 @@ from sandbox.grading import InvalidSubmissionError
 from sandbox.result import Status
 from sandbox.tasks import mlebench
 from sandbox.tasks.base import NoLeaderboardError
-
-CLASSES = ["EAP", "HPL", "MWS"]
-
-FAKE_SPOOKY_GRADER = """\
-import numpy as np
-from sklearn.metrics import log_loss
-
-CLASSES = ["EAP", "HPL", "MWS"]
-N_ROWS = 40
+from tests.sandbox.mlebench_competition import AGENT_CODE, CLASSES
+from tests.sandbox.mlebench_competition import write_competition as _write_competition
 
 
-class InvalidSubmissionError(Exception):
-    pass
-
-
-def grade(submission, answers):
-    if submission.shape != (len(answers), len(CLASSES) + 1):
-        raise InvalidSubmissionError(f"Submission shape {submission.shape} does not match answers")
-    probs = submission[CLASSES]
-    if not np.all(np.isclose(probs.sum(axis=1), 1, atol=1e-6)):  # a string here: TypeError
-        raise InvalidSubmissionError("Each row in submission should sum to one, as probabilities.")
-    if not ((probs >= 0) & (probs <= 1)).all().all():
-        raise InvalidSubmissionError("All probabilities must be between 0 and 1.")
-    sub, ans = submission.sort_values("id"), answers.sort_values("id")
-    assert list(sub["id"]) == list(ans["id"]), "ids differ"
-    return log_loss(ans[CLASSES].to_numpy(), sub[CLASSES].to_numpy())
-
-
-def grade_crashes_on_halves(submission, answers):
-    if len(answers) != N_ROWS:
-        raise KeyError("grader bug: needs every answer row")
-    return grade(submission, answers)
-
-
-def grade_crashes_on_value(submission, answers):
-    if (submission["EAP"] == 0.125).any():
-        raise ZeroDivisionError("division by zero")
-    return grade(submission, answers)
-"""
 
 
 @pytest.fixture(scope="module")
-def spooky_grader(tmp_path_factory):
-    """Puts ``fake_mlebench_spooky`` on sys.path for this module's tests; yields its name."""
-    d = tmp_path_factory.mktemp("grader_mod")
-    (d / "fake_mlebench_spooky.py").write_text(FAKE_SPOOKY_GRADER)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(d))
-        yield "fake_mlebench_spooky"
-    sys.modules.pop("fake_mlebench_spooky", None)
-
-
-def _write_competition(root, cid, grader_name, grade_fn="mlebench.competitions.x.grade:grade",
-                       n=40, leaderboard=(0.2, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.9, 1.0, 1.1)):
-    """MLE-bench layout: <root>/<cid>/prepared/{public,private} + config.yaml etc. in <root>/<cid>."""
-    rng = np.random.default_rng(0)
-    pub = root / cid / "prepared" / "public"
-    priv = root / cid / "prepared" / "private"
-    pub.mkdir(parents=True)
-    priv.mkdir(parents=True)
-    ids = [f"id{i:05d}" for i in range(n)]
-    y = rng.integers(0, 3, n)
-    pd.DataFrame({"id": [f"tr{i}" for i in range(10)], "text": "x", "author": "EAP"}).to_csv(
-        pub / "train.csv", index=False)
-    pd.DataFrame({"id": ids, "text": "some text"}).to_csv(pub / "test.csv", index=False)
-    sample = pd.DataFrame({"id": ids, **{c: 1 / 3 for c in CLASSES}})
-    sample.to_csv(pub / "sample_submission.csv", index=False)
-    answers = pd.DataFrame({"id": ids, **{c: (y == k).astype(int) for k, c in enumerate(CLASSES)}})
-    answers.to_csv(priv / "test.csv", index=False)
-    (pub / "description.md").write_text("# public copy\n")
-    comp = root / cid
-    (comp / "config.yaml").write_text(textwrap.dedent(f"""\
-        id: {cid}
-        name: Toy
-        competition_type: simple
-        awards_medals: true
-        description: mlebench/competitions/{cid}/description.md
-        dataset:
-          answers: {cid}/prepared/private/test.csv
-          sample_submission: {cid}/prepared/public/sample_submission.csv
-        grader:
-          name: {grader_name}
-          grade_fn: {grade_fn}
-        """))
-    (comp / "description.md").write_text("# Toy authors\nPredict the author.\n")
-    if leaderboard is not None:
-        pd.DataFrame({"teamName": [f"t{i}" for i in range(len(leaderboard))],
-                      "score": list(leaderboard)}).to_csv(comp / "leaderboard.csv", index=False)
-    return answers
+def spooky_grader():
+    """The module name of the stand-in grader (tests/sandbox/fake_mlebench_spooky.py)."""
+    return "tests.sandbox.fake_mlebench_spooky"
 
 
 def test_loads_and_grades_with_our_metric(tmp_path):
@@ -345,18 +265,6 @@ def test_an_invalid_sample_submission_leaves_no_baseline_and_says_why(tmp_path):
 
 # ------------------------------------------------------------------------------ the pool carries on
 
-AGENT_CODE = """
-import csv
-overrides = {overrides!r}
-rows = list(csv.DictReader(open("input/sample_submission.csv")))
-with open("submission/submission.csv", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-    w.writeheader()
-    for r in rows:
-        r.update(overrides.get(r["id"], {{}}))
-        w.writerow(r)
-print("VALIDATION_METRIC: 1.0")
-"""
 
 
 def test_the_pool_reports_invalid_submissions_and_carries_on(tmp_path, spooky_grader):
@@ -440,77 +348,3 @@ def test_the_competition_folder_is_public(tmp_path):
     task = mlebench.load_mlebench_task("toy", tmp_path, elsewhere)
     assert task.competition_dir == elsewhere and task.description == "# Elsewhere\n"
     assert task.leaderboard == []  # no leaderboard.csv in the chosen folder
-
-
-# ------------------------------------------------------------------------------ no leaderboard
-
-class FixedPolicy:
-    """A ChatPolicy answering every step with the same script."""
-
-    name = "fixed"
-
-    def __init__(self, code):
-        self.code = code
-
-    def complete(self, conversations, *, seed=0):
-        from ace_jax.env import agent
-        from ace_jax.policy.policy import Completion
-
-        return [Completion(text=agent.completion_target(self.code)) for _ in conversations]
-
-
-def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
-    """Targets fall back to headroom 1 and baseline-relative rewards; evaluation reports medals
-    and HumanRank as n/a; grading is unaffected."""
-    from ace_jax.curriculum import buffer as buffer_lib
-    from ace_jax.env import rewards
-    from ace_jax.eval import harness, reports, runner, scoring
-    from sandbox.pool import SandboxPool
-
-    _write_competition(tmp_path, "nolb", "multi-class-log-loss", leaderboard=None)
-    task = mlebench.load_mlebench_task("nolb", tmp_path, memory_limit_mb=1024, time_limit_s=30)
-    assert not task.has_leaderboard and task.leaderboard_source == ""
-    with pytest.raises(NoLeaderboardError,
-                       match=r"competition folder .*nolb has no leaderboard.csv .*n/a"):
-        task.medal(0.5)
-    with pytest.raises(NoLeaderboardError):
-        task.position_score(0.5)
-
-    base = math.log(3)
-    targets = rewards.task_targets(task)
-    assert (targets.gold, targets.median, targets.has_leaderboard) == (None, None, False)
-    assert targets.baseline == pytest.approx(base) and targets.spread == pytest.approx(base)
-    assert targets.headroom(None) == targets.headroom(0.01) == targets.headroom(5.0) == 1.0
-    assert rewards.normalised_score(base / 2, targets) == pytest.approx(0.5)  # lower is better
-    assert rewards.normalised_score(base * 1.25, targets) == pytest.approx(-0.25)
-    assert rewards.improvement(base / 2, None, targets) == pytest.approx(0.5)
-    cfg = rewards.default_config()
-    assert rewards.acegrpo_step(
-        action=type("A", (), {"valid": True})(), current_score=None, targets=targets, cfg=cfg,
-        result=type("R", (), {"status": Status.OK, "dev_score": base / 2})()) == pytest.approx(
-            cfg.r_valid + cfg.improve_coef * 0.5)
-    zero = buffer_lib.TaskTargets("z", gold=None, median=None, baseline=0.0)  # e.g. QWK 0
-    assert zero.spread == 1.0 and rewards.normalised_score(0.25, zero) == pytest.approx(0.25)
-    with pytest.raises(ValueError, match="both set .* or both None"):
-        buffer_lib.TaskTargets("t", gold=0.2, median=None, baseline=1.0, lower_is_better=True)
-    buf = buffer_lib.EvolvingBuffer(buffer_lib.default_config(), [targets])
-    root = buf.seed()[0]
-    assert buf.stats.headroom[buf.slot_of[root]] == 1.0
-
-    good = AGENT_CODE.format(overrides={})
-    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3) as pool:
-        ep = runner.run_episode(FixedPolicy(good), task, pool, seed=0, max_steps=1)
-    out = ep.outcome
-    assert out.valid and out.test_score == pytest.approx(base, rel=1e-9)
-    assert [out.gold, out.silver, out.bronze, out.any_medal, out.above_median, out.human_rank] \
-        == [None] * 6
-    tasks, overall, notes = scoring.summarize([ep])
-    assert any("nolb has no reference leaderboard: medals and HumanRank n/a" in n for n in notes)
-    result = harness.EvaluationResult(
-        policy="fixed", config={"tasks": ["nolb"], "seeds": [0], "max_steps": 1,
-                                "time_budget_s": None, "stagnation_steps": 2, "advisor": None},
-        episodes=[ep], tasks=tasks, overall=overall, notes=notes, wall_s=1.0)
-    row = next(l for l in reports.format_table(result).splitlines() if l.startswith("nolb"))
-    cells = row.split()
-    assert cells[2] == "100" and cells[3:9] == ["n/a"] * 6, row  # valid %, then the six n/a
-    assert reports.format_markdown(result).count("n/a") >= 6

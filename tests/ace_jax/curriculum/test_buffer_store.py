@@ -9,9 +9,10 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ace_jax.curriculum import buffer as B, buffer_store as S, learnability as L
 from sandbox.result import ExecutionResult, Status
+from sandbox.tasks.targets import TaskTargets
 
-TARGETS = [B.TaskTargets("a", gold=0.9, median=0.7, baseline=0.5),
-           B.TaskTargets("b", gold=1.0, median=2.0, baseline=4.0, lower_is_better=True)]
+TARGETS = [TaskTargets("a", gold=0.9, median=0.7, baseline=0.5),
+           TaskTargets("b", gold=1.0, median=2.0, baseline=4.0, lower_is_better=True)]
 
 
 def bcfg(capacity=24):

@@ -12,6 +12,7 @@ from scipy import stats as sps
 
 from ace_jax.curriculum import learnability as L, state_stats
 from ace_jax.registry import UnknownNameError
+from sandbox.tasks.targets import TaskTargets
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 N = 64  # fixed size: every property test reuses one compilation per spec
@@ -280,7 +281,7 @@ def test_sampler_reads_buffer_stats_directly():
     from ace_jax.curriculum import buffer as B
     cfg = B.default_config()
     cfg.capacity = 32
-    buf = B.EvolvingBuffer(cfg, [B.TaskTargets("t", 1.0, 0.5, 0.0)])
+    buf = B.EvolvingBuffer(cfg, [TaskTargets("t", 1.0, 0.5, 0.0)])
     buf.seed([B.SeedSolution("t", f"s{i}", 0.6) for i in range(5)])
     slots = L.Sampler.from_config(L.default_config()).select(buf.stats, 0, 4)
     assert len(set(buf.ids_for_slots(slots))) == 4
@@ -317,7 +318,7 @@ def test_pruned_states_are_never_chosen():
     from sandbox.result import ExecutionResult, Status
     cfg = B.default_config()
     cfg.capacity, cfg.protect_recent_steps = 32, 0
-    buf = B.EvolvingBuffer(cfg, [B.TaskTargets("t", 1.0, 0.5, 0.0)])
+    buf = B.EvolvingBuffer(cfg, [TaskTargets("t", 1.0, 0.5, 0.0)])
     root = buf.seed()[0]
     kids = buf.add_children(root, [B.Child(f"c{i}", ExecutionResult(Status.OK, dev_score=0.6), float(i % 2))
                                    for i in range(20)], step=0)
@@ -341,7 +342,7 @@ def _pruning_tree(potential_fn=None):
     from sandbox.result import ExecutionResult, Status
     cfg = B.default_config()
     cfg.capacity = 16
-    buf = B.EvolvingBuffer(cfg, [B.TaskTargets("t", gold=0.9, median=0.7, baseline=0.5)],
+    buf = B.EvolvingBuffer(cfg, [TaskTargets("t", gold=0.9, median=0.7, baseline=0.5)],
                            potential_fn=potential_fn)
     fail = ExecutionResult(Status.RUNTIME_ERROR, exit_code=1)
     root = buf.seed()[0]
@@ -351,7 +352,6 @@ def _pruning_tree(potential_fn=None):
 
 
 def test_pruning_follows_the_configured_lp():
-    from ace_jax.curriculum import buffer as B
     lp_cfg = L.default_config()
     fn = L.pruning_potential(lp_cfg)
     buf, ids = _pruning_tree(fn)
@@ -379,7 +379,6 @@ def test_pruning_follows_the_configured_lp():
 
 
 def test_uniform_prunes_by_the_default_potential():
-    from ace_jax.curriculum import buffer as B
     cfg = L.default_config()
     cfg.sampler = "uniform"
     assert L.pruning_potential(cfg) is state_stats.default_potential

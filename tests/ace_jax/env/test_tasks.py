@@ -61,14 +61,14 @@ def test_mlebench_tasks_from_a_bucket_are_staged_once_each(gcs_emulator, monkeyp
     import fsspec
 
     from ace_jax.runtime import storage
-    from tests.sandbox.test_mlebench_adapter import _write_competition
+    from tests.sandbox.mlebench_competition import write_competition
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
     monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
     url = "gs://" + gcs_emulator.prefix() + "/mlebench"
     prepared = tmp_path / "prepared"
     for cid in ("toy-a", "toy-b"):
-        _write_competition(prepared, cid, "multi-class-log-loss")
+        write_competition(prepared, cid, "multi-class-log-loss")
         storage.upload_dir(str(prepared / cid), storage.join(url, cid))
     cache = tmp_path / "cache"
     [task] = tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url,

@@ -5,13 +5,13 @@ import collections
 import dataclasses
 import threading
 
-from ace_jax.curriculum import buffer as buffer_lib
 from ace_jax.env import agent
 from ace_jax.env.advice import Advice, SEEK_HELP_TAG
 from ace_jax.eval import runner
 from ace_jax.policy.policy import Completion
 from sandbox import seed_corpus
 from sandbox.tasks.base import Task
+from sandbox.tasks.targets import TaskTargets
 
 TASK_ID = "iris-species"
 
@@ -106,7 +106,7 @@ def copy_task(task: Task, cls=Task, **changes) -> Task:
 
 
 def targets_of(task):
-    return buffer_lib.TaskTargets(task.task_id, gold=task.gold, median=task.median,
+    return TaskTargets(task.task_id, gold=task.gold, median=task.median,
                                   baseline=task.baseline_score, lower_is_better=True)
 
 

@@ -6,8 +6,11 @@ from tests.ace_jax.eval.scripted import BrokenGraderTask, LOGREG, ScriptedPolicy
 
 def test_broken_grader_is_recorded_and_the_evaluation_carries_on(iris, pool, tmp_path):
     broken = copy_task(iris, BrokenGraderTask, task_id="iris-broken-grader")
+    finished = []   # (task, log lines when the episode ended)
     result = harness.evaluate(ScriptedPolicy([LOGREG]), [broken, iris], pool, seeds=[0],
-                                 max_steps=1, out_dir=tmp_path)
+                              max_steps=1, out_dir=tmp_path, on_episode=lambda ep, log: (
+                                  finished.append((ep.task_id, len(open(log).readlines())))))
+    assert sorted(finished) == [("iris-broken-grader", 1), ("iris-species", 1)]
     bad, good = result.episodes
     assert bad.steps[0].status == "grader_error" and "corrupt" in bad.steps[0].error
     assert bad.final.status == episodes.NO_VALID and bad.outcome.grader_errors == 1

@@ -4,10 +4,11 @@
   steps, with the ideator's generator replaced by one that writes a fixed valid idea and a fixed
   malformed one per group, and a scripted implementer (a small ChatPolicy class), so the rewards
   are known: -1 malformed, +1 / 0 by the executed script's dev score against the state's.
-* ``test_launch_*``: ``launch/tpu_train.py --config=configs/ideator.py`` for two steps with a
+* ``test_launch_*``: ``python -m ace_jax.train --config=configs/ideator.py`` for two steps with a
   tiny model, a tiny warm start (code and idea examples) and the "self" implementer (a frozen
   copy of the warm-started policy, saved under <workdir>/implementer).
 """
+import dataclasses
 import json
 import os
 import pathlib
@@ -236,9 +237,10 @@ def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, mon
 
     # The "self" implementer: a snapshot of the policy, restored from disk (as on a resume).
     monkeypatch.undo()
-    t.env._save_snapshot()
+    t.env._save_snapshot(t.model)
     saved = [np.asarray(x) for x in jax.tree.leaves(nnx.state(t.model, nnx.Param))]
-    t.model = qwen3.Qwen3ForCausalLM(t.model.config, rngs=nnx.Rngs(123))  # not what was saved
+    t.env.ctx = dataclasses.replace(   # the context's model: not what was saved
+        t.env.ctx, model=qwen3.Qwen3ForCausalLM(t.model.config, rngs=nnx.Rngs(123)))
     frozen = t.env._self_implementer()
     assert frozen.name == "implementer:self"
     restored = [np.asarray(x) for x in jax.tree.leaves(nnx.state(frozen.model, nnx.Param))]
@@ -247,7 +249,7 @@ def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, mon
     assert c.ok and 1 <= c.completion_tokens <= cfg.ideator.implementer_max_new_tokens
     # A resumed run (no warm start in this process) without a saved copy is refused.
     shutil.rmtree(workdir / "implementer")
-    t.env._warm_started = False
+    t.env._warm_model = None
     with pytest.raises(SetupError, match="no frozen implementer"):
         t.env._self_implementer()
 
@@ -258,7 +260,7 @@ def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, mon
 def test_launch_two_steps_with_the_self_implementer(tmp_path, tasks_dir):
     workdir = tmp_path / "run"
     over = [f"--config.model.overrides.{k}={v}" for k, v in TINY_MODEL.items()]
-    cmd = [sys.executable, str(REPO / "launch/tpu_train.py"), "--config=configs/ideator.py",
+    cmd = [sys.executable, "-m", "ace_jax.train", "--config=configs/ideator.py",
            f"--config.workdir={workdir}", f"--config.tasks.cache_dir={tasks_dir}",
            "--config.tasks.ids=('iris-species',)", *over,
            "--config.sft.steps=2", "--config.sft.seconds=0", "--config.sft.batch_size=2",

@@ -194,11 +194,7 @@ def test_share_prompts_needs_whole_groups_and_no_router_loss(cfg):
         learner.jit_learner_step(None, cfg.grpo, cfg.optim, cfg.rl.group_size)
 
 
-def test_mode_and_mesh_rules(cfg):
-    cfg.mode = "poet"
-    with pytest.raises(ConfigError, match="config mode='poet'; valid: acegrpo, ideator"):
-        run_config.validate(cfg, num_devices=1, num_processes=1)
-    cfg.mode = "acegrpo"
+def test_mesh_rules(cfg):
     cfg.mesh.rules.embed = "model"
     with pytest.raises(ConfigError, match=r"mesh: rule 'embed' names unknown mesh axes"):
         run_config.validate(cfg, num_devices=1, num_processes=1)

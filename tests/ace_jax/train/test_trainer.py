@@ -76,14 +76,6 @@ def test_tokenizer_that_does_not_match_the_model(cfg, tmp_path):
         trainer.Trainer(cfg, progress=False)
 
 
-def test_medal_level_from_a_task_report():
-    from sandbox.grading import medal_report, medal_thresholds
-
-    thr = medal_thresholds([0.1 * i for i in range(1, 21)], lower_is_better=False)
-    levels = [trainer.medal_level(medal_report(s, thr)) for s in (2.5, thr.silver, thr.bronze, 0.0)]
-    assert levels == [3, 2, 1, 0]
-
-
 def test_init_from_run_takes_the_runs_weights_and_tokenizer(cfg, tmp_path):
     import jax
     import numpy as np
@@ -115,14 +107,6 @@ def test_init_from_run_that_is_not_a_run(cfg, tmp_path):
     cfg.tasks.ids = ("iris-species",)
     with pytest.raises(trainer.SetupError, match="no checkpoint"):
         trainer.Trainer(cfg, progress=False)
-
-
-def test_root_child_metrics():
-    m = trainer.root_child_metrics([True, True, False, False, False], [True, False, True, False, False])
-    assert m == {"rollout/root_frac": 0.4, "rollout/valid_rate_root": 0.5,
-                 "rollout/valid_rate_child": pytest.approx(1 / 3)}
-    assert trainer.root_child_metrics([True, True], [False, True]) == {
-        "rollout/root_frac": 1.0, "rollout/valid_rate_root": 0.5}  # no child rollouts: no key
 
 
 def test_seed_solutions_of_an_evaluation_seed_the_buffer(cfg, tmp_path):
@@ -395,12 +379,3 @@ def test_reinforce_ada_resamples_the_same_state_and_balances_its_group(tiny_setu
         assert len(rows) == 3 * b * g and len({r["state_id"] for r in rows}) == b
         assert m["grpo/num_completion_tokens"] == sum(r["completion_tokens"]
                                                       for r in rows[:b * g])
-
-
-def test_balanced_group_takes_the_best_and_the_worst():
-    rewards = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, -1.0])
-    # the first 4 agree: their resampled rows 4-7 bring the spread
-    assert trainer.balanced_group(range(8), rewards, 4, 1e-6) == [4, 5, 6, 7]
-    assert trainer.balanced_group(range(8), rewards, 3, 1e-6) == [4, 5, 7]
-    assert trainer.balanced_group([0, 1, 2, 3], rewards, 4, 1e-6) == [0, 1, 2, 3]
-    assert trainer.balanced_group([1, 4], rewards, 2, 1e-6) == [1, 4]

@@ -95,12 +95,12 @@ def _results(workdir) -> dict:
 def _buffer_states(workdir):
     """(step of the last buffer commit, sorted (state id, parent id, code) of every state)."""
     from ace_jax.curriculum import buffer, buffer_store
-    from ace_jax.env import rewards
     from ace_jax.train import setup
+    from sandbox.tasks.targets import task_targets
 
     cfg = config_utils.load_config_file(str(REPO / "configs/local.py"))
     cfg.tasks.ids = TASKS
-    targets = [rewards.task_targets(t) for t in setup.load_tasks(cfg)]
+    targets = [task_targets(t) for t in setup.load_tasks(cfg)]
     buf = buffer.EvolvingBuffer(cfg.buffer, targets)
     info = buffer_store.BufferStore(os.path.join(workdir, "buffer")).restore(buf)
     return info.step, sorted((s.state_id, s.parent_id, s.code) for s in buf.states.values())
@@ -358,11 +358,11 @@ def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
     the parameter files' size: a process reading everything would read about all of it), and
     runs its share of the implementer's scripts."""
     from ace_jax.runtime import storage
-    from tests.sandbox.test_mlebench_adapter import _write_competition
+    from tests.sandbox.mlebench_competition import write_competition
 
     source = sharded_runs("fsdp4_expert2")["workdir"]
     bucket = "gs://" + gcs_emulator.prefix() + "/mlebench"
-    _write_competition(tmp_path / "prepared", "toy-authors", "multi-class-log-loss")
+    write_competition(tmp_path / "prepared", "toy-authors", "multi-class-log-loss")
     env = dict(_env(4), **gcs_emulator.env())
     import fsspec
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)

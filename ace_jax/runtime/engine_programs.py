@@ -1,0 +1,122 @@
+"""The rollout engine's device programs (``ace_jax.runtime.engine.Engine`` jits each once):
+``prefill`` (one prompt chunk into its pages), ``admit`` (waiting samples into free slots),
+``decode`` (``steps`` decode steps of every slot) and ``retire`` (cancelled rows marked done),
+over the slots' device state ``SlotState``. The host-side scheduling (requests, pages, slots) is
+``engine.py``'s.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ace_jax.runtime import generate
+from models import configs as model_configs, qwen3
+
+
+class SlotState(NamedTuple):
+    """The device state of the slots (S = slots)."""
+
+    pools: tuple          # (k, v) per layer group [Lg, pool_pages, page_size, nkv, d]
+    page_table: jax.Array  # int32 [S, pages_per_row]
+    lengths: jax.Array     # int32 [S]: cache slots filled
+    logits: jax.Array      # float32 [S, V]: logits of each row's next token
+    keys: jax.Array        # PRNG keys [S]: each row's sampling key
+    produced: jax.Array    # int32 [S]: tokens generated (the next draw's step t)
+    budget: jax.Array      # int32 [S]: max new tokens of the row
+    done: jax.Array        # bool [S]: no row, or finished
+    reason: jax.Array      # int32 [S]: FinishReason
+    window: jax.Array      # int32 [S, L]: last tokens, for stop sequences
+    temperature: jax.Array  # float32 [S]: each row's request's temperature (0 = greedy)
+
+
+def model_forward(model, layer_params, tokens, mask, pools, page_table, lengths):
+    """-> (hidden states, pools, routes uint8 [B, T, L_moe, k] or None for a dense model)."""
+    cache = qwen3.PagedKVCache(k=pools[0], v=pools[1], page_table=page_table, lengths=lengths)
+    moe = model.config.num_moe_layers > 0
+    out = model(tokens, attention_mask=mask, cache=cache, compute_logits=False,
+                layer_params=layer_params, return_routes=moe)
+    routes = None if out.routes is None else out.routes.astype(jnp.uint8)
+    return out.hidden_states, (out.cache.k, out.cache.v), routes
+
+
+def layer_params_of(model):
+    # on CPU the per-layer weights are sliced once per program, not in every step (as _rollout)
+    return model.layer_params() if model_configs.target_platform(model.config) == "cpu" else None
+
+
+def prefill(graphdef, params, pools, ids, page_row, start, n_valid):
+    """One prompt chunk: ids int32 [1, C] (the first ``n_valid`` real) into the pages of
+    ``page_row`` [1, pages] from slot ``start`` [1] -> (pools, logits float32 [V] of the last
+    real token, the chunk's routes uint8 [C, L_moe, k] or None)."""
+    model = nnx.merge(graphdef, params)
+    mask = jnp.arange(ids.shape[1])[None, :] < n_valid
+    h, pools, routes = model_forward(model, None, ids, mask, pools, page_row, start)
+    logits = model.lm_logits(jax.lax.dynamic_index_in_dim(h[0], n_valid - 1, 0, False))
+    return pools, logits, None if routes is None else routes[0]
+
+
+def admit(state: SlotState, slot, page_rows, lengths, budgets, temperatures, request_keys, samples,
+           logits, copy_src, copy_dst):
+    """Puts up to S samples into slots (``slot`` [S], S = none), each with its page row, filled
+    length, budget, temperature, key ``fold_in(request key, sample)`` (``request_keys``: S keys)
+    and first logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for
+    none). The per-sample values come as fixed-length tuples, so that the host builds no array
+    whose shape depends on how many samples enter (each new shape would compile an op)."""
+    keys = jax.vmap(jax.random.fold_in)(jnp.stack(request_keys), samples)
+    logits = jnp.stack(logits)
+    pools = tuple(tuple(p.at[:, copy_dst].set(p[:, copy_src]) for p in side)
+                  for side in state.pools)
+    put = lambda x, v: x.at[slot].set(v, mode="drop")  # noqa: E731
+    s = state.window.shape[0]
+    return state._replace(
+        pools=pools, page_table=put(state.page_table, page_rows), lengths=put(state.lengths, lengths),
+        logits=put(state.logits, logits), keys=put(state.keys, keys),
+        produced=put(state.produced, jnp.zeros((s,), jnp.int32)), budget=put(state.budget, budgets),
+        temperature=put(state.temperature, temperatures),
+        done=put(state.done, jnp.zeros((s,), bool)),
+        reason=put(state.reason, jnp.full((s,), int(generate.FinishReason.LENGTH), jnp.int32)),
+        window=put(state.window, jnp.full(state.window.shape, -2, jnp.int32)))
+
+
+def retire(state: SlotState, slots):
+    """Ends the rows of ``slots`` (bool [S]) without a Completion (`Engine.cancel`)."""
+    return state._replace(done=state.done | slots)
+
+
+def decode(graphdef, steps, params, knobs, state: SlotState):
+    """``steps`` decode steps of every slot -> (state, tokens int32 [S, steps], logprobs
+    float32 [S, steps], emitted bool [S, steps], routes uint8 [S, steps, L_moe, k] or None). A
+    row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
+    or its budget, and (while live) writes the token's keys / values into its pages."""
+    model = nnx.merge(graphdef, params)
+    layer_params = layer_params_of(model)
+    knobs = knobs._replace(temperature=state.temperature)
+
+    def step(state: SlotState, _):
+        live = ~state.done
+        tok, lp = generate.sample_token(generate.step_keys(state.keys, state.produced),
+                                        state.logits, knobs)
+        tok = jnp.where(live, tok, knobs.pad_id)
+        lp = jnp.where(live, lp, 0.0)
+        produced = state.produced + live
+        window, hit_eos, hit_stop = generate.check_stop(tok, state.window, knobs)
+        spent = produced >= state.budget
+        reason = jnp.where(hit_eos, int(generate.FinishReason.EOS),
+                           jnp.where(hit_stop, int(generate.FinishReason.STOP),
+                                     int(generate.FinishReason.LENGTH)))
+        finishing = live & (hit_eos | hit_stop | spent)
+        h, pools, routes = model_forward(model, layer_params, tok[:, None], live[:, None],
+                                          state.pools, state.page_table, state.lengths)
+        state = state._replace(
+            pools=pools, lengths=state.lengths + live, logits=model.lm_logits(h[:, -1, :]),
+            produced=produced, done=state.done | finishing,
+            reason=jnp.where(finishing, reason, state.reason), window=window)
+        return state, (tok, lp, live, None if routes is None else routes[:, 0])
+
+    state, (tokens, logprobs, emitted, routes) = jax.lax.scan(step, state, None, length=steps)
+    if routes is not None:
+        routes = jnp.swapaxes(routes, 0, 1)
+    return state, tokens.T, logprobs.T, emitted.T, routes
