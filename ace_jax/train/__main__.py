@@ -54,6 +54,18 @@ def _ideator(cfg):
     return ideator_trainer.IdeatorEnv(cfg)
 
 
+def environment_factory(cfg):
+    """The function building the environment of ``cfg.mode``.
+
+    Raises:
+      config_utils.ConfigError: an unknown ``mode`` (the message lists the valid ones).
+    """
+    try:
+        return ENVIRONMENTS.get(cfg.mode)
+    except UnknownNameError as e:
+        raise config_utils.ConfigError(f"config {e}") from None
+
+
 def build_trainer(cfg, *, progress: bool = True):
     """The ``Trainer`` of a run config, with the environment its ``mode`` names.
 
@@ -63,11 +75,7 @@ def build_trainer(cfg, *, progress: bool = True):
     """
     from ace_jax.train import trainer
 
-    try:
-        make_env = ENVIRONMENTS.get(cfg.mode)
-    except UnknownNameError as e:
-        raise config_utils.ConfigError(f"config {e}") from None
-    return trainer.Trainer(cfg, progress=progress, env=make_env(cfg))
+    return trainer.Trainer(cfg, progress=progress, env=environment_factory(cfg)(cfg))
 
 
 def main(argv):
@@ -90,9 +98,9 @@ def main(argv):
 
     sharding.maybe_initialize_distributed(cfg.mesh)
     try:
-        ENVIRONMENTS.get(cfg.mode)   # an unknown mode, before any heavy work
+        environment_factory(cfg)   # an unknown mode, before any heavy work
         run_config.validate(cfg)
-    except (config_utils.ConfigError, UnknownNameError) as e:
+    except config_utils.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     compile_cache.enable(cfg.compile_cache_dir)
