@@ -1,16 +1,21 @@
 """The evaluation harness: a broken grader is recorded and the others carry on; a JAX policy
 from a run directory end to end."""
+import json
+
 from ace_jax.eval import episodes, harness, reports, run_config
 from tests.ace_jax.eval.scripted import BrokenGraderTask, LOGREG, ScriptedPolicy, copy_task
 
 
 def test_broken_grader_is_recorded_and_the_evaluation_carries_on(iris, pool, tmp_path):
     broken = copy_task(iris, BrokenGraderTask, task_id="iris-broken-grader")
-    finished = []   # (task, log lines when the episode ended)
+    finished = []   # (task, record types of its log when on_episode ran)
     result = harness.evaluate(ScriptedPolicy([LOGREG]), [broken, iris], pool, seeds=[0],
                               max_steps=1, out_dir=tmp_path, on_episode=lambda ep, log: (
-                                  finished.append((ep.task_id, len(open(log).readlines())))))
-    assert sorted(finished) == [("iris-broken-grader", 1), ("iris-species", 1)]
+                                  finished.append((ep.task_id, [json.loads(x)["type"]
+                                                                for x in open(log)]))))
+    # the log is whole (header, the one step, the final line) before on_episode copies it
+    assert sorted(finished) == [("iris-broken-grader", ["header", "step", "final"]),
+                                ("iris-species", ["header", "step", "final"])]
     bad, good = result.episodes
     assert bad.steps[0].status == "grader_error" and "corrupt" in bad.steps[0].error
     assert bad.final.status == episodes.NO_VALID and bad.outcome.grader_errors == 1
