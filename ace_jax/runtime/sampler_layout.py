@@ -8,8 +8,9 @@ model on every step. As tunix gives each role its mesh, the sampler gets a `Samp
   experts split over it (E / n per chip, kept in place: tokens travel, `models.moe_sharding`
   "expert"), every dense weight replicated (``vocab`` / ``heads`` / ``mlp`` may go tensor-
   parallel over a ``tensor`` axis instead), rows over every non-tensor axis;
-- the model's code paths for that layout (``moe_parallelism``; no remat), as a graphdef of its
-  own;
+- the model's code paths for that layout (``moe_parallelism``; no remat; layers unrolled, so
+  that the rollout slices each layer's weights out once and its decode loop reads them in the
+  layout its matmuls want), as a graphdef of its own;
 - the weights in the compute dtype (bf16 on the pod: half the bytes every decode step reads);
 - `reshard`: ONE jitted program, learner params -> sampler params (cast + the sampler's
   shardings), run once per RL step after the update; the dry run compiles and costs it.
@@ -73,8 +74,10 @@ def _model_config(mc: model_configs.ModelConfig, cfg: ml_collections.ConfigDict
     if cfg.weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"sampler_mesh.weight_dtype must be one of {list(WEIGHT_DTYPES)}, got "
                          f"{cfg.weight_dtype!r}")
-    # no remat: sampling differentiates nothing
-    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none")
+    # no remat: sampling differentiates nothing; layers unrolled, each layer's weights sliced
+    # out once per rollout (`generate.layer_weights_outside_loop`)
+    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none",
+                                   scan_layers=False)
     if cfg.weight_dtype == "compute":
         changes["param_dtype"] = mc.dtype
     return mc.replace(**changes)
@@ -139,6 +142,23 @@ class SamplerLayout:
         cast = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype or x.dtype), params)
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             cast, self.placement.params(cast))
+
+    def abstract_layer_params(self, graphdef: Any, params: Any) -> tuple:
+        """The per-layer weights the rollout slices out of the stacks before its decode loop
+        (`Qwen3ForCausalLM.layer_params`) as ShapeDtypeStructs: each with its stack's sampler
+        sharding less the leading layers axis. ``graphdef``: the sampler's; ``params``: the
+        learner's (arrays or abstract)."""
+        stacked = self.abstract_params(params)
+        sliced = jax.eval_shape(lambda p: nnx.merge(graphdef, p).layer_params(), stacked)
+        stacks = [nnx.split(stack)[1] for stack in nnx.merge(graphdef, stacked).layers]
+
+        def place(a, stack):
+            spec = jax.sharding.PartitionSpec(*tuple(stack.sharding.spec)[1:])
+            return jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                        sharding=jax.sharding.NamedSharding(stack.sharding.mesh, spec))
+
+        return tuple(tuple(jax.tree.map(place, layer, stack) for layer in group)
+                     for group, stack in zip(sliced, stacks))
 
     def _weight_dtype(self):
         if self.shared or self.model_config.param_dtype == "float32":

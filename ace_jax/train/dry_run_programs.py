@@ -107,7 +107,9 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     a ``P + M`` cache filled up to slot ``cache_index``. The cache's memory layout is left to
     the compiler (``Layout.AUTO``), as the rollout's loop, which carries the cache, leaves it:
     with the default layout of a program's parameters XLA would transpose the whole cache in and
-    out of every standalone step."""
+    out of every standalone step. So are the per-layer weights' when the rollout slices them out
+    once before its loop (`generate.layer_weights_outside_loop`, the sampler layout's case): the
+    loop reads loop-invariant slices that XLA lays out once, not in every step."""
     from jax.experimental.layout import Format, Layout  # local: only this program needs it
 
     n, p, m = shp["rows"], shp["prompt_len"], shp["new_tokens"]
@@ -125,15 +127,20 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
         shape, dt, sharding=splace.sharding(sharding.batch_axes(len(shape)), shape))
     sampler_graphdef = layout.graphdef(graphdef)
+    params_in = layout.abstract_params(params)
+    per_layer = None
+    if generate.layer_weights_outside_loop(layout.model_config):
+        per_layer = layout.abstract_layer_params(sampler_graphdef, params)
 
-    def step(params, knobs, cache, logits, positions, keys):
+    def step(params, knobs, cache, logits, positions, keys, layer_params):
         return generate.decode_step(sampler_graphdef, splace, params, knobs, cache, logits, positions,
-                                    cache_index, keys)
+                                    cache_index, keys, layer_params)
 
-    jitted = jax.jit(step, in_shardings=(None, None, auto, None, None, None),
+    auto_layers = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), per_layer)
+    jitted = jax.jit(step, in_shardings=(None, None, auto, None, None, None, auto_layers),
                      out_shardings=(None, None, None, auto), donate_argnums=(2,))
-    args = (layout.abstract_params(params), knobs, jax.tree.map(with_sharding, cache, cache_sh),
-            rows((n, mc.vocab_size), jnp.float32), rows((n,), jnp.int32), keys)
+    args = (params_in, knobs, jax.tree.map(with_sharding, cache, cache_sh),
+            rows((n, mc.vocab_size), jnp.float32), rows((n,), jnp.int32), keys, per_layer)
     with splace.context():
         info, lowered = _trace_and_lower(jitted, args, platform)
     return _compile(lowered, info)

@@ -3,6 +3,7 @@ gradients equal the single-device dense reference on several meshes, with uneven
 expert that no token picks; the router's gradient flows through the expert-parallel layer."""
 from __future__ import annotations
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,6 +102,47 @@ def test_expert_parallel_is_tokens_not_weights():
     assert weight_shape not in " ".join(l for l in ep.splitlines() if "all-gather" in l)
     assert weight_shape in " ".join(l for l in gather.splitlines() if "all-gather" in l)
     assert "reduce-scatter" in ep or "all-reduce" in ep
+
+
+@pytest.mark.parametrize("first_expert", [0, 2, 6])
+def test_local_experts_without_the_sort_equal_the_sorted_buffer(first_expert):
+    """`_local_all_experts` (every local expert on every token, E_l <= k) equals `_local_swiglu`
+    (sorted dropless buffer) on one device's share: values and gradients, with assignments to
+    other devices' experts and (first_expert 2) a local expert nobody picks."""
+    n, e_local = 12, 2
+    x, idx, wts, ws = _problem(n, seed=4)
+    local = [w[first_expert:first_expert + e_local] for w in ws]
+    probe = np.random.default_rng(5).normal(size=(n, H)).astype(np.float32)
+
+    def run(fn):
+        def f(x, wts, wg, wu, wd):
+            return fn(x, idx, wts, wg, wu, wd, jnp.float32, first_expert=first_expert)
+        value = f(x, wts, *local)
+        grads = jax.grad(lambda *a: jnp.sum(f(*a) * probe), argnums=(0, 1, 2, 3, 4))(x, wts, *local)
+        return value, grads
+
+    (want, want_g), (got, got_g) = run(functools.partial(moe_sharding._local_swiglu, gmm=False)), run(
+        moe_sharding._local_all_experts)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6 * scale)
+    for name, g, w in zip(("x", "routing weights", "w_gate", "w_up", "w_down"), got_g, want_g):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5,
+                                   atol=1e-6 * max(1.0, float(np.abs(w).max())), err_msg=name)
+
+
+@pytest.mark.parametrize("expert,sorted_buffer", [(8, False), (4, False), (2, True)])
+def test_the_sort_runs_only_when_a_device_holds_more_experts_than_k(expert, sorted_buffer):
+    """E / expert local experts against k = 2: with E_l <= k the dropless buffer is N x E_l rows
+    either way and the compiled layer has no sort (a decode step's case: 2 of 128 experts per
+    chip, k = 8); with E_l > k it sorts the assignments."""
+    x, idx, wts, (wg, wu, wd) = _problem(32)
+    mesh = _mesh(expert=expert)
+    rows, wsh = NamedSharding(mesh, P("expert")), NamedSharding(mesh, P("expert"))
+    args = (*(jax.device_put(a, rows) for a in (x, idx, wts)),
+            *(jax.device_put(w, wsh) for w in (wg, wu, wd)))
+    with jax.set_mesh(mesh):
+        text = jax.jit(_ep).lower(*args).as_text()
+    assert ("sort" in text) == sorted_buffer
 
 
 def test_router_gradient_flows_under_expert_parallelism():

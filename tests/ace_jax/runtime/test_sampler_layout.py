@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from ace_jax.runtime import placement as pl, sampler_layout, sharding as sh
+from ace_jax.runtime import generate, placement as pl, sampler_layout, sharding as sh
 from ace_jax.runtime.generate import Generator, SamplingConfig
 from models import configs, qwen3
 from tests.numerics import assert_close
@@ -70,6 +70,32 @@ def test_own_layout_rollout_equals_shared(learner_side):
     shared_gen.update_weights(scaled)
     np.testing.assert_array_equal(np.asarray(gen.generate(PROMPTS, key).tokens),
                                   np.asarray(shared_gen.generate(PROMPTS, key).tokens))
+
+
+def test_accelerator_path_slices_each_layer_once_and_equals_shared(learner_side):
+    """The pod's code paths (a "standard" cache, blockwise decode attention, expert-parallel MoE;
+    platform "gpu" runs them on CPU): the own layout runs its layers unrolled on per-layer
+    weights sliced out before the decode loop, with each stack's sharding less its layers axis,
+    and samples the same tokens as the shared layout's scanned layers."""
+    placement, model = learner_side
+    mc = model.config.replace(platform="gpu", attention_impl="blockwise")
+    accel = placement.init_model(lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0)))
+    layout = sampler_layout.SamplerLayout.from_config(_own(), placement, mc)
+    assert generate.cache_layout(mc) == "standard" and mc.scan_layers
+    assert not generate.layer_weights_outside_loop(mc)
+    assert generate.layer_weights_outside_loop(layout.model_config)
+    params = nnx.state(accel, nnx.Param)
+    per_layer = layout.abstract_layer_params(layout.graphdef(nnx.graphdef(accel)), params)
+    assert len(per_layer) == len(accel.layers) and sum(len(g) for g in per_layer) == mc.num_hidden_layers
+    flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(per_layer)}
+    gate = [v for k, v in flat.items() if "gate_proj" in k]
+    assert gate and all(v.shape == (mc.num_experts, mc.hidden_size, mc.moe_intermediate_size)
+                        and v.sharding.spec == P("expert") for v in gate)
+    key = jax.random.key(5)
+    shared = Generator(accel, SAMPLING, placement=placement).generate(PROMPTS, key)
+    own = Generator(accel, SAMPLING, layout=layout).generate(PROMPTS, key)
+    np.testing.assert_array_equal(np.asarray(own.tokens), np.asarray(shared.tokens))
+    assert_close(np.asarray(own.logprobs), np.asarray(shared.logprobs), reduction_len=32)
 
 
 def test_weights_cast_to_the_compute_dtype(learner_side):
