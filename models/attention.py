@@ -75,6 +75,7 @@ __all__ = [
     "blockwise_attention",
     "splash_attention",
     "decode_attention",
+    "decode_attention_shared_prefix",
     "paged_write",
     "paged_attention",
 ]
@@ -358,6 +359,60 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
     last block of a cache whose S is not a multiple of the block is read shifted back so that it
     stays in bounds, its already-read slots masked). Forward only (the loop bound is traced).
     """
+    b, _, nq, d = q.shape
+    out, _ = _decode_stats(q, k_cache, v_cache, kv_mask, filled, scaling=scaling, dtype=dtype,
+                           layer=layer, block_kv=block_kv)
+    return out.reshape(b, 1, nq, d).astype(jnp.dtype(dtype or q.dtype))
+
+
+def decode_attention_shared_prefix(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                                   kv_mask: jax.Array, filled: jax.Array | int,
+                                   prefix_k: jax.Array, prefix_v: jax.Array, prefix_mask: jax.Array,
+                                   *, scaling: float, dtype: Any = None,
+                                   layer: jax.Array | int | None = None,
+                                   block_kv: int = 512) -> jax.Array:
+    """`decode_attention` for rows whose keys are a prefix SHARED by groups of rows followed by
+    each row's own slots (a prompt and its G samples' completions): cascade attention. The
+    prefix is read once per group, its G x nq queries together (G x nq / nkv query rows per KV
+    head), the own slots once per row, and the two softmaxes are merged by their log-sum-exps.
+
+    Args:
+      q: [N, 1, nq, d], N = B x G rows, rows [g*G, (g+1)*G) sharing prefix g.
+      k_cache, v_cache, kv_mask, filled: the rows' own slots, as `decode_attention` ([N, S, ...]
+        or a layer stack [L, N, S, ...]).
+      prefix_k, prefix_v: [B, P, nkv, d] or a layer stack [L, B, P, nkv, d]; prefix_mask [B, P]:
+        every query sees every real prefix slot.
+      scaling, dtype, layer, block_kv: as `decode_attention` (``layer`` indexes both stacks).
+
+    Returns [N, 1, nq, d] in ``dtype``: what `decode_attention` gives on each row's prefix and
+    own slots laid end to end, up to rounding. The prefix's block loop unrolls when ``filled`` is
+    a Python int (the dry run's cost model), as the own slots' does.
+    """
+    n, _, nq, d = q.shape
+    b, p, nkv = prefix_k.shape[-4], prefix_k.shape[-3], prefix_k.shape[-2]
+    if n % b or prefix_mask.shape != (b, p):
+        raise ValueError(f"{n} rows do not split into groups over the {b} prefixes of {prefix_k.shape} "
+                         f"(prefix_mask {prefix_mask.shape})")
+    gs, g = n // b, nq // nkv
+    own, own_lse = _decode_stats(q, k_cache, v_cache, kv_mask, filled, scaling=scaling, dtype=dtype,
+                                 layer=layer, block_kv=block_kv)              # [N, nkv, g, d]
+    # a group's queries as the query heads of one row, kv-head major: [B, 1, nkv * G * g, d]
+    qg = jnp.transpose(q.reshape(b, gs, nkv, g, d), (0, 2, 1, 3, 4)).reshape(b, 1, nkv * gs * g, d)
+    # the prefix is read whole; its block loop unrolls or loops as the own slots' does
+    whole = filled * 0 + p if isinstance(filled, jax.core.Tracer) else p
+    pre, pre_lse = _decode_stats(qg, prefix_k, prefix_v, prefix_mask, whole, scaling=scaling,
+                                 dtype=dtype, layer=layer, block_kv=block_kv)  # [B, nkv, G*g, d]
+    pre = jnp.transpose(pre.reshape(b, nkv, gs, g, d), (0, 2, 1, 3, 4)).reshape(n, nkv, g, d)
+    pre_lse = jnp.transpose(pre_lse.reshape(b, nkv, gs, g), (0, 2, 1, 3)).reshape(n, nkv, g)
+    m = jnp.maximum(own_lse, pre_lse)
+    w_own, w_pre = jnp.exp(own_lse - m), jnp.exp(pre_lse - m)
+    out = (own * w_own[..., None] + pre * w_pre[..., None]) / (w_own + w_pre)[..., None]
+    return out.reshape(n, 1, nq, d).astype(jnp.dtype(dtype or q.dtype))
+
+
+def _decode_stats(q, k_cache, v_cache, kv_mask, filled, *, scaling, dtype, layer, block_kv):
+    """The block loop of `decode_attention` (same arguments): (out fp32 [B, nkv, g, d], log-sum-exp
+    fp32 [B, nkv, g]; `_MASK_VALUE` for a row with no visible slot, whose out is 0)."""
     if (layer is None) != (k_cache.ndim == 4):
         raise ValueError(f"k_cache of shape {k_cache.shape} needs layer={'None' if k_cache.ndim == 4 else 'an index'}")
     if k_cache.shape != v_cache.shape:
@@ -402,8 +457,9 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
     else:
         num_blocks = jnp.clip((filled + bk - 1) // bk, 0, -(-s // bk))
         stats, _ = jax.lax.fori_loop(0, num_blocks, key_block, carry)
-    out, _ = _finish(*stats)
-    return out.reshape(b, 1, nq, d).astype(dtype)
+    out, lse = _finish(*stats)
+    lse = jnp.where(stats[1] > 0, lse, _MASK_VALUE)
+    return out.reshape(b, nkv, g, d), lse.reshape(b, nkv, g)
 
 
 # ============================================================================ paged cache

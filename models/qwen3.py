@@ -99,6 +99,7 @@ from flax import nnx
 from models.attention import (
     blockwise_attention,
     decode_attention,
+    decode_attention_shared_prefix,
     paged_attention,
     paged_write,
     resolve_attention_impl,
@@ -116,6 +117,7 @@ __all__ = [
     "Qwen3ForCausalLM",
     "Qwen3DecoderLayer",
     "init_cache",
+    "with_shared_prefix",
     "init_paged_cache",
     "cache_shapes",
     "flat_params",
@@ -465,7 +467,7 @@ class Qwen3Attention(nnx.Module):
         k = apply_rotary_pos_emb(k, cos, sin)
         if kv_cache is None:  # causal self-attention over the T tokens
             return self.o_proj(attend(q, k, v, mask, self.scaling, self.dtype)), None
-        k_cache, v_cache = kv_cache
+        k_cache, v_cache = kv_cache[:2]
         if kv_layout == "paged":  # cache_index: (page_table [B, pages_per_row], start [B])
             page_table, start = cache_index
             k_cache, v_cache = paged_write(k_cache, v_cache, k, v, layer_index, page_table, start,
@@ -488,6 +490,7 @@ class Qwen3Attention(nnx.Module):
                     kt, vt = kt[..., :kv_len], vt[:, :, :kv_len]
                 out = dot_product_attention_kv_major(q, kt, vt, mask.as_dense(), self.scaling, self.dtype)
             return self.o_proj(out), (k_cache, v_cache)
+        prefix = kv_cache[2] if len(kv_cache) > 2 else None  # (k, v, kv_mask) of a shared prefix
         if layer_index is None:
             k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, cache_index, 0, 0))
             v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, cache_index, 0, 0))
@@ -497,23 +500,34 @@ class Qwen3Attention(nnx.Module):
             k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], start)
             v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], start)
             read = lambda c: jax.lax.dynamic_index_in_dim(c, layer_index, 0, keepdims=False)  # noqa: E731
+        if prefix is not None:  # a decode step of rows sharing prompts: cascade attention
+            if x.shape[1] != 1 or mask.impl == "dot":
+                raise ValueError("a cache with a shared prefix takes decode steps (T = 1) of the "
+                                 f"blockwise / splash kernels; got T={x.shape[1]}, impl={mask.impl!r}")
+            filled = cache_index + 1 if _traced(mask.offset) else int(mask.offset) + 1
+            out = decode_attention_shared_prefix(
+                q, k_cache, v_cache, _pad_slots(mask.kv_segment_ids, k_cache.shape[-3]), filled,
+                *prefix, scaling=self.scaling, dtype=self.dtype, layer=layer_index)
+            return self.o_proj(out), (k_cache, v_cache, prefix)
         if fresh:
             out = attend(q, k, v, mask, self.scaling, self.dtype)
         elif x.shape[1] == 1 and mask.impl != "dot":
             # a decode step: read the filled blocks only
             # a concrete index (the mask's static offset) unrolls the block loop (the dry run's cost model)
             filled = cache_index + 1 if _traced(mask.offset) else int(mask.offset) + 1
-            slots = k_cache.shape[-3]
-            kv_mask = mask.kv_segment_ids  # [B, kv_len]: pad to the cache's S slots
-            kv_mask = jnp.pad(kv_mask, ((0, 0), (0, slots - kv_mask.shape[1])))
-            out = decode_attention(q, k_cache, v_cache, kv_mask, filled, scaling=self.scaling,
-                                   dtype=self.dtype, layer=layer_index)
+            out = decode_attention(q, k_cache, v_cache, _pad_slots(mask.kv_segment_ids, k_cache.shape[-3]),
+                                   filled, scaling=self.scaling, dtype=self.dtype, layer=layer_index)
         else:
             k, v = read(k_cache), read(v_cache)
             if kv_len is not None and kv_len < k.shape[1]:
                 k, v = k[:, :kv_len], v[:, :kv_len]
             out = attend(q, k, v, mask, self.scaling, self.dtype)
         return self.o_proj(out), (k_cache, v_cache)
+
+
+def _pad_slots(kv_mask: jax.Array, slots: int) -> jax.Array:
+    """A [B, kv_len] key mask padded (invisible) to the cache's ``slots``."""
+    return jnp.pad(kv_mask, ((0, 0), (0, slots - kv_mask.shape[1])))
 
 
 # ============================================================================ MLP and MoE
@@ -1054,12 +1068,17 @@ class KVCache:
                   layers then always run unrolled.
     kv_mask: bool [B, S_max]; True where the slot holds a real (non-padding) token.
     layout: static (pytree metadata).
+    prefix: None, or a "standard" `KVCache` of B_p rows whose keys come BEFORE each row's own
+      slots, row b_p shared by rows [b_p * G, (b_p + 1) * G) of this cache (G = B / B_p): a prompt
+      prefilled once and its G samples (`with_shared_prefix`). Read, never written, by decode steps
+      (`models.attention.decode_attention_shared_prefix`); this cache's own slots then start at 0.
     """
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     kv_mask: jax.Array
     layout: str = dataclasses.field(default="standard", metadata=dict(static=True))
+    prefix: "KVCache | None" = None
 
     @property
     def batch_size(self) -> int:
@@ -1151,6 +1170,17 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None,
         kv_mask=jnp.zeros((batch, max_len), bool),
         layout=layout,
     )
+
+
+def with_shared_prefix(prefix: KVCache, group_size: int, max_new: int) -> KVCache:
+    """An empty "standard" cache of ``max_new`` own slots for each of ``group_size`` rows per row of
+    ``prefix`` (a prefilled "standard" cache), which they share (see `KVCache.prefix`)."""
+    if prefix.layout != "standard" or prefix.prefix is not None:
+        raise ValueError("a shared prefix is one 'standard' KVCache without a prefix of its own")
+    b = prefix.batch_size * group_size
+    return KVCache(k=tuple(jnp.zeros((k.shape[0], b, max_new, *k.shape[3:]), k.dtype) for k in prefix.k),
+                   v=tuple(jnp.zeros((v.shape[0], b, max_new, *v.shape[3:]), v.dtype) for v in prefix.v),
+                   kv_mask=jnp.zeros((b, max_new), bool), layout="standard", prefix=prefix)
 
 
 class ModelOutput(NamedTuple):
@@ -1290,6 +1320,8 @@ class Qwen3ForCausalLM(nnx.Module):
                 kv = (cache.k[first:first + count], cache.v[first:first + count])
             else:
                 kv = (cache.k[g], cache.v[g])
+                if cache.prefix is not None:
+                    kv += ((cache.prefix.k[g], cache.prefix.v[g], cache.prefix.kv_mask),)
             h, kv, stats, router_logits, top_index = _run_group(
                 stack, cfg, h, cos, sin, mask, token_mask, kv, cache_index, return_router_logits,
                 kv_len, layout, None if layer_params is None else layer_params[g], cache_as_xs,
@@ -1319,7 +1351,7 @@ class Qwen3ForCausalLM(nnx.Module):
                                      lengths=cache.lengths + jnp.sum(attention_mask, axis=1, dtype=jnp.int32))
         else:
             new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask,
-                                                           layout=cache.layout)
+                                                           layout=cache.layout, prefix=cache.prefix)
         out_routes = None
         if return_routes and all_routes:  # per group [Lg, B*T, k] -> [B, T, L_moe, k]
             out_routes = jnp.moveaxis(jnp.concatenate(all_routes, axis=0), 0, 1).reshape(
@@ -1383,6 +1415,13 @@ class Qwen3ForCausalLM(nnx.Module):
                     raise ValueError(f"cache group {g}: k/v shapes {k.shape}/{cache.v[g].shape}, expected {want}")
             if input_ids.shape[1] > cache.max_len:
                 raise ValueError(f"{input_ids.shape[1]} new tokens do not fit a cache of {cache.max_len} slots")
+            if cache.prefix is not None:
+                if cache.layout != "standard" or cache.batch_size % cache.prefix.batch_size:
+                    raise ValueError(f"a shared prefix of {cache.prefix.batch_size} rows needs a 'standard' "
+                                     f"cache whose {cache.batch_size} rows are whole groups of them")
+                if positions is None:
+                    raise ValueError("a cache with a shared prefix needs explicit positions (its own "
+                                     "slots start at 0, after the prefix)")
             if jnp.ndim(cache_index) != 0:
                 raise ValueError(f"cache_index must be a scalar, got shape {jnp.shape(cache_index)}")
             if not _traced(cache_index):  # a traced index cannot be checked here

@@ -43,6 +43,7 @@ import numpy as np
 from flax import nnx
 
 from models import configs as model_configs, qwen3
+from models.attention import resolve_attention_impl
 
 
 class FinishReason(enum.IntEnum):
@@ -253,6 +254,30 @@ def share_cache(cache: qwen3.KVCache, g: int) -> qwen3.KVCache:
                          kv_mask=jnp.repeat(cache.kv_mask, g, axis=0), layout=cache.layout)
 
 
+def shared_prefix_decode(config, group_size: int, max_new_tokens: int) -> bool:
+    """Whether the rollout keeps each prompt's prefilled keys ONCE, as a prefix its G samples
+    share (`qwen3.KVCache.prefix`; cascade attention reads it once per group per step), instead
+    of G copies (`share_cache`): with G > 1, a "standard" cache and a decode kernel that reads
+    the cache block by block (not "dot", which the M own slots would pick on a GPU when short)."""
+    return (group_size > 1 and cache_layout(config) == "standard"
+            and resolve_attention_impl(config.attention_impl, model_configs.target_platform(config),
+                                       max_new_tokens) != "dot")
+
+
+def decode_cache(config, prompts: int, group_size: int, prompt_len: int, max_new_tokens: int,
+                 prefix: qwen3.KVCache | None = None) -> tuple[qwen3.KVCache, int]:
+    """(the empty cache a rollout of ``prompts`` x ``group_size`` rows decodes into, the slot of
+    its first new token). With `shared_prefix_decode`: the G rows of prompt b share ``prefix``'s
+    row b (the prefilled prompts; zeros when None) and own ``max_new_tokens`` slots from 0; else
+    one cache of P + M slots per row, the new tokens from slot P (the prompt's copy before)."""
+    if shared_prefix_decode(config, group_size, max_new_tokens):
+        if prefix is None:
+            prefix = qwen3.init_cache(config, prompts, prompt_len)
+        return qwen3.with_shared_prefix(prefix, group_size, max_new_tokens), 0
+    return (qwen3.init_cache(config, prompts * group_size, prompt_len + max_new_tokens,
+                             layout=cache_layout(config)), prompt_len)
+
+
 def model_eos_ids(config) -> tuple[int, ...]:
     """The EOS token ids of a model config (``eos_token_id``: None, an id or a tuple of ids)."""
     eos = config.eos_token_id
@@ -317,13 +342,19 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
     m, g = max_new_tokens, group_size
     n = b * g
     layout = cache_layout(model.config)
-    cache = _constrain_cache(qwen3.init_cache(model.config, b, p + m, layout=layout), placement)
+    shared = shared_prefix_decode(model.config, g, m)
+    cache = _constrain_cache(qwen3.init_cache(model.config, b, p if shared else p + m, layout=layout),
+                             placement)
     layer_params = model.layer_params() if layer_weights_outside_loop(model.config) else None
     # cache_index a Python 0 (static): the prefill attends to the P prompt keys only, not to the
     # whole (still empty) cache. Only the last position's logits are needed.
     out = model(ids, positions, attention_mask=mask, cache=cache, cache_index=0, compute_logits=False)
     last_logits = jnp.repeat(model.lm_logits(out.hidden_states[:, -1, :]), g, axis=0)
-    cache = _constrain_cache(share_cache(out.cache, g), placement)
+    if shared:  # the prompts' keys once, shared by their G rows; the new tokens from slot 0
+        cache, first_slot = decode_cache(model.config, b, g, p, m, prefix=out.cache)
+    else:
+        cache, first_slot = share_cache(out.cache, g), p
+    cache = _constrain_cache(cache, placement)
     next_pos = jnp.repeat(positions[:, -1] + 1, g, axis=0)
     prompt_index = jnp.repeat(jnp.arange(b, dtype=jnp.int32), g)
     keys = row_keys(key, prompt_index, jnp.tile(jnp.arange(g, dtype=jnp.int32), b))
@@ -347,7 +378,7 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
         finishing = jnp.logical_not(done) & (hit_eos | hit_stop)
         reason = jnp.where(finishing, new_reason, reason)
         done = done | finishing
-        logits, cache = decode_forward(model, tok, next_pos + t, cache, jnp.int32(p) + t,
+        logits, cache = decode_forward(model, tok, next_pos + t, cache, jnp.int32(first_slot) + t,
                                        placement, layer_params)
         return (t + 1, logits, cache, tokens, logprobs, done, lengths, reason, window)
 

@@ -198,8 +198,10 @@ class Placement:
         return sh.place(tree, self.batch(tree))
 
     def kv_cache(self, cache: Any) -> Any:
-        """Shardings of a `models.qwen3.KVCache` (either layout; see `KV_CACHE_AXES`), as a
-        KVCache of NamedShardings. Leaves may be arrays or ShapeDtypeStructs."""
+        """Shardings of a `models.qwen3.KVCache` (either layout; see `KV_CACHE_AXES`; a shared
+        prefix's rows over the same axes as the rows, so a prompt's prefix sits with its G rows
+        when they split as its rows do), as a KVCache of NamedShardings. Leaves may be arrays or
+        ShapeDtypeStructs."""
         from models import qwen3  # local: models stay importable without the runtime
 
         if cache.layout not in KV_CACHE_AXES:
@@ -208,7 +210,8 @@ class Placement:
         return qwen3.KVCache(k=tuple(self.sharding(k_axes, np.shape(x)) for x in cache.k),
                              v=tuple(self.sharding(v_axes, np.shape(x)) for x in cache.v),
                              kv_mask=self.sharding(KV_MASK_AXES, np.shape(cache.kv_mask)),
-                             layout=cache.layout)
+                             layout=cache.layout,
+                             prefix=None if cache.prefix is None else self.kv_cache(cache.prefix))
 
     def constrain_kv_cache(self, cache: Any) -> Any:
         """``cache`` constrained to `kv_cache` inside a jitted function."""

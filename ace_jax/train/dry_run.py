@@ -47,7 +47,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from ace_jax.rl import learner
-from ace_jax.runtime import placement as placement_lib, sampler_layout, sharding, tpu_compile
+from ace_jax.runtime import generate, placement as placement_lib, sampler_layout, sharding, tpu_compile
 from ace_jax.train import dry_run_analytic as analytic
 from ace_jax.train.dry_run_analytic import GB
 from ace_jax.train import dry_run_speed
@@ -248,7 +248,9 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     costs = cost_programs(config, mc, shp, place, platform=platform) if compile else {}
     costs = {k: v.to_dict() for k, v in costs.items()}
     layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
-    decode_min = analytic.decode_min_bytes(layout, params, mc, n, p + m // 2)
+    decode_min = analytic.decode_min_bytes(
+        layout, params, mc, n, p, m // 2, shp["group_size"],
+        generate.shared_prefix_decode(layout.model_config, shp["group_size"], m))
     speed = dry_run_speed.speed_section(costs, dry=dry,
                                         shp=shp, layers=L, chips=chips, n_act=n_act,
                                         prefill_s=time_s["prefill_s"], decode_min=decode_min)

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ace_jax.runtime import placement as placement_lib, sharding
+from ace_jax.runtime import generate, placement as placement_lib, sharding
 from models import configs as model_configs
 from models.attention import resolve_attention_impl
 
@@ -92,11 +92,14 @@ def _axis_shards(mesh, rules, logical: str, dim: int) -> int:
 
 
 def decode_min_bytes(layout, params: nnx.State, mc: model_configs.ModelConfig, rows: int,
-                     fill: int) -> dict[str, float]:
+                     prompt_len: int, new_fill: int, group_size: int,
+                     shared_prefix: bool) -> dict[str, float]:
     """What one decode step must read from HBM per device, at least (exact from the sampler's
     shardings): its weights once (the embedding table excepted: a step gathers N of its rows)
-    and the K / V of ``fill`` slots of its rows. ``layout``: a `sampler_layout.SamplerLayout`;
-    ``params``: the learner's abstract Param state. Bytes."""
+    and the K / V of its rows' ``prompt_len`` prompt slots and ``new_fill`` new ones; with
+    ``shared_prefix`` (`generate.shared_prefix_decode`) a prompt's slots once per group of
+    ``group_size`` rows. ``layout``: a `sampler_layout.SamplerLayout`; ``params``: the learner's
+    abstract Param state. Bytes."""
     sampler = layout.abstract_params(params)
     flat = jax.tree_util.tree_leaves_with_path(sampler)
     weights = sum(_shard_bytes(x.shape, x.dtype, x.sharding) for path, x in flat
@@ -105,7 +108,9 @@ def decode_min_bytes(layout, params: nnx.State, mc: model_configs.ModelConfig, r
     rows_per_device = int(kv_sh.shard_shape((rows,))[0])
     kv_heads_split = mc.num_key_value_heads // int(layout.placement.sharding(
         ("kv_heads",), (mc.num_key_value_heads,)).shard_shape((mc.num_key_value_heads,))[0])
-    kv = rows_per_device * fill * kv_bytes_per_token(mc) / kv_heads_split
+    prompts = max(1, rows_per_device // group_size) if shared_prefix else rows_per_device
+    slots = prompts * prompt_len + rows_per_device * new_fill
+    kv = slots * kv_bytes_per_token(mc) / kv_heads_split
     return dict(weights=float(weights), kv=float(kv), total=float(weights + kv))
 
 
@@ -243,17 +248,28 @@ def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place,
 
     # ---- generation memory (per device)
     kv_axes = placement_lib.KV_CACHE_AXES["standard"][0]
-    kv_shape = (L, n, t, nkv, d)
-    kv_b = 2 * _shard_bytes(kv_shape, cdt, place.sharding(kv_axes, kv_shape))
-    pre_shape = (L, b, t, nkv, d)
-    pre_b = 2 * _shard_bytes(pre_shape, cdt, place.sharding(kv_axes, pre_shape))
+
+    def kv_bytes(rows, slots):
+        shape = (L, rows, slots, nkv, d)
+        return 2 * _shard_bytes(shape, cdt, place.sharding(kv_axes, shape))
+
+    if generate.shared_prefix_decode(mc, shp["group_size"], m):  # prompts once, G rows share them
+        kv_item = ("KV cache, %d prompts x %d + %d rows x %d slots" % (b, p, n, m),
+                   kv_bytes(b, p) + kv_bytes(n, m),
+                   "exact, from shardings (%s); each prompt's keys shared by its G rows" % cdt)
+        pre_item = ("prefill KV cache", 0, "the prompts' cache above, filled in place")
+    else:
+        kv_item = ("KV cache, %d rows x %d slots" % (n, t), kv_bytes(n, t),
+                   "exact, from shardings (%s)" % cdt)
+        pre_item = ("prefill KV cache before sharing", kv_bytes(b, t),
+                    "exact: %d prompts, repeated G times after" % b)
     b_dev = math.ceil(b / _batch_shards(mesh, rules, b))
     pre_scores = b_dev * heads_dev * (p * t if attn == "dot" else blk * blk) * (4 + 4 + cb)
     gen_items = [
         ("params (master, %s)" % pdt, params_b, "resident"),
         ("optimizer state (AdamW mu, nu)", opt_b, "resident (time-shared slice)"),
-        ("KV cache, %d rows x %d slots" % (n, t), kv_b, "exact, from shardings (%s)" % cdt),
-        ("prefill KV cache before sharing", pre_b, "exact: %d prompts, repeated G times after" % b),
+        kv_item,
+        pre_item,
         ("prefill attention scores, one layer", pre_scores, scores_note.replace("T,T", "P,P")),
         ("prefill logits", b_dev * vocab_dev * 4, "fp32 [prompts, V]: the last position only"),
         ("gathered layer weights x2", gathered, "FSDP all-gather of one layer (%s)" % cdt),

@@ -4,6 +4,7 @@ COMPILED (``ace_jax.runtime.tpu_compile``) from ``ShapeDtypeStruct`` inputs carr
 shardings (``lower_programs``); the abstract ``TrainBatch`` they take (``abstract_batch``)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -101,10 +102,11 @@ def _abstract_model(mc: model_configs.ModelConfig):
 
 
 def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
-                        shp: dict[str, int], place: placement_lib.Placement, cache_index: int, *,
+                        shp: dict[str, int], place: placement_lib.Placement, new_tokens: int, *,
                         platform: str | None) -> tpu_compile.CompiledProgram:
-    """`generate.decode_step` compiled in the sampler's layout for a model of ``mc``: ``N`` rows,
-    a ``P + M`` cache filled up to slot ``cache_index``. The cache's memory layout is left to
+    """`generate.decode_step` compiled in the sampler's layout for a model of ``mc``: ``N`` rows
+    whose ``new_tokens`` first new tokens are in the cache (`generate.decode_cache`: the prompts
+    once per group as a shared prefix, or copied per row). The cache's memory layout is left to
     the compiler (``Layout.AUTO``), as the rollout's loop, which carries the cache, leaves it:
     with the default layout of a program's parameters XLA would transpose the whole cache in and
     out of every standalone step. So are the per-layer weights' when the rollout slices them out
@@ -118,12 +120,17 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     splace = layout.placement
     knobs, key = _knobs_and_key(config, mc, splace)
     keys = jax.ShapeDtypeStruct((n,), key.dtype, sharding=splace.sharding(sharding.batch_axes(1), (n,)))
-    cache = jax.eval_shape(lambda: qwen3.init_cache(layout.model_config, n, p + m,
-                                                    layout=generate.cache_layout(mc)))
+    g = shp["group_size"]
+    cache = jax.eval_shape(lambda: generate.decode_cache(layout.model_config, n // g, g, p, m)[0])
+    slot = (0 if cache.prefix is not None else p) + new_tokens
     cache_sh = splace.kv_cache(cache)
-    auto = qwen3.KVCache(k=tuple(Format(Layout.AUTO, s) for s in cache_sh.k),
-                         v=tuple(Format(Layout.AUTO, s) for s in cache_sh.v),
-                         kv_mask=cache_sh.kv_mask, layout=cache_sh.layout)
+
+    def auto_layout(sh):  # the K / V arrays' layouts left to the compiler (the masks' default)
+        return dataclasses.replace(sh, k=tuple(Format(Layout.AUTO, s) for s in sh.k),
+                                   v=tuple(Format(Layout.AUTO, s) for s in sh.v),
+                                   prefix=None if sh.prefix is None else auto_layout(sh.prefix))
+
+    auto = auto_layout(cache_sh)
     rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
         shape, dt, sharding=splace.sharding(sharding.batch_axes(len(shape)), shape))
     sampler_graphdef = layout.graphdef(graphdef)
@@ -134,7 +141,7 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
 
     def step(params, knobs, cache, logits, positions, keys, layer_params):
         return generate.decode_step(sampler_graphdef, splace, params, knobs, cache, logits, positions,
-                                    cache_index, keys, layer_params)
+                                    slot, keys, layer_params)
 
     auto_layers = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), per_layer)
     jitted = jax.jit(step, in_shardings=(None, None, auto, None, None, None, auto_layers),
@@ -151,8 +158,8 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
                   learner_programs: bool = True) -> dict[str, tpu_compile.CompiledProgram]:
     """The programs the speed section reads (`ace_jax.train.dry_run_speed`), compiled:
 
-    - ``decode_step_L1`` / ``_L2``: `decode_step_program` at the mean fill of a rollout (slot
-      ``P + M / 2``: a step's cost is affine in the filled key blocks it reads, so this is the
+    - ``decode_step_L1`` / ``_L2``: `decode_step_program` at the mean fill of a rollout (M / 2
+      new tokens: a step's cost is affine in the filled key blocks it reads, so this is the
       rollout's average step), layers unrolled (1 and 2); ``decode_last_L1`` / ``_L2``: the
       last step (a full cache);
     - ``reshard``: the sampler layout's learner -> sampler resharding of the whole model;
@@ -165,7 +172,7 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
     out: dict[str, tpu_compile.CompiledProgram] = {}
     for layers in (1, 2):
         small = mc.replace(num_hidden_layers=layers, scan_layers=False)
-        for name, index in (("decode_step", p + m // 2), ("decode_last", p + m - 1)):
+        for name, index in (("decode_step", m // 2), ("decode_last", m - 1)):
             out[f"{name}_L{layers}"] = decode_step_program(config, small, shp, place, index,
                                                            platform=platform)
         if not learner_programs:

@@ -27,6 +27,7 @@ from models.attention import (
     DOT_MAX_KEYS,
     blockwise_attention,
     decode_attention,
+    decode_attention_shared_prefix,
     resolve_attention_impl,
     segment_mask,
     splash_attention,
@@ -203,6 +204,36 @@ def test_decode_attention_reads_only_the_filled_blocks():
     kv_mask = np.ones((b, s), bool)
     out = jax.jit(lambda f: decode_attention(q, k, v, kv_mask, f, scaling=0.3, block_kv=8))(jnp.int32(20))
     assert np.isfinite(np.asarray(out)).all()
+
+
+@pytest.mark.parametrize("filled", [1, 9, 20])
+def test_shared_prefix_decode_equals_the_prefix_copied_per_row(filled):
+    """Cascade attention: G rows per prefix read it once; equals `decode_attention` on each row's
+    prefix and own slots laid end to end (padded prefix slots, a row whose own slots are all
+    padding, traced and concrete lengths, a layer stack)."""
+    b, gs, p, m, nkv, g, d = 3, 4, 37, 20, 2, 3, 8
+    n = b * gs
+    rng = np.random.RandomState(filled)
+    q = rng.randn(n, 1, nkv * g, d).astype(np.float32)
+    pk, pv = (rng.randn(2, b, p, nkv, d).astype(np.float32) for _ in range(2))
+    ok, ov = (rng.randn(2, n, m, nkv, d).astype(np.float32) for _ in range(2))
+    prefix_mask = rng.rand(b, p) > 0.2
+    prefix_mask[:, -1] = True
+    own_mask = rng.rand(n, m) > 0.1
+    own_mask[5] = False
+    whole_k = np.concatenate([np.repeat(pk, gs, axis=1), ok], axis=2)
+    whole_v = np.concatenate([np.repeat(pv, gs, axis=1), ov], axis=2)
+    whole_mask = np.concatenate([np.repeat(prefix_mask, gs, axis=0), own_mask], axis=1)
+    want = _decode_stack(q, whole_k, whole_v, whole_mask, jnp.int32(p + filled), layer=jnp.int32(1))
+    cascade = jax.jit(functools.partial(decode_attention_shared_prefix, scaling=0.3, block_kv=8))
+    got = cascade(q, ok, ov, own_mask, jnp.int32(filled), pk, pv, prefix_mask, layer=jnp.int32(1))
+    assert_close(got, want, reduction_len=p + m)
+    concrete = decode_attention_shared_prefix(q, ok[1], ov[1], own_mask, filled, pk[1], pv[1],
+                                              prefix_mask, scaling=0.3, block_kv=8)
+    assert_close(concrete, want, reduction_len=p + m)
+    with pytest.raises(ValueError, match="groups"):
+        decode_attention_shared_prefix(q[:5], ok[1, :5], ov[1, :5], own_mask[:5], filled, pk[1],
+                                       pv[1], prefix_mask, scaling=0.3)
 
 
 # ------------------------------------------------------------------------------------------ splash

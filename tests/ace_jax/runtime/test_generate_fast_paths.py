@@ -55,3 +55,23 @@ def test_decode_layout_generates_what_the_standard_layout_does(monkeypatch):
         np.testing.assert_array_equal(a.lengths, b.lengths)
         np.testing.assert_array_equal(a.finish_reason, b.finish_reason)
         assert_close(a.logprobs, b.logprobs, reduction_len=model.config.vocab_size)
+
+
+def test_shared_prompt_prefix_generates_what_per_row_copies_do(monkeypatch):
+    """The accelerator rollout (a "standard" cache, blockwise decode; platform "gpu" runs it on
+    CPU) keeps each prompt's keys once, shared by its G samples (cascade attention), and samples
+    what the per-row copies of the prompt (`share_cache`) sample."""
+    mc = configs.tiny_moe(num_hidden_layers=3, mlp_only_layers=(1,), platform="gpu",
+                          attention_impl="blockwise")
+    model = qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(3))
+    cfg = SamplingConfig(max_new_tokens=10, group_size=3, temperature=1.0, prompt_bucket=8, eos_ids=(7,))
+    assert generate.shared_prefix_decode(mc, 3, 10)
+    assert not generate.shared_prefix_decode(mc, 1, 10)              # nothing to share
+    assert not generate.shared_prefix_decode(mc.replace(platform="cpu"), 3, 10)   # "decode" cache
+    shared = Generator(model, cfg).generate(PROMPTS, jax.random.key(4))
+    monkeypatch.setattr(generate, "shared_prefix_decode", lambda *a: False)
+    jax.clear_caches()  # the rollout is traced again, now copying the prompt per row
+    copied = Generator(model, cfg).generate(PROMPTS, jax.random.key(4))
+    np.testing.assert_array_equal(shared.tokens, copied.tokens)
+    np.testing.assert_array_equal(shared.lengths, copied.lengths)
+    assert_close(shared.logprobs, copied.logprobs, reduction_len=mc.vocab_size)

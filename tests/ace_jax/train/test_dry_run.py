@@ -65,9 +65,11 @@ def test_reduced_config_memory_matches_hand_computation():
     # Batch: 32 rows over 8 devices = 4 rows of 64 + 16 tokens.
     rows, t, m = 4, 80, 16
     assert train["batch (TrainBatch)"] == rows * t * (4 + 4 + 1) + rows * m * 4 * 3 + rows * 4
-    # KV cache: [L, 32 rows, 80 slots, NKV, D] bf16 for K and V, rows split 8 ways.
+    # KV cache (the TPU sampler shares each prompt's keys among its G = 4 rows): K and V in bf16,
+    # [L, 8 prompts, 64 slots, NKV, D] and [L, 32 rows, 16 new slots, NKV, D], rows split 8 ways
     gen = {i["name"]: i["bytes"] for i in report["memory"]["generate"]}
-    assert gen["KV cache, 32 rows x 80 slots"] == 2 * L * (32 // 8) * t * NKV * D * 2
+    assert gen["KV cache, 8 prompts x 64 + 32 rows x 16 slots"] == (
+        2 * L * (8 // 8) * 64 * NKV * D * 2 + 2 * L * (32 // 8) * m * NKV * D * 2)
     # the MoE routing record: uint8 [rows, T, L, K], in the total only with routing replay R3
     record = next(i for i in report["memory"]["train"] if i["name"] == "MoE routing record (R3)")
     assert record["bytes"] == 0
