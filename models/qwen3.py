@@ -1320,7 +1320,7 @@ class Qwen3ForCausalLM(nnx.Module):
                 kv = (cache.k[first:first + count], cache.v[first:first + count])
             else:
                 kv = (cache.k[g], cache.v[g])
-                if cache.prefix is not None:
+                if not paged and cache.prefix is not None:
                     kv += ((cache.prefix.k[g], cache.prefix.v[g], cache.prefix.kv_mask),)
             h, kv, stats, router_logits, top_index = _run_group(
                 stack, cfg, h, cos, sin, mask, token_mask, kv, cache_index, return_router_logits,

@@ -293,16 +293,6 @@ def cache_layout(config) -> str:
     return "decode" if model_configs.target_platform(config) == "cpu" else "standard"
 
 
-def layer_weights_outside_loop(config) -> bool:
-    """Whether the rollout slices each layer's weights out of the stacks once, before its decode
-    loop, and runs the layers unrolled on those (`Qwen3ForCausalLM.layer_params`): with a
-    "decode" cache (CPU) and with unscanned layers (the pod sampler's layout). The slices are
-    loop-invariant, so XLA lays them out once for the step's matmuls; a stack sliced inside the
-    loop is re-laid out in every step (the attention projections of every layer: ~40 MB of
-    copies per layer per step in the compiled v5p rollout)."""
-    return cache_layout(config) == "decode" or not config.scan_layers
-
-
 def _constrain_cache(cache: qwen3.KVCache, placement) -> qwen3.KVCache:
     return cache if placement is None else placement.constrain_kv_cache(cache)
 
@@ -327,7 +317,7 @@ def decode_step(graphdef, placement, params, knobs: SamplingKnobs, cache: qwen3.
     (tokens [N], logprobs [N], next logits, cache).
     ``cache_index`` is a Python int here (the loop's is traced), so the attention's loop over
     the filled key blocks unrolls and XLA's cost analysis counts every block (it counts a loop
-    body once). ``layer_params``: as the rollout passes them (`layer_weights_outside_loop`)."""
+    body once). ``layer_params``: the per-layer weights, as the rollout passes them."""
     model = nnx.merge(graphdef, params)
     tok, lp = sample_token(keys, logits, knobs)
     logits, cache = decode_forward(model, tok, positions, cache, cache_index, placement, layer_params)
@@ -345,7 +335,12 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
     shared = shared_prefix_decode(model.config, g, m)
     cache = _constrain_cache(qwen3.init_cache(model.config, b, p if shared else p + m, layout=layout),
                              placement)
-    layer_params = model.layer_params() if layer_weights_outside_loop(model.config) else None
+    # each layer's weights sliced out of the stacks once, here: the decode loop then runs its
+    # layers unrolled on these loop-invariant slices, which XLA lays out once for the step's
+    # matmuls (a stack sliced inside the loop is re-laid out in every step: the attention
+    # projections of every layer, ~40 MB of copies per layer per step in the compiled v5p
+    # rollout). The prefill keeps the model's scan (unrolled, its buffers would not be reused).
+    layer_params = model.layer_params()
     # cache_index a Python 0 (static): the prefill attends to the P prompt keys only, not to the
     # whole (still empty) cache. Only the last position's logits are needed.
     out = model(ids, positions, attention_mask=mask, cache=cache, cache_index=0, compute_logits=False)

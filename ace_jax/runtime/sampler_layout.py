@@ -8,9 +8,8 @@ model on every step. As tunix gives each role its mesh, the sampler gets a `Samp
   experts split over it (E / n per chip, kept in place: tokens travel, `models.moe_sharding`
   "expert"), every dense weight replicated (``vocab`` / ``heads`` / ``mlp`` may go tensor-
   parallel over a ``tensor`` axis instead), rows over every non-tensor axis;
-- the model's code paths for that layout (``moe_parallelism``; no remat; layers unrolled, so
-  that the rollout slices each layer's weights out once and its decode loop reads them in the
-  layout its matmuls want), as a graphdef of its own;
+- the model's code paths for that layout (``moe_parallelism``; no remat), as a graphdef of its
+  own;
 - the weights in the compute dtype (bf16 on the pod: half the bytes every decode step reads);
 - `reshard`: ONE jitted program, learner params -> sampler params (cast + the sampler's
   shardings), run once per RL step after the update; the dry run compiles and costs it.
@@ -74,10 +73,8 @@ def _model_config(mc: model_configs.ModelConfig, cfg: ml_collections.ConfigDict
     if cfg.weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"sampler_mesh.weight_dtype must be one of {list(WEIGHT_DTYPES)}, got "
                          f"{cfg.weight_dtype!r}")
-    # no remat: sampling differentiates nothing; layers unrolled, each layer's weights sliced
-    # out once per rollout (`generate.layer_weights_outside_loop`)
-    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none",
-                                   scan_layers=False)
+    # no remat: sampling differentiates nothing
+    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none")
     if cfg.weight_dtype == "compute":
         changes["param_dtype"] = mc.dtype
     return mc.replace(**changes)

@@ -109,9 +109,8 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     once per group as a shared prefix, or copied per row). The cache's memory layout is left to
     the compiler (``Layout.AUTO``), as the rollout's loop, which carries the cache, leaves it:
     with the default layout of a program's parameters XLA would transpose the whole cache in and
-    out of every standalone step. So are the per-layer weights' when the rollout slices them out
-    once before its loop (`generate.layer_weights_outside_loop`, the sampler layout's case): the
-    loop reads loop-invariant slices that XLA lays out once, not in every step."""
+    out of every standalone step. So are the per-layer weights', which the rollout slices out
+    once before its loop: the loop reads loop-invariant slices that XLA lays out once."""
     from jax.experimental.layout import Format, Layout  # local: only this program needs it
 
     n, p, m = shp["rows"], shp["prompt_len"], shp["new_tokens"]
@@ -135,9 +134,7 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
         shape, dt, sharding=splace.sharding(sharding.batch_axes(len(shape)), shape))
     sampler_graphdef = layout.graphdef(graphdef)
     params_in = layout.abstract_params(params)
-    per_layer = None
-    if generate.layer_weights_outside_loop(layout.model_config):
-        per_layer = layout.abstract_layer_params(sampler_graphdef, params)
+    per_layer = layout.abstract_layer_params(sampler_graphdef, params)
 
     def step(params, knobs, cache, logits, positions, keys, layer_params):
         return generate.decode_step(sampler_graphdef, splace, params, knobs, cache, logits, positions,

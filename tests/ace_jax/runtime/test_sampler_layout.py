@@ -72,18 +72,16 @@ def test_own_layout_rollout_equals_shared(learner_side):
                                   np.asarray(shared_gen.generate(PROMPTS, key).tokens))
 
 
-def test_accelerator_path_slices_each_layer_once_and_equals_shared(learner_side):
+def test_accelerator_path_per_layer_weights_and_tokens_equal_shared(learner_side):
     """The pod's code paths (a "standard" cache, blockwise decode attention, expert-parallel MoE;
-    platform "gpu" runs them on CPU): the own layout runs its layers unrolled on per-layer
-    weights sliced out before the decode loop, with each stack's sharding less its layers axis,
-    and samples the same tokens as the shared layout's scanned layers."""
+    platform "gpu" runs them on CPU): the own layout's per-layer weights (sliced out before the
+    decode loop) carry each stack's sharding less its layers axis, and it samples the same
+    tokens as the shared layout."""
     placement, model = learner_side
     mc = model.config.replace(platform="gpu", attention_impl="blockwise")
     accel = placement.init_model(lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0)))
     layout = sampler_layout.SamplerLayout.from_config(_own(), placement, mc)
-    assert generate.cache_layout(mc) == "standard" and mc.scan_layers
-    assert not generate.layer_weights_outside_loop(mc)
-    assert generate.layer_weights_outside_loop(layout.model_config)
+    assert generate.cache_layout(mc) == "standard" and layout.model_config.scan_layers
     params = nnx.state(accel, nnx.Param)
     per_layer = layout.abstract_layer_params(layout.graphdef(nnx.graphdef(accel)), params)
     assert len(per_layer) == len(accel.layers) and sum(len(g) for g in per_layer) == mc.num_hidden_layers
