@@ -3,11 +3,15 @@
 One jitted function does the whole rollout for a batch of B prompts:
 
 1. prefill: the B prompts, left-padded to a common bucketed length P, run through the model once,
-   writing slots [0, P) of a cache with room for P + max_new_tokens;
-2. share: the prefilled cache (and the last-position logits) are repeated G times along the batch
-   axis, so the prompt is computed once and its cache is shared by the G samples of its group;
+   writing slots [0, P) of a cache;
+2. share: the prompt is computed once for the G samples of its group. On accelerators
+   (`shared_prefix_decode`) its keys are stored once, a prefix the G rows share and each decode
+   step reads once per group (cascade attention), each row owning max_new_tokens slots of its
+   own; otherwise the prefilled cache (room for P + max_new_tokens) is repeated G times along
+   the batch axis (`share_cache`). The last-position logits are repeated G times;
 3. decode: a ``lax.while_loop`` samples one token per row per step (temperature, top-k, top-p),
    stops rows at EOS or a stop sequence, and ends when every row is done or the budget is spent.
+   Each layer's weights are sliced out of the stacks once, before the loop.
 
 It returns, per sample (N = B * G rows, row ``b * G + g`` is sample g of prompt b):
 ``tokens`` int32 [N, M] (M = max_new_tokens; positions past ``lengths`` hold ``pad_id``),
@@ -26,8 +30,7 @@ with that key. The rule depends on nothing else in the batch, so the paged engin
 (`ace_jax.runtime.engine`), which decodes rows in any order and slot, draws the same tokens.
 
 On CPU the cache uses the model's "decode" layout (`cache_layout`): per-layer k^T / v buffers that
-the decode loop updates in place and the attention reads without copies, the layers unrolled over
-per-layer weights sliced once before the loop.
+the decode loop updates in place and the attention reads without copies.
 """
 from __future__ import annotations
 
