@@ -500,34 +500,29 @@ class Qwen3Attention(nnx.Module):
             k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], start)
             v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], start)
             read = lambda c: jax.lax.dynamic_index_in_dim(c, layer_index, 0, keepdims=False)  # noqa: E731
-        if prefix is not None:  # a decode step of rows sharing prompts: cascade attention
-            if x.shape[1] != 1 or mask.impl == "dot":
+        decode = x.shape[1] == 1 and mask.impl != "dot"  # a decode step: read the filled blocks only
+        if decode:  # a concrete index (the mask's static offset) unrolls the block loop (the dry run's cost model)
+            filled = cache_index + 1 if _traced(mask.offset) else int(mask.offset) + 1
+            kv_mask = jnp.pad(mask.kv_segment_ids,  # [B, kv_len] -> the cache's S slots
+                              ((0, 0), (0, k_cache.shape[-3] - mask.kv_segment_ids.shape[1])))
+        if prefix is not None:  # rows sharing prompts: cascade attention
+            if not decode:
                 raise ValueError("a cache with a shared prefix takes decode steps (T = 1) of the "
                                  f"blockwise / splash kernels; got T={x.shape[1]}, impl={mask.impl!r}")
-            filled = cache_index + 1 if _traced(mask.offset) else int(mask.offset) + 1
-            out = decode_attention_shared_prefix(
-                q, k_cache, v_cache, _pad_slots(mask.kv_segment_ids, k_cache.shape[-3]), filled,
-                *prefix, scaling=self.scaling, dtype=self.dtype, layer=layer_index)
+            out = decode_attention_shared_prefix(q, k_cache, v_cache, kv_mask, filled, *prefix,
+                                                 scaling=self.scaling, dtype=self.dtype, layer=layer_index)
             return self.o_proj(out), (k_cache, v_cache, prefix)
         if fresh:
             out = attend(q, k, v, mask, self.scaling, self.dtype)
-        elif x.shape[1] == 1 and mask.impl != "dot":
-            # a decode step: read the filled blocks only
-            # a concrete index (the mask's static offset) unrolls the block loop (the dry run's cost model)
-            filled = cache_index + 1 if _traced(mask.offset) else int(mask.offset) + 1
-            out = decode_attention(q, k_cache, v_cache, _pad_slots(mask.kv_segment_ids, k_cache.shape[-3]),
-                                   filled, scaling=self.scaling, dtype=self.dtype, layer=layer_index)
+        elif decode:
+            out = decode_attention(q, k_cache, v_cache, kv_mask, filled, scaling=self.scaling,
+                                   dtype=self.dtype, layer=layer_index)
         else:
             k, v = read(k_cache), read(v_cache)
             if kv_len is not None and kv_len < k.shape[1]:
                 k, v = k[:, :kv_len], v[:, :kv_len]
             out = attend(q, k, v, mask, self.scaling, self.dtype)
         return self.o_proj(out), (k_cache, v_cache)
-
-
-def _pad_slots(kv_mask: jax.Array, slots: int) -> jax.Array:
-    """A [B, kv_len] key mask padded (invisible) to the cache's ``slots``."""
-    return jnp.pad(kv_mask, ((0, 0), (0, slots - kv_mask.shape[1])))
 
 
 # ============================================================================ MLP and MoE

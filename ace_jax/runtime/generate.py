@@ -268,17 +268,17 @@ def shared_prefix_decode(config, group_size: int, max_new_tokens: int) -> bool:
 
 
 def decode_cache(config, prompts: int, group_size: int, prompt_len: int, max_new_tokens: int,
-                 prefix: qwen3.KVCache | None = None) -> tuple[qwen3.KVCache, int]:
-    """(the empty cache a rollout of ``prompts`` x ``group_size`` rows decodes into, the slot of
-    its first new token). With `shared_prefix_decode`: the G rows of prompt b share ``prefix``'s
-    row b (the prefilled prompts; zeros when None) and own ``max_new_tokens`` slots from 0; else
-    one cache of P + M slots per row, the new tokens from slot P (the prompt's copy before)."""
+                 prefix: qwen3.KVCache | None = None) -> qwen3.KVCache:
+    """The empty cache a rollout of ``prompts`` x ``group_size`` rows decodes into. With
+    `shared_prefix_decode`: the G rows of prompt b share ``prefix``'s row b (the prefilled
+    prompts; zeros when None) and own ``max_new_tokens`` slots, the first new token at slot 0;
+    else P + M slots per row, the first new token at slot P (after the prompt's copy)."""
     if shared_prefix_decode(config, group_size, max_new_tokens):
         if prefix is None:
             prefix = qwen3.init_cache(config, prompts, prompt_len)
-        return qwen3.with_shared_prefix(prefix, group_size, max_new_tokens), 0
-    return (qwen3.init_cache(config, prompts * group_size, prompt_len + max_new_tokens,
-                             layout=cache_layout(config)), prompt_len)
+        return qwen3.with_shared_prefix(prefix, group_size, max_new_tokens)
+    return qwen3.init_cache(config, prompts * group_size, prompt_len + max_new_tokens,
+                            layout=cache_layout(config))
 
 
 def model_eos_ids(config) -> tuple[int, ...]:
@@ -348,11 +348,11 @@ def _rollout(graphdef, max_new_tokens: int, group_size: int, placement, params,
     # whole (still empty) cache. Only the last position's logits are needed.
     out = model(ids, positions, attention_mask=mask, cache=cache, cache_index=0, compute_logits=False)
     last_logits = jnp.repeat(model.lm_logits(out.hidden_states[:, -1, :]), g, axis=0)
-    if shared:  # the prompts' keys once, shared by their G rows; the new tokens from slot 0
-        cache, first_slot = decode_cache(model.config, b, g, p, m, prefix=out.cache)
-    else:
-        cache, first_slot = share_cache(out.cache, g), p
+    # shared: the prompts' keys once, shared by their G rows; the new tokens from slot 0
+    cache = (decode_cache(model.config, b, g, p, m, prefix=out.cache) if shared
+             else share_cache(out.cache, g))
     cache = _constrain_cache(cache, placement)
+    first_slot = 0 if shared else p
     next_pos = jnp.repeat(positions[:, -1] + 1, g, axis=0)
     prompt_index = jnp.repeat(jnp.arange(b, dtype=jnp.int32), g)
     keys = row_keys(key, prompt_index, jnp.tile(jnp.arange(g, dtype=jnp.int32), b))

@@ -120,7 +120,7 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     knobs, key = _knobs_and_key(config, mc, splace)
     keys = jax.ShapeDtypeStruct((n,), key.dtype, sharding=splace.sharding(sharding.batch_axes(1), (n,)))
     g = shp["group_size"]
-    cache = jax.eval_shape(lambda: generate.decode_cache(layout.model_config, n // g, g, p, m)[0])
+    cache = jax.eval_shape(lambda: generate.decode_cache(layout.model_config, n // g, g, p, m))
     slot = (0 if cache.prefix is not None else p) + new_tokens
     cache_sh = splace.kv_cache(cache)
 
