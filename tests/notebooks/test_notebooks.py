@@ -66,12 +66,14 @@ def test_ideator(tmp_path):
     nb = run_notebook(
         os.path.join(REPO, "notebooks", "ideator.ipynb"),
         dict(root=str(root), seeds=(0,), warm_overrides=small, rl_steps=1,
+             implementer_overrides=small,    # the implementer's own warm start (configs/local.py)
              train_overrides={**small, "ideator.implementer_max_new_tokens": 48},
              eval_tasks=("iris-species",), eval_seeds=(0,), eval_max_steps=2,
              stagnation_steps=1, implementer_max_new_tokens=48, backend=_backend()),
         str(tmp_path / "ideator.out.ipynb"))
     text = outputs_text(nb)
     assert "seed 0: 1 ideator RL steps logged" in text
+    assert (root / "seed0" / "implementer" / "config.json").exists()
     assert (root / "figures" / "ideator_curves.png").stat().st_size > 1000
     summary = (root / "eval_summary.md").read_text()
     assert "| setting | Avg@1 | Best@1 | valid | steps to first valid | advice requests |" in summary
