@@ -31,7 +31,10 @@ Kernels:
     interpret mode (tests).
   * `decode_attention`: one query per row against a KV cache whose filled prefix length is a
     traced scalar (the decode loop's index): reads only the ceil(filled / block) filled key
-    blocks, with an online softmax.
+    blocks, with an online softmax; `decode_attention_shared_prefix`: the same for rows whose
+    keys start with a prefix shared by a group (cascade attention). ``kernel="xla"`` runs the
+    block loop in pure JAX; ``"pallas"`` runs `models.decode_kernel` (TPU: each key block's
+    scores stay on chip, its cost is declared to XLA).
   * `paged_write` / `paged_attention`: a PAGED cache (fixed-size pages in a pool shared by all
     rows, a page table per row; `models.qwen3.PagedKVCache`): T new tokens per row written at
     the row's own fill, and T queries per row (a decode step: T = 1; a prefill chunk: T > 1)
@@ -42,7 +45,8 @@ Kernels:
 Which platform picks which kernel (`resolve_attention_impl`, ``ModelConfig.attention_impl``
 "auto"): "splash" on TPU; elsewhere "dot" (the exact [B, T, S] path) up to `DOT_MAX_KEYS` keys and
 "blockwise" above. A decode step (one query, traced cache index) of a blockwise / splash model
-uses `decode_attention`.
+uses `decode_attention`: XLA's block loop for "blockwise", the Pallas decode kernel for "splash"
+(`models.qwen3._decode_kernel`; interpret mode off TPU, as splash).
 
 Numerics. ``dot_product_attention`` (HF eager order): scores q.k accumulated in fp32 and rounded
 to ``dtype``, times head_dim**-0.5 in ``dtype``, softmax in fp32, probabilities rounded to
@@ -74,6 +78,7 @@ __all__ = [
     "segment_mask",
     "blockwise_attention",
     "splash_attention",
+    "DECODE_KERNELS",
     "decode_attention",
     "decode_attention_shared_prefix",
     "paged_write",
@@ -82,6 +87,7 @@ __all__ = [
 
 _F32 = jnp.float32
 _MASK_VALUE = float(np.finfo(np.float32).min)  # a finite "minus infinity" for the running max
+DECODE_KERNELS = ("xla", "pallas", "pallas_interpret")  # `decode_attention`'s ``kernel``
 DOT_MAX_KEYS = 2048  # "auto" off TPU: the exact [B, T, S] path up to this many keys, blockwise above
 _SPLASH_LANES = 128  # splash block sizes must be multiples of the TPU lane width
 _BATCH_MESH_AXES = ("data", "fsdp", "expert")  # mesh axes a batch may be split over, in order
@@ -340,7 +346,8 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids:
 # ============================================================================ decode
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
                      filled: jax.Array | int, *, scaling: float, dtype: Any = None,
-                     layer: jax.Array | int | None = None, block_kv: int = 512) -> jax.Array:
+                     layer: jax.Array | int | None = None, block_kv: int = 512,
+                     kernel: str = "xla") -> jax.Array:
     """One query per row against the filled prefix of a KV cache, block by block.
 
     Args:
@@ -351,6 +358,8 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
       scaling, dtype: as `blockwise_attention`.
       layer: index into a layer stack (None: k_cache is one layer).
       block_kv: slots per block (clipped to S).
+      kernel: "xla" (a pure-JAX block loop: CPU, GPU) | "pallas" (`models.decode_kernel`: the
+        TPU kernel that keeps the scores on chip) | "pallas_interpret" (it, off TPU: tests).
 
     Returns:
       [B, 1, nq, d] in ``dtype`` (0 for a row with no visible slot).
@@ -361,7 +370,7 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_ma
     """
     b, _, nq, d = q.shape
     out, _ = _decode_stats(q, k_cache, v_cache, kv_mask, filled, scaling=scaling, dtype=dtype,
-                           layer=layer, block_kv=block_kv)
+                           layer=layer, block_kv=block_kv, kernel=kernel)
     return out.reshape(b, 1, nq, d).astype(jnp.dtype(dtype or q.dtype))
 
 
@@ -370,7 +379,7 @@ def decode_attention_shared_prefix(q: jax.Array, k_cache: jax.Array, v_cache: ja
                                    prefix_k: jax.Array, prefix_v: jax.Array, prefix_mask: jax.Array,
                                    *, scaling: float, dtype: Any = None,
                                    layer: jax.Array | int | None = None,
-                                   block_kv: int = 512) -> jax.Array:
+                                   block_kv: int = 512, kernel: str = "xla") -> jax.Array:
     """`decode_attention` for rows whose keys are a prefix SHARED by groups of rows followed by
     each row's own slots (a prompt and its G samples' completions): cascade attention. The
     prefix is read once per group, its G x nq queries together (G x nq / nkv query rows per KV
@@ -382,7 +391,8 @@ def decode_attention_shared_prefix(q: jax.Array, k_cache: jax.Array, v_cache: ja
         or a layer stack [L, N, S, ...]).
       prefix_k, prefix_v: [B, P, nkv, d] or a layer stack [L, B, P, nkv, d]; prefix_mask [B, P]:
         every query sees every real prefix slot.
-      scaling, dtype, layer, block_kv: as `decode_attention` (``layer`` indexes both stacks).
+      scaling, dtype, layer, block_kv, kernel: as `decode_attention` (``layer`` indexes both
+        stacks).
 
     Returns [N, 1, nq, d] in ``dtype``: what `decode_attention` gives on each row's prefix and
     own slots laid end to end, up to rounding. The prefix's block loop unrolls when ``filled`` is
@@ -395,13 +405,14 @@ def decode_attention_shared_prefix(q: jax.Array, k_cache: jax.Array, v_cache: ja
                          f"(prefix_mask {prefix_mask.shape})")
     gs, g = n // b, nq // nkv
     own, own_lse = _decode_stats(q, k_cache, v_cache, kv_mask, filled, scaling=scaling, dtype=dtype,
-                                 layer=layer, block_kv=block_kv)              # [N, nkv, g, d]
+                                 layer=layer, block_kv=block_kv, kernel=kernel)  # [N, nkv, g, d]
     # a group's queries as the query heads of one row, kv-head major: [B, 1, nkv * G * g, d]
     qg = jnp.transpose(q.reshape(b, gs, nkv, g, d), (0, 2, 1, 3, 4)).reshape(b, 1, nkv * gs * g, d)
     # the prefix is read whole; its block loop unrolls or loops as the own slots' does
     whole = filled * 0 + p if isinstance(filled, jax.core.Tracer) else p
     pre, pre_lse = _decode_stats(qg, prefix_k, prefix_v, prefix_mask, whole, scaling=scaling,
-                                 dtype=dtype, layer=layer, block_kv=block_kv)  # [B, nkv, G*g, d]
+                                 dtype=dtype, layer=layer, block_kv=block_kv,
+                                 kernel=kernel)                                  # [B, nkv, G*g, d]
     pre = jnp.transpose(pre.reshape(b, nkv, gs, g, d), (0, 2, 1, 3, 4)).reshape(n, nkv, g, d)
     pre_lse = jnp.transpose(pre_lse.reshape(b, nkv, gs, g), (0, 2, 1, 3)).reshape(n, nkv, g)
     m = jnp.maximum(own_lse, pre_lse)
@@ -410,9 +421,12 @@ def decode_attention_shared_prefix(q: jax.Array, k_cache: jax.Array, v_cache: ja
     return out.reshape(n, 1, nq, d).astype(jnp.dtype(dtype or q.dtype))
 
 
-def _decode_stats(q, k_cache, v_cache, kv_mask, filled, *, scaling, dtype, layer, block_kv):
+def _decode_stats(q, k_cache, v_cache, kv_mask, filled, *, scaling, dtype, layer, block_kv,
+                  kernel="xla"):
     """The block loop of `decode_attention` (same arguments): (out fp32 [B, nkv, g, d], log-sum-exp
-    fp32 [B, nkv, g]; `_MASK_VALUE` for a row with no visible slot, whose out is 0)."""
+    fp32 [B, nkv, g]; `_MASK_VALUE` for a row with no visible slot, whose out is 0). ``kernel``:
+    "xla" (this pure-JAX loop), "pallas" (`models.decode_kernel`, the TPU kernel) or
+    "pallas_interpret" (that kernel in Pallas interpret mode: tests off TPU)."""
     if (layer is None) != (k_cache.ndim == 4):
         raise ValueError(f"k_cache of shape {k_cache.shape} needs layer={'None' if k_cache.ndim == 4 else 'an index'}")
     if k_cache.shape != v_cache.shape:
@@ -428,6 +442,13 @@ def _decode_stats(q, k_cache, v_cache, kv_mask, filled, *, scaling, dtype, layer
     dtype = jnp.dtype(dtype or q.dtype)
     nq = q.shape[2]
     g = nq // nkv
+    if kernel not in DECODE_KERNELS:
+        raise ValueError(f"decode kernel {kernel!r}; valid: {list(DECODE_KERNELS)}")
+    if kernel != "xla":
+        from models import decode_kernel  # local: Pallas only where the kernel runs
+        return decode_kernel.decode_stats(q.reshape(b, nkv, g, d), k_cache, v_cache, kv_mask,
+                                          filled, scaling=scaling, dtype=dtype, layer=layer,
+                                          block_kv=block_kv, interpret=kernel == "pallas_interpret")
     bk = min(block_kv, s)
     q5 = q.reshape(b, 1, nkv, g, d)
     lead = () if layer is None else (layer,)

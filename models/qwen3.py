@@ -168,6 +168,14 @@ def _stacked(num_layers: int | None, shape: tuple[int, ...], axes: tuple[str, ..
     return (num_layers, *shape), ("layers", *axes)
 
 
+def _decode_kernel(mask: "AttentionMask") -> str:
+    """The decode step's attention kernel (`models.attention.decode_attention`): the Pallas one
+    for a "splash" model (on TPU; interpret mode elsewhere, as splash itself), else XLA's loop."""
+    if mask.impl != "splash":
+        return "xla"
+    return "pallas" if mask.platform == "tpu" else "pallas_interpret"
+
+
 def _traced(x) -> bool:
     """True when ``x`` has no concrete value at trace time (a jit / scan / loop tracer)."""
     return isinstance(x, jax.core.Tracer)
@@ -510,13 +518,15 @@ class Qwen3Attention(nnx.Module):
                 raise ValueError("a cache with a shared prefix takes decode steps (T = 1) of the "
                                  f"blockwise / splash kernels; got T={x.shape[1]}, impl={mask.impl!r}")
             out = decode_attention_shared_prefix(q, k_cache, v_cache, kv_mask, filled, *prefix,
-                                                 scaling=self.scaling, dtype=self.dtype, layer=layer_index)
+                                                 scaling=self.scaling, dtype=self.dtype, layer=layer_index,
+                                                 kernel=_decode_kernel(mask))
             return self.o_proj(out), (k_cache, v_cache, prefix)
         if fresh:
             out = attend(q, k, v, mask, self.scaling, self.dtype)
         elif decode:
             out = decode_attention(q, k_cache, v_cache, kv_mask, filled, scaling=self.scaling,
-                                   dtype=self.dtype, layer=layer_index)
+                                   dtype=self.dtype, layer=layer_index,
+                                   kernel=_decode_kernel(mask))
         else:
             k, v = read(k_cache), read(v_cache)
             if kv_len is not None and kv_len < k.shape[1]:

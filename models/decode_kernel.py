@@ -1,0 +1,196 @@
+"""A Pallas TPU kernel for one decode step's attention: a query block per row against the filled
+blocks of a KV cache, the scores kept on chip.
+
+`decode_stats` computes what `models.attention._decode_stats` computes (the pure-JAX block loop,
+the reference and the CPU / GPU path): for each row b and KV head h, the R query vectors that
+share that KV head (R = nq / nkv for a row's own slots; G x nq / nkv for a prefix shared by a
+group of G rows, cascade attention) against the row's filled cache slots, with an online softmax;
+it returns the normalised output and the log-sum-exp, which cascade attention needs to merge the
+prefix's softmax with the own slots'.
+
+Why a kernel: XLA's fusions of the pure-JAX loop write each block's scores to HBM and read them
+back; with the 64 query rows per KV head of a group's prefix the scores of a block (fp32) weigh as
+much as its keys and values. Here a grid step (row b, key block j) DMAs the block's K and V
+([bk, nkv, d] each) into VMEM, and its scores, probabilities and running statistics never leave
+it. The kernel declares its cost (``pl.CostEstimate``), which XLA's cost analysis reads in place
+of a custom call's operand sizes: the K / V blocks it DMAs (the filled ones: the key block index
+is clamped to the last filled block, and Pallas does not copy a block again when consecutive grid
+steps map to the same one), its queries, mask and outputs; FLOPs 4 x R x d per key and KV head.
+With a traced fill (the rollout's loop) the grid covers the whole cache and the declared cost is
+its upper bound; the dry run's cost model passes a concrete fill, and the figure is exact.
+
+Numerics equal the reference's block loop: scores accumulated in fp32, rounded to ``dtype`` and
+scaled in ``dtype``; the unnormalised probabilities exp(s - running max) rounded to ``dtype``
+before p.v (fp32 accumulation); masked keys contribute exactly 0; a row with no visible key gets
+out 0 and log-sum-exp ``MASK_VALUE``.
+
+Shapes: q [B, nkv, R, d] (KV-head major); k_cache / v_cache [B, S, nkv, d] or a layer stack
+[L, B, S, nkv, d] read at ``layer``; kv_mask [B, S] (nonzero: a real token). Under a mesh the
+kernel runs in ``jax.shard_map``, rows over the batch axes and KV heads over 'tensor' as
+`models.attention.splash_attention` splits them; off TPU it runs in Pallas interpret mode
+(``interpret=True``: the tests).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+__all__ = ["MASK_VALUE", "LANES", "decode_stats", "declared_cost"]
+
+MASK_VALUE = float(np.finfo(np.float32).min)   # as models.attention: a finite "minus infinity"
+LANES = 128                                    # TPU lane width: the key block's multiple
+_F32 = jnp.float32
+
+
+def _block(s: int, block_kv: int) -> int:
+    """Slots per key block: ``block_kv`` rounded down to the lane width, or S when S is smaller."""
+    if s <= block_kv:
+        return s
+    return max(LANES, block_kv // LANES * LANES)
+
+
+def declared_cost(b: int, nkv: int, r: int, d: int, blocks: int, bk: int, kv_itemsize: int,
+                  q_itemsize: int) -> dict[str, int]:
+    """The kernel's cost for ``blocks`` key blocks of ``bk`` slots per row (the filled ones):
+    flops, transcendentals (one exp per score) and bytes (K and V blocks, queries, mask, outputs)."""
+    keys = b * blocks * bk
+    return dict(flops=4 * keys * nkv * r * d, transcendentals=keys * nkv * r,
+                bytes_accessed=(2 * keys * nkv * d * kv_itemsize + b * nkv * r * d * q_itemsize
+                                + keys * 4 + b * nkv * r * (d + LANES) * 4))
+
+
+def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_ref, m_sc, l_sc,
+            acc_sc, *, bk: int, s: int, nkv: int, scaling: float, dtype: Any, last: int):
+    """One grid step (row b, key block j). q_ref [nkv, R, d]; k_ref / v_ref [bk, nkv, d]; mask_ref
+    [1, bk]; out_ref [nkv, R, d] and lse_ref [nkv, R, LANES] (written at the last block); scratch
+    m_sc / l_sc [nkv, R, LANES] (lane-replicated running max and sum), acc_sc [nkv, R, d]."""
+    del layer_ref  # used by the index maps only
+    j = pl.program_id(1)
+    filled = filled_ref[0]
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, _F32)
+        l_sc[...] = jnp.zeros(l_sc.shape, _F32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, _F32)
+
+    @pl.when(j * bk < filled)
+    def _block_step():
+        pos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+        visible = (mask_ref[...] != 0) & (pos < filled) & (pos < s)          # [1, bk]
+        for h in range(nkv):
+            k = k_ref[:, h, :].astype(dtype)                                   # [bk, d]
+            v = v_ref[:, h, :].astype(dtype)
+            if s % bk:  # a partial last block: the slots past S hold undefined values
+                v = jnp.where(jnp.transpose(pos < s), v, jnp.zeros_like(v))
+            sc = jax.lax.dot_general(q_ref[h].astype(dtype), k, (((1,), (1,)), ((), ())),
+                                     preferred_element_type=_F32)               # [R, bk]
+            sc = (sc.astype(dtype) * scaling).astype(_F32)
+            sc = jnp.where(visible, sc, MASK_VALUE)
+            m_prev = jnp.max(m_sc[h], axis=1, keepdims=True)                   # [R, 1]
+            m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
+            p = jnp.where(visible, jnp.exp(sc - m_new), 0.0)
+            alpha = jnp.exp(m_prev - m_new)
+            l_new = alpha * jnp.max(l_sc[h], axis=1, keepdims=True) + jnp.sum(p, axis=1, keepdims=True)
+            pv = jnp.dot(p.astype(dtype), v, preferred_element_type=_F32)      # [R, d]
+            acc_sc[h] = alpha * acc_sc[h] + pv
+            m_sc[h] = jnp.broadcast_to(m_new, m_sc.shape[1:])
+            l_sc[h] = jnp.broadcast_to(l_new, l_sc.shape[1:])
+
+    @pl.when(j == last)
+    def _finish():
+        for h in range(nkv):
+            l = l_sc[h]                                                          # [R, LANES]
+            seen = l > 0
+            l_col = jnp.max(jnp.where(seen, l, 1.0), axis=1, keepdims=True)   # [R, 1]
+            out_ref[h] = acc_sc[h] / l_col
+            lse_ref[h] = jnp.where(seen, m_sc[h] + jnp.log(jnp.where(seen, l, 1.0)), MASK_VALUE)
+
+
+def _local(filled, layer, q, k_cache, v_cache, mask, *, static_filled: int | None, scaling: float,
+           dtype: Any, block_kv: int, interpret: bool):
+    """The pallas_call on one device's shard: q [B, nkv, R, d], caches [L, B, S, nkv, d], mask
+    [B, 1, S] int32, filled / layer int32 [1] -> (out fp32 [B, nkv, R, d], lse fp32 [B, nkv, R])."""
+    b, nkv, r, d = q.shape
+    s = k_cache.shape[2]
+    bk = _block(s, block_kv)
+    total = -(-s // bk)
+    blocks = total if static_filled is None else min(max(-(-static_filled // bk), 1), total)
+
+    def kv_map(i, j, filled_ref, layer_ref):
+        # lax.div (truncating; the fill is >= 0): jnp's floor division lowers through `sign`,
+        # which needs a real TPU's generation to lower
+        last_filled = jnp.maximum(jax.lax.div(filled_ref[0] + bk - 1, bk) - 1, 0)
+        return layer_ref[0], i, jnp.minimum(j, last_filled), 0, 0
+
+    def mask_map(i, j, filled_ref, layer_ref):
+        return i, 0, kv_map(i, j, filled_ref, layer_ref)[2]
+
+    rows = lambda i, j, *_: (i, 0, 0, 0)  # noqa: E731
+    kv_spec = pl.BlockSpec((None, None, bk, nkv, d), kv_map)
+    cost = declared_cost(b, nkv, r, d, blocks, bk, k_cache.dtype.itemsize, q.dtype.itemsize)
+    kernel = functools.partial(_kernel, bk=bk, s=s, nkv=nkv, scaling=float(scaling), dtype=dtype,
+                               last=blocks - 1)
+    out, lse = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=(b, blocks),
+            in_specs=[pl.BlockSpec((None, nkv, r, d), rows), kv_spec, kv_spec,
+                      pl.BlockSpec((None, 1, bk), mask_map)],
+            out_specs=[pl.BlockSpec((None, nkv, r, d), rows),
+                       pl.BlockSpec((None, nkv, r, LANES), rows)],
+            scratch_shapes=[pltpu.VMEM((nkv, r, LANES), _F32), pltpu.VMEM((nkv, r, LANES), _F32),
+                            pltpu.VMEM((nkv, r, d), _F32)]),
+        out_shape=[jax.ShapeDtypeStruct((b, nkv, r, d), _F32),
+                   jax.ShapeDtypeStruct((b, nkv, r, LANES), _F32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        cost_estimate=pl.CostEstimate(**cost),
+        interpret=interpret,
+        name="decode_attention",
+    )(filled, layer, q, k_cache, v_cache, mask)
+    return out, lse[..., 0]
+
+
+def decode_stats(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
+                 filled: jax.Array | int, *, scaling: float, dtype: Any = None,
+                 layer: jax.Array | int | None = None, block_kv: int = 512,
+                 interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """(out fp32 [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]) of q [B, nkv, R, d] against the
+    slots s < ``filled`` with kv_mask[b, s] of k_cache / v_cache ([B, S, nkv, d], or a layer
+    stack [L, B, S, nkv, d] at ``layer``). ``filled``: a Python int (the grid then covers exactly
+    the filled blocks) or a traced int32 scalar. ``block_kv``: slots per key block (rounded down
+    to a multiple of 128; S when S is smaller). ``interpret``: Pallas interpret mode (off TPU)."""
+    if (layer is None) != (k_cache.ndim == 4):
+        raise ValueError(f"k_cache of shape {k_cache.shape} needs layer={'None' if k_cache.ndim == 4 else 'an index'}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
+    if layer is None:
+        k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
+    _, b, s, nkv, d = k_cache.shape
+    if q.ndim != 4 or q.shape[0] != b or q.shape[1] != nkv or q.shape[3] != d:
+        raise ValueError(f"q must be [B, nkv, R, d] = [{b}, {nkv}, R, {d}], got {q.shape}")
+    if kv_mask.shape != (b, s):
+        raise ValueError(f"kv_mask must be [B, S] = {(b, s)}, got {kv_mask.shape}")
+    static = None if isinstance(filled, jax.core.Tracer) else int(filled)
+    scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
+    mask = (kv_mask != 0).astype(jnp.int32).reshape(b, 1, s)
+    local = functools.partial(_local, static_filled=static, scaling=scaling,
+                              dtype=jnp.dtype(dtype or q.dtype), block_kv=block_kv,
+                              interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        from models.attention import _mesh_specs  # the splash kernel's split of rows and heads
+        batch_axes, head_axis = _mesh_specs(mesh, b, nkv)
+        P = jax.sharding.PartitionSpec
+        local = jax.shard_map(
+            local, mesh=mesh, check_vma=False,
+            in_specs=(P(), P(), P(batch_axes, head_axis), P(None, batch_axes, None, head_axis),
+                      P(None, batch_axes, None, head_axis), P(batch_axes)),
+            out_specs=(P(batch_axes, head_axis), P(batch_axes, head_axis)))
+    return local(scalar(filled), scalar(layer), q, k_cache, v_cache, mask)

@@ -1,0 +1,151 @@
+"""Tests of models/decode_kernel.py, the Pallas TPU decode-attention kernel.
+
+* in Pallas interpret mode (CPU) it equals the pure-JAX block loop (`attention._decode_stats`,
+  "xla"), output and log-sum-exp: one layer or a layer stack, a traced or a concrete fill, a
+  cache whose length is not a multiple of the block, masked slots, a row with no visible slot
+  (out 0, log-sum-exp MASK_VALUE), fp32 and bf16;
+* cascade attention (`decode_attention_shared_prefix`) with the kernel equals it with the loop;
+* under a mesh of 8 CPU devices it runs per shard (rows over 'data', KV heads over 'tensor') and
+  equals the unsharded result;
+* `models.qwen3` picks it for a "splash" model only;
+* it lowers and compiles for TPU under a mesh with no all-gather, and XLA's cost analysis reads
+  its declared cost: the filled key blocks, not the whole cache (skipped without libtpu).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import decode_kernel
+from models.attention import _decode_stats, decode_attention, decode_attention_shared_prefix
+from tests.numerics import assert_close
+
+_HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+
+def _cache(seed, b, s, nkv, d, layers, dtype):
+    rng = np.random.RandomState(seed)
+    lead = (layers,) if layers else ()
+    k, v = (jnp.asarray(rng.randn(*lead, b, s, nkv, d), dtype) for _ in range(2))
+    mask = rng.rand(b, s) > 0.2
+    mask[-1] = False  # a row with no visible slot
+    return k, v, jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("s,block,filled,layers,dtype", [
+    (256, 128, 200, 0, jnp.float32),    # one layer, two blocks, the second partly filled
+    (320, 128, 301, 3, jnp.float32),    # a stack; S not a multiple of the block: a partial last block
+    (320, 128, 301, 3, jnp.bfloat16),
+    (128, 512, 128, 2, jnp.bfloat16),   # one block of S slots (the block is clipped to S)
+    (256, 128, 0, 0, jnp.bfloat16),     # nothing filled
+])
+def test_kernel_equals_the_xla_loop(s, block, filled, layers, dtype):
+    b, nkv, r, d = 3, 2, 4, 128
+    k, v, mask = _cache(filled + s, b, s, nkv, d, layers, dtype)
+    q = jnp.asarray(np.random.RandomState(1).randn(b, 1, nkv * r, d), dtype)
+    layer = 1 if layers else None
+    kw = dict(scaling=d ** -0.5, dtype=dtype, layer=layer, block_kv=block)
+    for fill in (filled, jnp.int32(filled)):  # concrete (the dry run's cost model) and traced
+        want_out, want_lse = jax.jit(lambda f: _decode_stats(q, k, v, mask, f, **kw))(jnp.int32(filled))
+        got_out, got_lse = decode_kernel.decode_stats(q.reshape(b, nkv, r, d), k, v, mask, fill,
+                                                      interpret=True, **kw)
+        assert got_out.shape == want_out.shape and got_lse.shape == want_lse.shape
+        seen = np.asarray(want_lse) > decode_kernel.MASK_VALUE
+        assert_close(np.asarray(got_out)[seen], np.asarray(want_out)[seen], reduction_len=s,
+                     dtype=dtype)
+        assert_close(np.asarray(got_lse)[seen], np.asarray(want_lse)[seen], reduction_len=s,
+                     dtype=dtype)
+        np.testing.assert_array_equal(np.asarray(got_out)[~seen], 0.0)
+        np.testing.assert_array_equal(np.asarray(got_lse)[~seen], decode_kernel.MASK_VALUE)
+        assert seen[:-1].all() == (filled > 0) and not seen[-1].any()
+
+
+def test_decode_attention_with_the_kernel_and_its_errors():
+    b, s, nkv, r, d = 2, 256, 2, 2, 128
+    k, v, mask = _cache(0, b, s, nkv, d, 0, jnp.float32)
+    q = jnp.asarray(np.random.RandomState(2).randn(b, 1, nkv * r, d), jnp.float32)
+    run = functools.partial(decode_attention, q, k, v, mask, 190, scaling=0.1, block_kv=128)
+    assert_close(run(kernel="pallas_interpret"), run(kernel="xla"), reduction_len=s)
+    with pytest.raises(ValueError, match="decode kernel"):
+        run(kernel="mosaic")
+    with pytest.raises(ValueError, match=r"\[B, nkv, R, d\]"):
+        decode_kernel.decode_stats(q, k, v, mask, 3, scaling=0.1, interpret=True)
+
+
+def test_shared_prefix_decode_with_the_kernel_equals_the_loop():
+    b, gs, p, m, nkv, g, d = 2, 4, 256, 128, 2, 2, 128
+    n = b * gs
+    rng = np.random.RandomState(3)
+    q = jnp.asarray(rng.randn(n, 1, nkv * g, d), jnp.float32)
+    pk, pv = (jnp.asarray(rng.randn(2, b, p, nkv, d), jnp.float32) for _ in range(2))
+    ok, ov = (jnp.asarray(rng.randn(2, n, m, nkv, d), jnp.float32) for _ in range(2))
+    prefix_mask = jnp.asarray(rng.rand(b, p) > 0.2)
+    own_mask = jnp.asarray(rng.rand(n, m) > 0.1)
+    run = functools.partial(decode_attention_shared_prefix, q, ok, ov, own_mask, jnp.int32(70), pk,
+                            pv, prefix_mask, scaling=0.1, layer=jnp.int32(1), block_kv=128)
+    assert_close(run(kernel="pallas_interpret"), run(kernel="xla"), reduction_len=p + m)
+
+
+def test_kernel_under_a_mesh_runs_per_shard():
+    b, s, nkv, r, d = 8, 256, 2, 4, 128
+    k, v, mask = _cache(4, b, s, nkv, d, 2, jnp.float32)
+    q = jnp.asarray(np.random.RandomState(5).randn(b, nkv, r, d), jnp.float32)
+    run = functools.partial(decode_kernel.decode_stats, scaling=0.1, layer=jnp.int32(1),
+                            block_kv=128, interpret=True)
+    want = run(q, k, v, mask, jnp.int32(150))
+    devices = np.array(jax.devices()[:8]).reshape(4, 1, 2, 1)
+    mesh = jax.sharding.Mesh(devices, ("data", "fsdp", "tensor", "expert"))
+    P, named = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+    rows_heads = named(mesh, P("data", "tensor"))
+    cache = named(mesh, P(None, "data", None, "tensor"))
+    args = (jax.device_put(q, rows_heads), jax.device_put(k, cache), jax.device_put(v, cache),
+            jax.device_put(mask, named(mesh, P("data"))))
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(lambda q, k, v, m: run(q, k, v, m, jnp.int32(150))).lower(*args)
+        got = lowered.compile()(*args)
+    assert "all-gather" not in lowered.compile().as_text()
+    for g, w in zip(got, want):
+        assert_close(g, w, reduction_len=s)
+
+
+def test_the_model_picks_the_kernel_for_splash_only():
+    from models.qwen3 import AttentionMask, _decode_kernel
+    ids = jnp.ones((1, 4), jnp.int32)
+    pick = lambda impl, platform: _decode_kernel(  # noqa: E731
+        AttentionMask(ids, ids, 0, None, impl=impl, platform=platform))
+    assert pick("splash", "tpu") == "pallas"
+    assert pick("splash", "cpu") == "pallas_interpret"
+    assert pick("blockwise", "tpu") == pick("blockwise", "cpu") == "xla"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _HAS_LIBTPU, reason="libtpu is not installed: no TPU compiler for ahead-of-time lowering")
+def test_kernel_compiles_for_tpu_and_declares_the_filled_blocks():
+    from jax.experimental import topologies
+    topology = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x2")
+    mesh = jax.sharding.Mesh(np.array(topology.devices).reshape(8, 1, 1, 1),
+                             ("data", "fsdp", "tensor", "expert"))
+    P, named = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+    layers, b, s, nkv, g, d, filled = 2, 64, 4096, 4, 8, 128, 1000
+    sds = lambda shape, dt, spec: jax.ShapeDtypeStruct(shape, dt, sharding=named(mesh, spec))  # noqa: E731
+    q = sds((b, 1, nkv * g, d), jnp.bfloat16, P("data"))
+    k = v = sds((layers, b, s, nkv, d), jnp.bfloat16, P(None, "data"))
+    mask = sds((b, s), jnp.bool_, P("data"))
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(functools.partial(decode_attention, filled=filled, scaling=d ** -0.5,
+                                             layer=1, block_kv=512, kernel="pallas")
+                           ).lower(q, k, v, mask).compile()
+    hlo = compiled.as_text()
+    assert "decode_attention" in hlo and "all-gather" not in hlo
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    rows = b // 8
+    filled_kv = 2 * rows * 1024 * nkv * d * 2          # 2 blocks of 512 slots, K and V, bf16
+    whole_kv = 2 * layers * rows * s * nkv * d * 2     # what a custom call's operands weigh
+    assert filled_kv <= cost["bytes accessed"] < filled_kv * 1.25 < whole_kv
+    assert cost["flops"] >= 4 * rows * 1024 * nkv * g * d
