@@ -161,6 +161,64 @@ def samplers_budget(results: str) -> str:
                          [("lp", o) for o in others], cost=True)
 
 
+# ------------------------------------------------------------------------ ideator with room
+
+IDEATOR_SETTINGS = ("implementer_alone", "with_untrained_ideator", "with_trained_ideator")
+IDEATOR_PLANNED_SEEDS = tuple(range(10))  # results/ideator_room/plan.md
+
+
+def _eval_stat(path: str, key: str) -> float:
+    """The overall mean of ``key`` (human_rank = Avg@k, best_at_k, valid) of one evaluation's
+    results.json(.gz) (`launch/evaluate.py`)."""
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        mean = json.load(f)["overall"]["stats"][key]["mean"]
+    return float("nan") if mean is None else float(mean)
+
+
+@TABLES.register("ideator_room")
+def ideator_room(results: str) -> str:
+    """``results/ideator_room``: the pilot that fixed the implementer's SFT steps, then per run
+    seed the three settings' Avg@3 / Best@3 / valid rate; the plan's paired comparison
+    (intervals, detectable effect) only once all the planned seeds are in."""
+    folder = os.path.join(results, "ideator_room")
+    pilot = json.load(open(os.path.join(folder, "pilot.json")))
+    out = ["Pilot (run seed 100, implementer alone; " + pilot["rule"] + "):", "",
+           "| SFT steps | valid | Avg@3 |", "|---|---|---|"]
+    out += [f"| {r['sft_steps']} | {r['valid']:.3f} | {r['human_rank']:.3f} |" for r in pilot["tried"]]
+    out += ["", f"S = {pilot['S']}.", ""]
+    raw = os.path.join(folder, "raw")
+    seeds = [s for s in IDEATOR_PLANNED_SEEDS if all(
+        os.path.exists(os.path.join(raw, f"seed{s}", f"{n}.json.gz")) for n in IDEATOR_SETTINGS)]
+    stats = {s: {n: {k: _eval_stat(os.path.join(raw, f"seed{s}", f"{n}.json.gz"), k)
+                     for k in ("human_rank", "best_at_k", "valid")} for n in IDEATOR_SETTINGS}
+             for s in seeds}
+    out += [f"{len(seeds)} of {len(IDEATOR_PLANNED_SEEDS)} planned run seeds finished.", "",
+            "| run seed | " + " | ".join(f"Avg@3 {n}" for n in IDEATOR_SETTINGS)
+            + " | valid alone | valid + trained |", "|---|" + "---|" * (len(IDEATOR_SETTINGS) + 2)]
+    for s in seeds:
+        st = stats[s]
+        out.append(f"| {s} | " + " | ".join(f"{st[n]['human_rank']:.3f}" for n in IDEATOR_SETTINGS)
+                   + f" | {st['implementer_alone']['valid']:.3f} | "
+                   f"{st['with_trained_ideator']['valid']:.3f} |")
+    if len(seeds) < len(IDEATOR_PLANNED_SEEDS):
+        out += ["", "Incomplete: the plan's comparison is made once every planned seed is in; "
+                "no conclusion is drawn."]
+        return "\n".join(out)
+    out += ["", "| paired by run seed | Avg@3 (primary: trained - alone) | Best@3 | valid | "
+                "detectable Avg@3 at 80% power |", "|---|---|---|---|---|"]
+    for x, y in (("with_trained_ideator", "implementer_alone"),
+                 ("with_untrained_ideator", "implementer_alone"),
+                 ("with_trained_ideator", "with_untrained_ideator")):
+        diff = {k: [stats[s][x][k] - stats[s][y][k] for s in seeds]
+                for k in ("human_rank", "best_at_k", "valid")}
+        out.append(f"| {x} - {y} | {_interval(diff['human_rank'])} | "
+                   f"{_interval(diff['best_at_k'])} | {_interval(diff['valid'])} | "
+                   f"{detectable_effect(diff['human_rank']):.3f} |")
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------------ documents
 
 def render(text: str, results: str) -> tuple[str, list[str]]:

@@ -164,3 +164,39 @@ def test_export_keeps_finished_runs_and_says_if_complete(tmp_path):
     assert not info["complete"] and info["arms"] == {"a": {}, "b": {"x": "1"}}
     assert compare.read_csv(str(tmp_path / "out/metrics.csv.gz")) == [
         {"arm": "a", "seed": 0, "step": 0, "probe/updates": 0.0, "probe/score": 0.25}]
+
+
+def _ideator_room(tmp_path, avg):
+    """results/ideator_room with a pilot and, per seed k of ``avg`` ({setting: [Avg@3 per seed]}),
+    each setting's results.json.gz (valid 0.5, Best@3 = Avg@3 + 0.1)."""
+    import gzip
+
+    folder = tmp_path / "results" / "ideator_room"
+    folder.mkdir(parents=True)
+    (folder / "pilot.json").write_text(json.dumps({"rule": "r", "S": 200, "tried": [
+        {"sft_steps": 200, "valid": 0.5, "human_rank": 0.378, "seed": 100}]}))
+    for name, per_seed in avg.items():
+        for seed, value in enumerate(per_seed):
+            (folder / "raw" / f"seed{seed}").mkdir(parents=True, exist_ok=True)
+            stats = {"human_rank": {"mean": value}, "best_at_k": {"mean": value + 0.1},
+                     "valid": {"mean": 0.5}}
+            with gzip.open(folder / "raw" / f"seed{seed}" / f"{name}.json.gz", "wt") as f:
+                json.dump({"overall": {"stats": stats}}, f)
+    return tmp_path / "results"
+
+
+def test_the_ideator_table_waits_for_the_planned_seeds_then_pairs_them(tmp_path):
+    alone = [0.3 + 0.01 * k for k in range(10)]
+    trained = [a + d for a, d in zip(alone, [0.05, 0.1, 0.0, 0.08, 0.02, 0.06, 0.04, 0.1, 0.03, 0.07])]
+    avg = {"implementer_alone": alone, "with_untrained_ideator": alone, "with_trained_ideator": trained}
+    partial = tables.ideator_room(str(_ideator_room(tmp_path / "a", {k: v[:3] for k, v in avg.items()})))
+    assert "3 of 10 planned run seeds finished." in partial and "no conclusion is drawn" in partial
+    assert "| 200 | 0.500 | 0.378 |" in partial and "paired" not in partial
+    text = tables.ideator_room(str(_ideator_room(tmp_path / "b", avg)))
+    row = next(x for x in text.splitlines() if x.startswith("| with_trained_ideator - implementer_alone"))
+    diff = [t - a for t, a in zip(trained, alone)]
+    mean, low, high = ablation.mean_interval(diff)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == cells[2] == f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"  # Best@3 moves with Avg@3
+    assert cells[3] == "+0.000 [+0.000, +0.000]"
+    assert cells[4] == f"{tables.detectable_effect(diff):.3f}"
