@@ -55,7 +55,7 @@ class UnsupportedConfigError(ValueError):
 COMPUTE_DTYPES = ("float32", "bfloat16")
 PARAM_DTYPES = ("float32", "bfloat16")
 MOE_DISPATCH = ("dense", "ragged", "capacity")
-MOE_PARALLELISM = ("gather", "expert")  # see models.moe_sharding
+MOE_PARALLELISM = ("gather", "expert", "expert_tensor")  # see models.moe_sharding
 ATTENTION_IMPLS = ("auto", "dot", "blockwise", "splash")  # see models.attention
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")
 # Fields of ModelConfig that are ours, not HF's (not in config.json; from_hf_dict takes them as kwargs).
@@ -163,7 +163,9 @@ class ModelConfig:
       moe_parallelism: how the "ragged" dispatch runs under a device mesh (`models.moe_sharding`):
         "gather" (default: each device gathers the layer's expert weights and keeps its tokens) |
         "expert" (expert parallelism: each device of the 'expert' mesh axis keeps E / n experts,
-        the tokens travel to them and back). No effect without a mesh.
+        the tokens travel to them and back) | "expert_tensor" (the same over the 'expert' and
+        'tensor' axes together: a decode layout whose dense weights are tensor-parallel keeps
+        its experts split over every chip). No effect without a mesh.
       remat_policy: "none" | "full" | "dots_saveable" | "dots_with_no_batch_dims_saveable";
         jax.checkpoint around each decoder layer.
       scan_layers: run each `LayerGroup` with one ``jax.lax.scan`` (True) or unroll it (False).

@@ -1,6 +1,6 @@
 """MoE dispatch on a device mesh: weights travel ("gather") or tokens travel ("expert").
 
-Two ways to run a layer's E experts over tokens that are split over the mesh's batch axes
+Three ways to run a layer's E experts over tokens that are split over the mesh's batch axes
 (``('data', 'fsdp', 'expert')`` that divide the token count, in that order: the default rules'
 'batch'). ``ModelConfig.moe_parallelism`` chooses; `sharded_dispatch` applies it.
 
@@ -38,6 +38,14 @@ Two ways to run a layer's E experts over tokens that are split over the mesh's b
   (`_local_all_experts`: no sort, gather or scatter, each token's output weighted by its routing
   weight for the expert, 0 if it did not pick it).
 
+"expert_tensor": "expert" over the 'expert' and 'tensor' axes together (n = their product; the
+  experts split over ('expert', 'tensor'), major to minor). The sampler's layout with
+  tensor-parallel dense weights uses it: the rows are the same on the devices of a 'tensor'
+  group (attention's heads are split there), so the tokens are gathered over 'expert' only, and
+  the partial outputs are reduce-scattered over 'expert', then summed over 'tensor' (the tokens'
+  rows only). Every chip keeps E / n experts where "expert" on the same mesh would keep
+  E / n_expert.
+
 The grouped matmul (`grouped_matmul`) is megablox's ``gmm`` on TPU at training token counts (a
 Pallas kernel that visits only the row tiles of the device's own experts; `use_gmm` says when)
 and ``jax.lax.ragged_dot`` otherwise; rows past the device's own groups produce zeros in both.
@@ -54,12 +62,16 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["MOE_PARALLELISM", "BATCH_MESH_AXES", "EXPERT_AXIS", "sharded_dispatch", "expert_axis_size",
+__all__ = ["MOE_PARALLELISM", "BATCH_MESH_AXES", "EXPERT_AXIS", "TENSOR_AXIS", "sharded_dispatch", "expert_axis_size",
            "per_device_dispatch", "expert_parallel_dispatch", "grouped_matmul", "use_gmm", "local_expert_rows"]
 
-MOE_PARALLELISM = ("gather", "expert")
+MOE_PARALLELISM = ("gather", "expert", "expert_tensor")
 BATCH_MESH_AXES = ("data", "fsdp", "expert")
 EXPERT_AXIS = "expert"
+TENSOR_AXIS = "tensor"
+# the mesh axes an expert group spans, per parallelism (experts split over them jointly,
+# major to minor, as a PartitionSpec entry ('expert', 'tensor') splits them)
+_EXPERT_GROUP_AXES = {"expert": (EXPERT_AXIS,), "expert_tensor": (EXPERT_AXIS, TENSOR_AXIS)}
 _F32 = jnp.float32
 # gmm's tiles (rows, contraction, output columns), as maxtext's defaults: each row tile re-reads
 # its expert's [K, N] weights, so 512 rows (512 FLOP per weight byte) keep a v5p chip (166 FLOP
@@ -75,10 +87,13 @@ def _mesh():
     return mesh
 
 
-def expert_axis_size() -> int:
-    """Size of the tracing mesh's 'expert' axis (1 without a mesh)."""
+def expert_axis_size(parallelism: str = "expert") -> int:
+    """Devices of the tracing mesh an expert group spans under ``parallelism``: the 'expert'
+    axis ("expert"), or 'expert' x 'tensor' ("expert_tensor"); 1 without a mesh or for
+    "gather"."""
     mesh = _mesh()
-    return 1 if mesh is None else dict(mesh.shape).get(EXPERT_AXIS, 1)
+    axes = _EXPERT_GROUP_AXES.get(parallelism, ())
+    return 1 if mesh is None else math.prod(dict(mesh.shape).get(a, 1) for a in axes)
 
 
 def _token_axes(mesh, num_tokens: int) -> tuple[str, ...]:
@@ -94,15 +109,16 @@ def _token_axes(mesh, num_tokens: int) -> tuple[str, ...]:
 def sharded_dispatch(dispatch: Callable, x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype,
                      *, parallelism: str, platform: str):
     """The dropless dispatch of a layer under the tracing mesh, by ``parallelism`` ("gather" |
-    "expert", see the module docstring). "expert" needs an 'expert' mesh axis of size > 1 that
-    divides E; otherwise (or without a mesh) it falls back to "gather". ``dispatch`` is the
-    single-device dispatch "gather" runs per device. Shapes as `per_device_dispatch`."""
+    "expert" | "expert_tensor", see the module docstring). The expert-parallel ones need an
+    expert group (`expert_axis_size`) of more than one device that divides E; otherwise (or
+    without a mesh) they fall back to "gather". ``dispatch`` is the single-device dispatch
+    "gather" runs per device. Shapes as `per_device_dispatch`."""
     if parallelism not in MOE_PARALLELISM:
         raise ValueError(f"moe_parallelism={parallelism!r}; valid: {list(MOE_PARALLELISM)}")
-    n_ep = expert_axis_size()
-    if parallelism == "expert" and n_ep > 1 and w_gate.shape[0] % n_ep == 0:
+    n_ep = expert_axis_size(parallelism)
+    if parallelism != "gather" and n_ep > 1 and w_gate.shape[0] % n_ep == 0:
         return expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype,
-                                        platform=platform)
+                                        platform=platform, parallelism=parallelism)
     return per_device_dispatch(dispatch, x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
 
 
@@ -215,36 +231,41 @@ def _local_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtyp
 
 
 def expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *,
-                             platform: str):
-    """Expert-parallel dropless dispatch ("expert", see the module docstring) under the tracing
-    mesh: x [N, H], top_k_index int [N, k], top_k_weights [N, k], weights [E, H, Im] /
-    [E, Im, H] -> float32 [N, H], equal to the single-device dispatch."""
+                             platform: str, parallelism: str = "expert"):
+    """Expert-parallel dropless dispatch ("expert" or "expert_tensor", see the module docstring)
+    under the tracing mesh: x [N, H], top_k_index int [N, k], top_k_weights [N, k], weights
+    [E, H, Im] / [E, Im, H] -> float32 [N, H], equal to the single-device dispatch."""
     mesh = _mesh()
-    n_ep = dict(mesh.shape)[EXPERT_AXIS]
+    axes = tuple(a for a in _EXPERT_GROUP_AXES[parallelism] if dict(mesh.shape).get(a, 1) > 1)
+    n_ep = expert_axis_size(parallelism)
     num_experts = w_gate.shape[0]
     if num_experts % n_ep:
         raise ValueError(f"{num_experts} experts do not split over the {n_ep} devices of the "
-                         f"'{EXPERT_AXIS}' mesh axis")
+                         f"mesh axes {axes}")
     e_local = num_experts // n_ep
-    tokens = _token_axes(mesh, x.shape[0])
+    tokens = _token_axes(mesh, x.shape[0])   # never 'tensor': the rows are the same across it
     row = P(tokens or None)
     tokens_split = EXPERT_AXIS in tokens
     weights = tuple(w.astype(dtype) for w in (w_gate, w_up, w_down))
-    expert_spec = P(EXPERT_AXIS)
+    expert_spec = P(axes)
     group_tokens = x.shape[0] // math.prod(dict(mesh.shape)[a] for a in tokens if a != EXPERT_AXIS)
     gmm = use_gmm(platform, group_tokens, top_k_index.shape[1], num_experts)
 
     def local(x, idx, wts, wg, wu, wd):
         if tokens_split:  # the expert group's tokens and routes, in device order
             x, idx, wts = (jax.lax.all_gather(a, EXPERT_AXIS, tiled=True) for a in (x, idx, wts))
-        first = jax.lax.axis_index(EXPERT_AXIS) * e_local
+        shard = 0   # this device's index in the expert group, major to minor
+        for a in axes:
+            shard = shard * dict(mesh.shape)[a] + jax.lax.axis_index(a)
+        first = shard * e_local
         if not gmm and e_local <= idx.shape[1]:  # the sort buys nothing (see _local_all_experts)
             y = _local_all_experts(x, idx, wts, wg, wu, wd, dtype, first_expert=first)
         else:
             y = _local_swiglu(x, idx, wts, wg, wu, wd, dtype, first_expert=first, gmm=gmm)
-        if tokens_split:
-            return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
-        return jax.lax.psum(y, EXPERT_AXIS)
+        if tokens_split:  # back to the token owners first: the 'tensor' sum then moves their rows only
+            y = jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
+        rest = tuple(a for a in axes if a != EXPERT_AXIS or not tokens_split)
+        return jax.lax.psum(y, rest) if rest else y
 
     return jax.shard_map(local, mesh=mesh,
                          in_specs=(row, row, row, expert_spec, expert_spec, expert_spec),

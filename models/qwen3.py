@@ -783,7 +783,7 @@ def moe_dispatch_dropless(x, top_k_index, top_k_weights, w_gate, w_up, w_down, d
     (N*E <= 1024, e.g. one decode step of 16 rows): `moe_dispatch_all_experts` (every expert's
     weights are read once anyway), else `moe_dispatch_blocked`.
     """
-    expert_parallel = parallelism == "expert" and moe_sharding.expert_axis_size() > 1
+    expert_parallel = parallelism != "gather" and moe_sharding.expert_axis_size(parallelism) > 1
     if platform != "cpu" or expert_parallel:
         return moe_sharding.sharded_dispatch(moe_dispatch_ragged, x, top_k_index, top_k_weights, w_gate,
                                              w_up, w_down, dtype, parallelism=parallelism, platform=platform)

@@ -200,7 +200,8 @@ def check_stop(tok: jax.Array, window: jax.Array, knobs: SamplingKnobs):
     return window, hit_eos, hit_stop
 
 
-def sample_token(keys: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
+def sample_token(keys: jax.Array, logits: jax.Array, knobs: SamplingKnobs,
+                 truncate: bool | None = None):
     """Draws one token per row with its own key. keys [N] (typed PRNG keys), logits float32
     [N, V] -> (token int32 [N], logprob float32 [N]). ``knobs.temperature`` may be one per row
     (float32 [N]: the engine's requests each have their own).
@@ -208,6 +209,9 @@ def sample_token(keys: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
     The log-prob is that of log_softmax(logits / T) (T = 1 when greedy), before top-k / top-p.
     With top-k and top-p off (the RL setting) the vocabulary sort is skipped at run time
     (``lax.cond`` on the traced knobs), which is most of the cost of a decode step on CPU.
+    ``truncate``: None (default) decides so at run time; False / True compile only the branch
+    the knobs take (the dry run's cost model: XLA's cost analysis counts a conditional's sort
+    branch, ~0.7 GB of HBM traffic for 8 rows of a 152k vocabulary, whether it runs or not).
     """
     temperature = jnp.asarray(knobs.temperature)          # a scalar, or one per row [N]
     greedy = temperature <= 0.0
@@ -215,7 +219,10 @@ def sample_token(keys: jax.Array, logits: jax.Array, knobs: SamplingKnobs):
     scaled = logits / (t[:, None] if t.ndim else t)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     untruncated = (knobs.top_k <= 0) & (knobs.top_p >= 1.0)
-    filtered = jax.lax.cond(untruncated, lambda s: s, lambda s: _truncate(s, knobs), scaled)
+    if truncate is None:
+        filtered = jax.lax.cond(untruncated, lambda s: s, lambda s: _truncate(s, knobs), scaled)
+    else:
+        filtered = _truncate(scaled, knobs) if truncate else scaled
     # = jax.random.categorical(keys[i], filtered[i]) per row (Gumbel-max with the same noise),
     # with an argmax that XLA:CPU runs ~5x faster than its variadic-reduce jnp.argmax
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, filtered.shape[1:], filtered.dtype))(keys)
@@ -312,7 +319,7 @@ def decode_forward(model, tokens, positions, cache: qwen3.KVCache, cache_index, 
 
 
 def decode_step(graphdef, placement, params, knobs: SamplingKnobs, cache: qwen3.KVCache, logits,
-                positions, cache_index: int, keys, layer_params=None):
+                positions, cache_index: int, keys, layer_params=None, truncate: bool | None = None):
     """One step of the rollout's decode loop as a function of its own, for the dry run to compile
     and cost (`ace_jax.train.dry_run_programs.decode_step_program` jits it): sample from
     ``logits`` float32 [N, V] with ``keys`` [N] (this step's, `step_keys`), then `decode_forward`
@@ -320,9 +327,10 @@ def decode_step(graphdef, placement, params, knobs: SamplingKnobs, cache: qwen3.
     (tokens [N], logprobs [N], next logits, cache).
     ``cache_index`` is a Python int here (the loop's is traced), so the attention's loop over
     the filled key blocks unrolls and XLA's cost analysis counts every block (it counts a loop
-    body once). ``layer_params``: the per-layer weights, as the rollout passes them."""
+    body once). ``layer_params``: the per-layer weights, as the rollout passes them.
+    ``truncate``: as `sample_token` (the dry run passes what its sampling config takes)."""
     model = nnx.merge(graphdef, params)
-    tok, lp = sample_token(keys, logits, knobs)
+    tok, lp = sample_token(keys, logits, knobs, truncate)
     logits, cache = decode_forward(model, tok, positions, cache, cache_index, placement, layer_params)
     return tok, lp, logits, cache
 

@@ -319,6 +319,11 @@ def _check_sampler_mesh(sm: ml_collections.ConfigDict, num_devices: Optional[int
     if sm.moe_parallelism not in moe_sharding.MOE_PARALLELISM:
         raise ConfigError(f"sampler_mesh.moe_parallelism must be one of "
                           f"{list(moe_sharding.MOE_PARALLELISM)}, got {sm.moe_parallelism!r}")
+    if sm.moe_parallelism == "expert_tensor" and set(
+            sharding.rules_from_config(sm.rules).get("experts") or ()) != {"expert", "tensor"}:
+        raise ConfigError("sampler_mesh.moe_parallelism='expert_tensor' splits the experts over "
+                          "'expert' and 'tensor': set sampler_mesh.rules.experts = "
+                          f"'expert,tensor' (got {sm.rules.experts!r})")
     if sm.weight_dtype not in sampler_layout.WEIGHT_DTYPES:
         raise ConfigError(f"sampler_mesh.weight_dtype must be one of "
                           f"{list(sampler_layout.WEIGHT_DTYPES)}, got {sm.weight_dtype!r}")

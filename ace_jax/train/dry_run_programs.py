@@ -110,7 +110,10 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     the compiler (``Layout.AUTO``), as the rollout's loop, which carries the cache, leaves it:
     with the default layout of a program's parameters XLA would transpose the whole cache in and
     out of every standalone step. So are the per-layer weights', which the rollout slices out
-    once before its loop: the loop reads loop-invariant slices that XLA lays out once."""
+    once before its loop: the loop reads loop-invariant slices that XLA lays out once. The
+    sampling compiles only the branch the config's top-k / top-p take (`generate.sample_token`'s
+    ``truncate``): the rollout's run-time ``lax.cond`` runs one branch, XLA's cost analysis would
+    count the vocabulary sort either way."""
     from jax.experimental.layout import Format, Layout  # local: only this program needs it
 
     n, p, m = shp["rows"], shp["prompt_len"], shp["new_tokens"]
@@ -136,9 +139,12 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     params_in = layout.abstract_params(params)
     per_layer = layout.abstract_layer_params(sampler_graphdef, params)
 
+    # only the sampling branch the run takes (top-k / top-p on or off), as it runs
+    truncate = int(config.sampling.top_k) > 0 or float(config.sampling.top_p) < 1.0
+
     def step(params, knobs, cache, logits, positions, keys, layer_params):
         return generate.decode_step(sampler_graphdef, splace, params, knobs, cache, logits, positions,
-                                    slot, keys, layer_params)
+                                    slot, keys, layer_params, truncate)
 
     auto_layers = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), per_layer)
     jitted = jax.jit(step, in_shardings=(None, None, auto, None, None, None, auto_layers),

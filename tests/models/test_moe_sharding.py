@@ -35,9 +35,9 @@ def _problem(n, seed=0, skip_expert=3):
     return x, idx, wts, ws
 
 
-def _ep(x, idx, wts, wg, wu, wd):
+def _ep(x, idx, wts, wg, wu, wd, parallelism="expert"):
     return moe_sharding.sharded_dispatch(qwen3.moe_dispatch_ragged, x, idx, wts, wg, wu, wd, jnp.float32,
-                                         parallelism="expert", platform="cpu")
+                                         parallelism=parallelism, platform="cpu")
 
 
 def _loss(fn):
@@ -46,13 +46,17 @@ def _loss(fn):
     return loss
 
 
-@pytest.mark.parametrize("sizes,n", [
-    (dict(expert=8), 32),               # tokens split over expert only
-    (dict(fsdp=2, expert=4), 24),       # tokens over fsdp x expert, weights gathered over fsdp
-    (dict(data=2, fsdp=2, expert=2), 16),
-    (dict(fsdp=2, expert=4), 6),        # 6 tokens: not split over expert (psum path)
+@pytest.mark.parametrize("sizes,n,parallelism", [
+    (dict(expert=8), 32, "expert"),               # tokens split over expert only
+    (dict(fsdp=2, expert=4), 24, "expert"),       # tokens over fsdp x expert, weights gathered over fsdp
+    (dict(data=2, fsdp=2, expert=2), 16, "expert"),
+    (dict(fsdp=2, expert=4), 6, "expert"),        # 6 tokens: not split over expert (psum path)
+    # experts over expert x tensor, rows the same across tensor: 1 expert per device
+    (dict(expert=4, tensor=2), 32, "expert_tensor"),
+    (dict(fsdp=2, expert=2, tensor=2), 16, "expert_tensor"),
+    (dict(data=4, tensor=2), 8, "expert_tensor"),  # no expert axis: 4 experts per device, sorted
 ])
-def test_expert_parallel_equals_dense(sizes, n):
+def test_expert_parallel_equals_dense(sizes, n, parallelism):
     assert jax.device_count() >= 8, "needs 8 simulated devices (tests/conftest.py)"
     x, idx, wts, (wg, wu, wd) = _problem(n)
     probe = np.random.default_rng(1).normal(size=(n, H)).astype(np.float32)
@@ -61,13 +65,17 @@ def test_expert_parallel_equals_dense(sizes, n):
     want_grads = jax.grad(_loss(dense), argnums=(0, 1, 2, 3, 4))(x, wts, wg, wu, wd, idx, probe)
 
     mesh = _mesh(**sizes)
-    rules = sh.rules_from_config(sh.DEFAULT_RULES)
+    rules = dict(sh.DEFAULT_RULES)
+    if parallelism == "expert_tensor":
+        rules.update(experts="expert,tensor", mlp="")
+    rules = sh.rules_from_config(rules)
     rows = NamedSharding(mesh, sh.logical_to_pspec(("batch", None), rules, shape=(n, H), mesh=mesh))
     wsh = NamedSharding(mesh, sh.logical_to_pspec(("experts", "embed", "mlp"), rules, shape=wg.shape, mesh=mesh))
     args = [jax.device_put(a, rows) for a in (x, wts)] + [jax.device_put(w, wsh) for w in (wg, wu, wd)]
+    ep = functools.partial(_ep, parallelism=parallelism)
     with jax.set_mesh(mesh):
-        got = jax.jit(_ep)(args[0], jax.device_put(idx, rows), args[1], *args[2:])
-        grads = jax.jit(jax.grad(_loss(_ep), argnums=(0, 1, 2, 3, 4)))(
+        got = jax.jit(ep)(args[0], jax.device_put(idx, rows), args[1], *args[2:])
+        grads = jax.jit(jax.grad(_loss(ep), argnums=(0, 1, 2, 3, 4)))(
             *args, jax.device_put(idx, rows), probe)
     scale = float(np.max(np.abs(want)))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5 * scale)
