@@ -28,6 +28,7 @@ import dataclasses
 import http.client
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -121,7 +122,9 @@ class JaxPolicy:
     Prompts are rendered with the Qwen3 chat template (thinking disabled), cut from the left to
     ``max_prompt_tokens``, and sampled with the rollout engine (``engine``: ``slots`` rows
     decoded together, refilled as rows finish; the same per-row keys as the static
-    ``generate.Generator``). Deterministic for a given ``seed``.
+    ``generate.Generator``). Deterministic for a given ``seed``. Safe to call from several
+    threads (an evaluation's episodes, its advisor): one `complete` at a time drives the engine,
+    whose request queue and donated buffers are not thread-safe.
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 256, temperature: float = 0.0,
@@ -143,6 +146,7 @@ class JaxPolicy:
             top_p=top_p, eos_ids=eos, pad_id=int(eos[-1]), prompt_bucket=prompt_bucket)
         self.slots = int(slots)
         self._engine = None
+        self._lock = threading.Lock()   # one complete() at a time owns the engine
 
     def engine_config(self, max_new_tokens: Optional[int] = None, *, slots: Optional[int] = None,
                       sync_every: Optional[int] = None):
@@ -231,9 +235,10 @@ class JaxPolicy:
             sampling = dataclasses.replace(
                 sampling, max_new_tokens=max_new_tokens or sampling.max_new_tokens,
                 temperature=sampling.temperature if temperature is None else float(temperature))
-        if self.engine.config.max_context < self.max_prompt_tokens + sampling.max_new_tokens:
-            self._engine = self.make_engine(self.engine_config(sampling.max_new_tokens))
-        out = self.engine.generate(prompts, jax.random.key(seed), sampling)
+        with self._lock:
+            if self.engine.config.max_context < self.max_prompt_tokens + sampling.max_new_tokens:
+                self._engine = self.make_engine(self.engine_config(sampling.max_new_tokens))
+            out = self.engine.generate(prompts, jax.random.key(seed), sampling)
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         reasons = np.asarray(out.finish_reason)
         result = []

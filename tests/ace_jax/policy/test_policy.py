@@ -354,3 +354,18 @@ def test_policy_from_spec_of_a_run_takes_the_runs_sampling(tiny_run):
     p = policy.policy_from_spec(f"run:{workdir}", temperature=0.5)
     assert isinstance(p, JaxPolicy) and p.sampling.temperature == 0.5
     assert p.sampling.max_new_tokens == cfg["sampling"]["max_new_tokens"]
+
+
+def test_jax_policy_is_safe_to_call_from_threads(tiny_run):
+    """An evaluation calls the implementer and its advisor (both JAX policies) from episode
+    threads; unserialised, calls shared one engine and failed (lost requests, donated buffers
+    read after deletion). Each thread gets what a call alone gives."""
+    import concurrent.futures
+
+    policy = JaxPolicy.from_run(tiny_run[0], max_new_tokens=6, temperature=1.0)
+    convs = [[{"role": "user", "content": f"task {i}: print the metric"}] for i in range(8)]
+    alone = [policy.complete([c], seed=i)[0] for i, c in enumerate(convs)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda i: policy.complete([convs[i]], seed=i)[0], range(8)))
+    assert all(c.ok for c in threaded)
+    assert [c.token_ids for c in threaded] == [c.token_ids for c in alone]
