@@ -57,6 +57,22 @@ def test_top_k_one_and_tiny_top_p_are_greedy(model):
     np.testing.assert_array_equal(np.asarray(_gen(model, top_p=1e-6, key=6).tokens), greedy)
 
 
+def test_a_static_truncation_choice_samples_what_the_run_time_choice_does():
+    """`sample_token`'s ``truncate`` (the dry run's cost model) compiles only the branch the
+    knobs take; the tokens and log-probs are those of the run-time ``lax.cond``."""
+    rng = np.random.RandomState(0)
+    logits = jnp.asarray(rng.randn(4, 50) * 3, jnp.float32)
+    keys = jax.random.split(jax.random.key(1), 4)
+    for top_k, top_p, truncate in ((0, 1.0, False), (5, 0.9, True)):
+        knobs = generate.SamplingKnobs.from_config(SamplingConfig(temperature=0.7, top_k=top_k, top_p=top_p))
+        want = generate.sample_token(keys, logits, knobs)
+        got = generate.sample_token(keys, logits, knobs, truncate)
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    hlo = jax.jit(lambda l: generate.sample_token(keys, l, knobs, False)).lower(logits).as_text()
+    assert "stablehlo.sort" not in hlo and "stablehlo.case" not in hlo
+
+
 def test_eos_and_stop_sequences(model):
     greedy = np.asarray(_gen(model, temperature=0.0).tokens)
     eos = int(greedy[0, 2])

@@ -170,6 +170,8 @@ def _set(c, key, value):
     ("engine.kind", "vllm", "engine.kind must be one of"),
     ("engine.max_context", 512, "engine.max_context = 512 is below rl.max_prompt_tokens"),
     ("engine.num_pages", 10, "engine.num_pages = 10 cannot hold one row of 1152 tokens"),
+    ("sampler_mesh.moe_parallelism", "expert_tensor",
+     r"'expert_tensor' splits the experts over 'expert' and 'tensor': set sampler_mesh.rules.experts"),
 ])
 def test_each_check_names_its_keys(cfg, key, value, match):
     _set(cfg, key, value)
