@@ -290,6 +290,10 @@ def test_sampler_layout_decode_moves_tokens_not_weights():
         cfg = reduced_config()
         cfg.dry_run.topology = "v5p:2x2x2"
         cfg.sampler_mesh.layout = layout
+        # experts over all 8 chips, dense weights replicated (ace30b's tensor-parallel sampler
+        # adds the attention's all-reduces: what this test isolates is the MoE's traffic)
+        cfg.sampler_mesh.tensor, cfg.sampler_mesh.moe_parallelism = 1, "expert"
+        cfg.sampler_mesh.rules.experts = "expert"
         report = dry_run.run_dry_run(cfg)
         costs = report["cost_programs"]
         assert all(c["ok"] for c in costs.values()), {k: c["error"] for k, c in costs.items()}
