@@ -70,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.configs import ATTENTION_IMPLS
+from models.kernel_mesh import mesh_specs
 
 __all__ = [
     "ATTENTION_IMPLS",
@@ -90,8 +91,6 @@ _MASK_VALUE = float(np.finfo(np.float32).min)  # a finite "minus infinity" for t
 DECODE_KERNELS = ("xla", "pallas", "pallas_interpret")  # `decode_attention`'s ``kernel``
 DOT_MAX_KEYS = 2048  # "auto" off TPU: the exact [B, T, S] path up to this many keys, blockwise above
 _SPLASH_LANES = 128  # splash block sizes must be multiples of the TPU lane width
-_BATCH_MESH_AXES = ("data", "fsdp", "expert")  # mesh axes a batch may be split over, in order
-_HEAD_MESH_AXIS = "tensor"
 
 
 # ============================================================================ choice of kernel
@@ -569,24 +568,6 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
 
 
 # ============================================================================ splash (Pallas TPU)
-def _mesh_specs(mesh, batch: int, kv_heads: int):
-    """(batch mesh axes, head mesh axis or None) for a shard_map of the kernel over ``mesh``.
-
-    Batch: the axes of ('data', 'fsdp', 'expert') present in the mesh, taken greedily in that
-    order while the product of their sizes divides ``batch``. Heads: 'tensor' when it divides the
-    kv heads (so every device keeps whole GQA groups).
-    """
-    batch_axes, size = [], 1
-    for axis in _BATCH_MESH_AXES:
-        n = mesh.shape.get(axis, 1)
-        if n > 1 and batch % (size * n) == 0:
-            batch_axes.append(axis)
-            size *= n
-    n = mesh.shape.get(_HEAD_MESH_AXIS, 1)
-    head_axis = _HEAD_MESH_AXIS if n > 1 and kv_heads % n == 0 else None
-    return tuple(batch_axes) or None, head_axis
-
-
 def _splash_local(q, k, v, q_seg, kv_seg, *, offset: int, block_q: int, block_kv: int, interpret: bool):
     """The kernel on one device's shard: q [B, nq, Tp, d] (pre-scaled), k / v [B, nkv, Sp, d],
     segment ids [B, Tp] / [B, Sp] -> [B, nq, Tp, d]."""
@@ -646,7 +627,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: ja
     local = functools.partial(_splash_local, offset=int(offset), block_q=bq, block_kv=bk, interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
-        batch_axes, head_axis = _mesh_specs(mesh, b, nkv)
+        batch_axes, head_axis = mesh_specs(mesh, b, nkv)
         P = jax.sharding.PartitionSpec
         heads, segs = P(batch_axes, head_axis, None, None), P(batch_axes, None)
         local = jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, segs, segs), out_specs=heads,

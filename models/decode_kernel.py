@@ -41,6 +41,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from models.kernel_mesh import mesh_specs
+
 __all__ = ["MASK_VALUE", "LANES", "decode_stats", "declared_cost"]
 
 MASK_VALUE = float(np.finfo(np.float32).min)   # as models.attention: a finite "minus infinity"
@@ -185,8 +187,7 @@ def decode_stats(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: 
                               interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
-        from models.attention import _mesh_specs  # the splash kernel's split of rows and heads
-        batch_axes, head_axis = _mesh_specs(mesh, b, nkv)
+        batch_axes, head_axis = mesh_specs(mesh, b, nkv)  # as the splash kernel splits them
         P = jax.sharding.PartitionSpec
         local = jax.shard_map(
             local, mesh=mesh, check_vma=False,
