@@ -153,7 +153,7 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
             rows((n, mc.vocab_size), jnp.float32), rows((n,), jnp.int32), keys, per_layer)
     with splace.context():
         info, lowered = _trace_and_lower(jitted, args, platform)
-    return _compile(lowered, info)
+    return _compile(lowered, info, hbm_traffic=True)
 
 
 def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
@@ -198,22 +198,24 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
         batch = abstract_batch(shp["rows_per_microbatch"], p, m, place)
         with place.context():
             info, lowered = _trace_and_lower(jitted, (state_in, batch), platform)
-        out[f"learner_microbatch_L{layers}"] = _compile(lowered, info)
+        out[f"learner_microbatch_L{layers}"] = _compile(lowered, info, hbm_traffic=True)
     # the resharding of the whole model, learner -> sampler
     graphdef, params = _abstract_model(mc)
     layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
     p_in = jax.tree.map(with_sharding, params, place.params(params))
     info, lowered = _trace_and_lower(layout.resharder(params), (p_in,), platform)
-    out["reshard"] = _compile(lowered, info)
+    out["reshard"] = _compile(lowered, info, hbm_traffic=True)
     return out
 
 
-def _compile(lowered, lowering: dict) -> tpu_compile.CompiledProgram:
-    """The compiled program, or (lowering failed) a failed one that carries the lowering error."""
+def _compile(lowered, lowering: dict, *, hbm_traffic: bool = False) -> tpu_compile.CompiledProgram:
+    """The compiled program, or (lowering failed) a failed one that carries the lowering error.
+    ``hbm_traffic``: the cost programs' (`tpu_compile.compile_program`: each operand counted
+    once, not once per on-chip prefetch copy)."""
     if lowered is None:
         return tpu_compile.CompiledProgram(ok=False, compile_s=0.0,
                                            error=f"not lowered: {lowering.get('error', '')}")
-    return tpu_compile.compile_program(lowered)
+    return tpu_compile.compile_program(lowered, hbm_traffic=hbm_traffic)
 
 
 def _trace_and_lower(jitted, args, platform):

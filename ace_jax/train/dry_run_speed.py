@@ -3,7 +3,11 @@
 Every figure comes from a program XLA's TPU compiler compiled for the target slice
 (`ace_jax.train.dry_run_programs.cost_programs`): ``cost_analysis()``'s FLOPs and HBM bytes
 accessed, and the bytes moved by collectives summed from the optimised HLO
-(`ace_jax.runtime.tpu_compile.collective_bytes`). A program's roofline time is
+(`ace_jax.runtime.tpu_compile.collective_bytes`). The cost programs are compiled without on-chip
+memory-space assignment (`tpu_compile.HBM_TRAFFIC_OPTIONS`): with it, XLA's "bytes accessed"
+counts a weight it prefetches into VMEM about 5 times (copy, then reads of the on-chip copy);
+without it every operand is read from HBM once, an upper bound on the real program's HBM traffic.
+A program's roofline time is
 
     t = max(FLOPs / peak FLOP/s,  HBM bytes / HBM bandwidth,  collective bytes / (ICI / 2))
 
