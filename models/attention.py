@@ -519,7 +519,7 @@ def paged_write(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Arr
 
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
                     page_table: jax.Array, start: jax.Array, *, scaling: float, dtype: Any = None,
-                    block_slots: int = 512) -> jax.Array:
+                    block_slots: int = 512, kernel: str = "xla") -> jax.Array:
     """T queries per row against the row's pages of a paged cache (after `paged_write`).
 
     Args:
@@ -529,6 +529,9 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
       page_table: int32 [B, pages_per_row]; start: int32 [B].
       scaling, dtype: as `blockwise_attention`.
       block_slots: slots read per step of the loop (rounded to whole pages).
+      kernel: as `decode_attention`'s; a decode step (T == 1) with "pallas" / "pallas_interpret"
+        runs `models.decode_kernel.paged_decode_stats` (the TPU kernel: one page per grid step,
+        read in place by its page id); chunks (T > 1) always take the loop.
 
     Returns [B, T, nq, d] in ``dtype``. Reads only the blocks of pages up to the largest row's
     last visible slot (a ``fori_loop`` with a traced bound; forward only), each block gathered
@@ -541,6 +544,14 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
                          f"page_table {page_table.shape}, start {start.shape} do not agree")
     dtype = jnp.dtype(dtype or q.dtype)
     g = nq // nkv
+    if kernel not in DECODE_KERNELS:
+        raise ValueError(f"decode kernel {kernel!r}; valid: {list(DECODE_KERNELS)}")
+    if kernel != "xla" and t == 1:
+        from models import decode_kernel  # local: Pallas only where the kernel runs
+        out, _ = decode_kernel.paged_decode_stats(
+            q.reshape(b, nkv, g, d), k_pages, v_pages, page_table, start + 1, layer,
+            scaling=scaling, dtype=dtype, interpret=kernel == "pallas_interpret")
+        return out.reshape(b, 1, nq, d).astype(dtype)
     pages_per_block = max(1, min(block_slots // page_size, page_table.shape[1]))
     blocks = -(-page_table.shape[1] // pages_per_block)
     table = _pad_axis(page_table, 1, blocks * pages_per_block)

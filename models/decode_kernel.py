@@ -43,7 +43,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from models.kernel_mesh import mesh_specs
 
-__all__ = ["MASK_VALUE", "LANES", "decode_stats", "declared_cost"]
+__all__ = ["MASK_VALUE", "LANES", "decode_stats", "paged_decode_stats", "declared_cost"]
 
 MASK_VALUE = float(np.finfo(np.float32).min)   # as models.attention: a finite "minus infinity"
 LANES = 128                                    # TPU lane width: the key block's multiple
@@ -67,6 +67,46 @@ def declared_cost(b: int, nkv: int, r: int, d: int, blocks: int, bk: int, kv_ite
                                 + keys * 4 + b * nkv * r * (d + LANES) * 4))
 
 
+def _init(m_sc, l_sc, acc_sc):
+    m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, _F32)
+    l_sc[...] = jnp.zeros(l_sc.shape, _F32)
+    acc_sc[...] = jnp.zeros(acc_sc.shape, _F32)
+
+
+def _accumulate(q_ref, k_ref, v_ref, visible, v_valid, m_sc, l_sc, acc_sc, *, nkv: int,
+                scaling: float, dtype: Any):
+    """One key block into the running statistics, per KV head: q_ref [nkv, R, d], k_ref / v_ref
+    [bk, nkv, d], ``visible`` bool [1, bk]; ``v_valid`` bool [bk, 1] or None (slots whose values
+    are defined: a partial last block's tail is not)."""
+    for h in range(nkv):
+        k = k_ref[:, h, :].astype(dtype)                                   # [bk, d]
+        v = v_ref[:, h, :].astype(dtype)
+        if v_valid is not None:
+            v = jnp.where(v_valid, v, jnp.zeros_like(v))
+        sc = jax.lax.dot_general(q_ref[h].astype(dtype), k, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=_F32)               # [R, bk]
+        sc = (sc.astype(dtype) * scaling).astype(_F32)
+        sc = jnp.where(visible, sc, MASK_VALUE)
+        m_prev = jnp.max(m_sc[h], axis=1, keepdims=True)                   # [R, 1]
+        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
+        p = jnp.where(visible, jnp.exp(sc - m_new), 0.0)
+        alpha = jnp.exp(m_prev - m_new)
+        l_new = alpha * jnp.max(l_sc[h], axis=1, keepdims=True) + jnp.sum(p, axis=1, keepdims=True)
+        pv = jnp.dot(p.astype(dtype), v, preferred_element_type=_F32)      # [R, d]
+        acc_sc[h] = alpha * acc_sc[h] + pv
+        m_sc[h] = jnp.broadcast_to(m_new, m_sc.shape[1:])
+        l_sc[h] = jnp.broadcast_to(l_new, l_sc.shape[1:])
+
+
+def _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, *, nkv: int):
+    for h in range(nkv):
+        l = l_sc[h]                                                          # [R, LANES]
+        seen = l > 0
+        l_col = jnp.max(jnp.where(seen, l, 1.0), axis=1, keepdims=True)   # [R, 1]
+        out_ref[h] = acc_sc[h] / l_col
+        lse_ref[h] = jnp.where(seen, m_sc[h] + jnp.log(jnp.where(seen, l, 1.0)), MASK_VALUE)
+
+
 def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_ref, m_sc, l_sc,
             acc_sc, *, bk: int, s: int, nkv: int, scaling: float, dtype: Any, last: int):
     """One grid step (row b, key block j). q_ref [nkv, R, d]; k_ref / v_ref [bk, nkv, d]; mask_ref
@@ -77,42 +117,21 @@ def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_r
     filled = filled_ref[0]
 
     @pl.when(j == 0)
-    def _init():
-        m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, _F32)
-        l_sc[...] = jnp.zeros(l_sc.shape, _F32)
-        acc_sc[...] = jnp.zeros(acc_sc.shape, _F32)
+    def _start():
+        _init(m_sc, l_sc, acc_sc)
 
     @pl.when(j * bk < filled)
     def _block_step():
         pos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
         visible = (mask_ref[...] != 0) & (pos < filled) & (pos < s)          # [1, bk]
-        for h in range(nkv):
-            k = k_ref[:, h, :].astype(dtype)                                   # [bk, d]
-            v = v_ref[:, h, :].astype(dtype)
-            if s % bk:  # a partial last block: the slots past S hold undefined values
-                v = jnp.where(jnp.transpose(pos < s), v, jnp.zeros_like(v))
-            sc = jax.lax.dot_general(q_ref[h].astype(dtype), k, (((1,), (1,)), ((), ())),
-                                     preferred_element_type=_F32)               # [R, bk]
-            sc = (sc.astype(dtype) * scaling).astype(_F32)
-            sc = jnp.where(visible, sc, MASK_VALUE)
-            m_prev = jnp.max(m_sc[h], axis=1, keepdims=True)                   # [R, 1]
-            m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
-            p = jnp.where(visible, jnp.exp(sc - m_new), 0.0)
-            alpha = jnp.exp(m_prev - m_new)
-            l_new = alpha * jnp.max(l_sc[h], axis=1, keepdims=True) + jnp.sum(p, axis=1, keepdims=True)
-            pv = jnp.dot(p.astype(dtype), v, preferred_element_type=_F32)      # [R, d]
-            acc_sc[h] = alpha * acc_sc[h] + pv
-            m_sc[h] = jnp.broadcast_to(m_new, m_sc.shape[1:])
-            l_sc[h] = jnp.broadcast_to(l_new, l_sc.shape[1:])
+        # a partial last block: the slots past S hold undefined values
+        v_valid = jnp.transpose(pos < s) if s % bk else None
+        _accumulate(q_ref, k_ref, v_ref, visible, v_valid, m_sc, l_sc, acc_sc, nkv=nkv,
+                    scaling=scaling, dtype=dtype)
 
     @pl.when(j == last)
     def _finish():
-        for h in range(nkv):
-            l = l_sc[h]                                                          # [R, LANES]
-            seen = l > 0
-            l_col = jnp.max(jnp.where(seen, l, 1.0), axis=1, keepdims=True)   # [R, 1]
-            out_ref[h] = acc_sc[h] / l_col
-            lse_ref[h] = jnp.where(seen, m_sc[h] + jnp.log(jnp.where(seen, l, 1.0)), MASK_VALUE)
+        _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, nkv=nkv)
 
 
 def _local(filled, layer, q, k_cache, v_cache, mask, *, static_filled: int | None, scaling: float,
@@ -195,3 +214,83 @@ def decode_stats(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: 
                       P(None, batch_axes, None, head_axis), P(batch_axes)),
             out_specs=(P(batch_axes, head_axis), P(batch_axes, head_axis)))
     return local(scalar(filled), scalar(layer), q, k_cache, v_cache, mask)
+
+
+# ============================================================================ paged cache
+def _paged_kernel(table_ref, lengths_ref, layer_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, m_sc,
+                  l_sc, acc_sc, *, page_size: int, nkv: int, scaling: float, dtype: Any, last: int):
+    """One grid step (row b, page j of its page table): k_ref / v_ref [page_size, nkv, d] are
+    the page; the row sees its slots s < lengths[b]."""
+    del table_ref, layer_ref  # used by the index maps only
+    b, j = pl.program_id(0), pl.program_id(1)
+    filled = lengths_ref[b]
+
+    @pl.when(j == 0)
+    def _start():
+        _init(m_sc, l_sc, acc_sc)
+
+    @pl.when(j * page_size < filled)
+    def _page_step():
+        pos = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
+        _accumulate(q_ref, k_ref, v_ref, pos < filled, None, m_sc, l_sc, acc_sc, nkv=nkv,
+                    scaling=scaling, dtype=dtype)
+
+    @pl.when(j == last)
+    def _finish():
+        _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, nkv=nkv)
+
+
+def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+                       page_table: jax.Array, lengths: jax.Array, layer: jax.Array | int, *,
+                       scaling: float, dtype: Any = None,
+                       interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """(out fp32 [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]) of q [B, nkv, R, d] against the
+    first ``lengths[b]`` slots of row b in a PAGED cache: pools ``k_pages`` / ``v_pages``
+    [L, P, page_size, nkv, d] read at ``layer``, slot s of row b at page
+    ``page_table[b, s // page_size]`` [B, pages_per_row], offset ``s % page_size``
+    (`models.attention.paged_attention`'s layout, on one device: the rollout engine's).
+
+    Grid (row, page): each step DMAs one page of K and one of V; a row's steps past its last
+    filled page map to that page again, which Pallas does not copy twice. The declared cost is
+    every page of the table (the fills are traced: an upper bound). A row with ``lengths[b] == 0``
+    gets out 0 and log-sum-exp ``MASK_VALUE``. ``interpret``: Pallas interpret mode (off TPU)."""
+    if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
+        raise ValueError(f"k_pages {k_pages.shape} and v_pages {v_pages.shape} must be the same "
+                         "[L, P, page_size, nkv, d]")
+    _, _, page_size, nkv, d = k_pages.shape
+    b, pages = page_table.shape
+    if q.ndim != 4 or q.shape[0] != b or q.shape[1] != nkv or q.shape[3] != d:
+        raise ValueError(f"q must be [B, nkv, R, d] = [{b}, {nkv}, R, {d}], got {q.shape}")
+    if lengths.shape != (b,):
+        raise ValueError(f"lengths must be [B] = [{b}], got {lengths.shape}")
+    r = q.shape[2]
+
+    def kv_map(i, j, table_ref, lengths_ref, layer_ref):
+        # lax.div (truncating; lengths >= 0): jnp's floor division lowers through `sign`, which
+        # needs a real TPU's generation to lower (see `_local`)
+        last_page = jnp.maximum(jax.lax.div(lengths_ref[i] + page_size - 1, page_size) - 1, 0)
+        return layer_ref[0], table_ref[i * pages + jnp.minimum(j, last_page)], 0, 0, 0
+
+    rows = lambda i, j, *_: (i, 0, 0, 0)  # noqa: E731
+    kv_spec = pl.BlockSpec((None, None, page_size, nkv, d), kv_map)
+    cost = declared_cost(b, nkv, r, d, pages, page_size, k_pages.dtype.itemsize, q.dtype.itemsize)
+    kernel = functools.partial(_paged_kernel, page_size=page_size, nkv=nkv, scaling=float(scaling),
+                               dtype=jnp.dtype(dtype or q.dtype), last=pages - 1)
+    out, lse = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3, grid=(b, pages),
+            in_specs=[pl.BlockSpec((None, nkv, r, d), rows), kv_spec, kv_spec],
+            out_specs=[pl.BlockSpec((None, nkv, r, d), rows),
+                       pl.BlockSpec((None, nkv, r, LANES), rows)],
+            scratch_shapes=[pltpu.VMEM((nkv, r, LANES), _F32), pltpu.VMEM((nkv, r, LANES), _F32),
+                            pltpu.VMEM((nkv, r, d), _F32)]),
+        out_shape=[jax.ShapeDtypeStruct((b, nkv, r, d), _F32),
+                   jax.ShapeDtypeStruct((b, nkv, r, LANES), _F32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        cost_estimate=pl.CostEstimate(**cost),
+        interpret=interpret,
+        name="paged_decode_attention",
+    )(page_table.astype(jnp.int32).reshape(-1), lengths.astype(jnp.int32),
+      jnp.asarray(layer, jnp.int32).reshape(1), q, k_pages, v_pages)
+    return out, lse[..., 0]

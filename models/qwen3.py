@@ -169,8 +169,11 @@ def _stacked(num_layers: int | None, shape: tuple[int, ...], axes: tuple[str, ..
 
 
 def _decode_kernel(mask: "AttentionMask") -> str:
-    """The decode step's attention kernel (`models.attention.decode_attention`): the Pallas one
-    for a "splash" model (on TPU; interpret mode elsewhere, as splash itself), else XLA's loop."""
+    """The decode step's attention kernel (`models.attention.decode_attention`,
+    `paged_attention`): the Pallas one for a "splash" model (on TPU; interpret mode elsewhere, as
+    splash itself) and for a paged cache on TPU, else XLA's loop."""
+    if mask.impl == "paged":
+        return "pallas" if mask.platform == "tpu" else "xla"
     if mask.impl != "splash":
         return "xla"
     return "pallas" if mask.platform == "tpu" else "pallas_interpret"
@@ -481,7 +484,8 @@ class Qwen3Attention(nnx.Module):
             k_cache, v_cache = paged_write(k_cache, v_cache, k, v, layer_index, page_table, start,
                                            mask.q_segment_ids)
             out = paged_attention(q, k_cache, v_cache, layer_index, page_table, start,
-                                  scaling=self.scaling, dtype=self.dtype)
+                                  scaling=self.scaling, dtype=self.dtype,
+                                  kernel=_decode_kernel(mask))
             return self.o_proj(out), (k_cache, v_cache)
         k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
         # kv_len == T: a prefill into an empty cache (the index is 0, whether traced or not): the

@@ -9,10 +9,15 @@
   equals the unsharded result;
 * `models.qwen3` picks it for a "splash" model only;
 * it lowers and compiles for TPU under a mesh with no all-gather, and XLA's cost analysis reads
-  its declared cost: the filled key blocks, not the whole cache (skipped without libtpu).
+  its declared cost: the filled key blocks, not the whole cache (skipped without libtpu);
+* the paged variant (`paged_decode_stats`, a decode step of `attention.paged_attention`) equals
+  the pure-JAX page loop: rows sharing pages, partial and full last pages, an empty row, a
+  layer of a stack, fp32 and bf16; a model's decode step into a paged cache gives the same
+  logits with it; it compiles for TPU and declares the pages of the table.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 
@@ -22,7 +27,8 @@ import numpy as np
 import pytest
 
 from models import decode_kernel
-from models.attention import _decode_stats, decode_attention, decode_attention_shared_prefix
+from models.attention import (_decode_stats, decode_attention, decode_attention_shared_prefix,
+                              paged_attention)
 from tests.numerics import assert_close
 
 _HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -121,6 +127,7 @@ def test_the_model_picks_the_kernel_for_splash_only():
     assert pick("splash", "tpu") == "pallas"
     assert pick("splash", "cpu") == "pallas_interpret"
     assert pick("blockwise", "tpu") == pick("blockwise", "cpu") == "xla"
+    assert pick("paged", "tpu") == "pallas" and pick("paged", "cpu") == "xla"
 
 
 @pytest.mark.slow
@@ -149,3 +156,83 @@ def test_kernel_compiles_for_tpu_and_declares_the_filled_blocks():
     whole_kv = 2 * layers * rows * s * nkv * d * 2     # what a custom call's operands weigh
     assert filled_kv <= cost["bytes accessed"] < filled_kv * 1.25 < whole_kv
     assert cost["flops"] >= 4 * rows * 1024 * nkv * g * d
+
+
+# ------------------------------------------------------------------------------------ paged
+def _pool(seed, layers, pages, page_size, nkv, d, dtype):
+    rng = np.random.RandomState(seed)
+    return tuple(jnp.asarray(rng.randn(layers, pages, page_size, nkv, d), dtype) for _ in range(2))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_paged_kernel_equals_the_page_loop(dtype):
+    """Rows 0 and 1 share their first two pages (a prompt); row 2 fills its 4 pages; row 3 sees
+    one slot; row 4 none. A decode step (T = 1) at slot start[b] sees slots <= start[b]."""
+    layers, pages, ps, nkv, r, d = 2, 16, 16, 2, 4, 128
+    k, v = _pool(0, layers, pages, ps, nkv, d, dtype)
+    table = jnp.asarray([[1, 2, 3, 0], [1, 2, 4, 5], [6, 7, 8, 9], [10, 0, 0, 0], [11, 0, 0, 0]],
+                        jnp.int32)
+    start = jnp.asarray([40, 33, 4 * ps - 1, 0, -1], jnp.int32)
+    q = jnp.asarray(np.random.RandomState(1).randn(5, 1, nkv * r, d), dtype)
+    kw = dict(scaling=d ** -0.5, dtype=dtype, block_slots=32)
+    want = jax.jit(lambda s, l: paged_attention(q, k, v, l, table, s, **kw))(start, jnp.int32(1))
+    got = jax.jit(lambda s, l: paged_attention(q, k, v, l, table, s, kernel="pallas_interpret",
+                                               **kw))(start, jnp.int32(1))
+    assert got.shape == want.shape == (5, 1, nkv * r, d) and got.dtype == want.dtype
+    assert_close(np.asarray(got, np.float32), np.asarray(want, np.float32), reduction_len=4 * ps,
+                 dtype=dtype)
+    np.testing.assert_array_equal(np.asarray(got[4], np.float32), 0.0)
+    out, lse = decode_kernel.paged_decode_stats(q.reshape(5, nkv, r, d), k, v, table, start + 1, 1,
+                                                scaling=d ** -0.5, dtype=dtype, interpret=True)
+    assert (np.asarray(lse[:4]) > decode_kernel.MASK_VALUE).all()
+    np.testing.assert_array_equal(np.asarray(lse[4]), decode_kernel.MASK_VALUE)
+    with pytest.raises(ValueError, match="lengths must be"):
+        decode_kernel.paged_decode_stats(q.reshape(5, nkv, r, d), k, v, table, start[:2], 1,
+                                         scaling=1.0, interpret=True)
+    with pytest.raises(ValueError, match="decode kernel"):
+        paged_attention(q, k, v, 1, table, start, scaling=1.0, kernel="fast")
+
+
+def test_a_paged_decode_step_of_the_model_with_the_kernel(monkeypatch):
+    """A small model prefills two prompts into a paged cache, then decodes one token: the logits
+    are the same whether the step's attention is the page loop or the kernel."""
+    from flax import nnx
+
+    from models import configs as model_configs, qwen3
+
+    mc = model_configs.get_model_config("tiny_moe", dtype="float32", param_dtype="float32")
+    mc = mc.replace(head_dim=128)
+    model = qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0))
+    cache = qwen3.init_paged_cache(mc, 2, num_pages=9, page_size=8, pages_per_row=4)
+    cache = dataclasses.replace(cache, page_table=jnp.asarray([[1, 2, 3, 4], [5, 6, 7, 8]], jnp.int32))
+    ids = jnp.asarray(np.random.RandomState(0).randint(1, mc.vocab_size, (2, 13)), jnp.int32)
+    mask = jnp.asarray([[1] * 13, [1] * 9 + [0] * 4], bool)
+    cache = model(ids, attention_mask=mask, cache=cache).cache
+    assert np.asarray(cache.lengths).tolist() == [13, 9]
+    step = lambda: model(ids[:, :1], attention_mask=jnp.ones((2, 1), bool), cache=cache).logits  # noqa: E731
+    want = step()
+    monkeypatch.setattr(qwen3, "_decode_kernel",
+                        lambda mask: "pallas_interpret" if mask.impl == "paged" else "xla")
+    got = step()
+    assert_close(np.asarray(got), np.asarray(want), reduction_len=mc.hidden_size, dtype=jnp.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _HAS_LIBTPU, reason="libtpu is not installed: no TPU compiler for ahead-of-time lowering")
+def test_paged_kernel_compiles_for_tpu_and_declares_the_table_pages():
+    from jax.experimental import topologies
+    topology = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x1")
+    sh = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(topology.devices[:1]), ("x",)),
+                                    jax.sharding.PartitionSpec())
+    layers, pages, ps, nkv, g, d, b, per_row = 4, 256, 128, 4, 8, 128, 16, 8
+    sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)  # noqa: E731
+    args = (sds((b, 1, nkv * g, d), jnp.bfloat16), sds((layers, pages, ps, nkv, d), jnp.bfloat16),
+            sds((layers, pages, ps, nkv, d), jnp.bfloat16), sds((b, per_row), jnp.int32),
+            sds((b,), jnp.int32))
+    compiled = jax.jit(lambda q, k, v, t, s: paged_attention(
+        q, k, v, 2, t, s, scaling=d ** -0.5, kernel="pallas")).lower(*args).compile()
+    assert "paged_decode_attention" in compiled.as_text()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    table_kv = 2 * b * per_row * ps * nkv * d * 2        # every page of the table, K and V, bf16
+    assert table_kv <= cost["bytes accessed"] < table_kv * 1.25 < 2 * layers * pages * ps * nkv * d * 2
