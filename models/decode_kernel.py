@@ -29,6 +29,10 @@ Shapes: q [B, nkv, R, d] (KV-head major); k_cache / v_cache [B, S, nkv, d] or a 
 kernel runs in ``jax.shard_map``, rows over the batch axes and KV heads over 'tensor' as
 `models.attention.splash_attention` splits them; off TPU it runs in Pallas interpret mode
 (``interpret=True``: the tests).
+
+`paged_decode_stats` is the same online softmax over a PAGED cache (the rollout engine's:
+`models.attention.paged_attention`): grid (row, page of the row's table), each page DMA'd from
+the stacked pool by its id (scalar-prefetched page table, lengths and layer), on one device.
 """
 from __future__ import annotations
 
@@ -134,6 +138,36 @@ def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_r
         _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, nkv=nkv)
 
 
+def _pallas_call(kernel, name: str, scalars: int, grid: tuple[int, int], kv_specs: list,
+                 q_shape: tuple[int, int, int, int], cost: dict, interpret: bool):
+    """The pallas_call both kernels share: ``scalars`` scalar-prefetch operands, then q
+    [B, nkv, R, d] (one row's block per grid row) and the ``kv_specs`` operands -> (out fp32
+    [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]), with the running statistics in VMEM scratch."""
+    b, nkv, r, d = q_shape
+    rows = lambda i, j, *_: (i, 0, 0, 0)  # noqa: E731
+
+    def call(*args):
+        out, lse = pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=scalars, grid=grid,
+                in_specs=[pl.BlockSpec((None, nkv, r, d), rows), *kv_specs],
+                out_specs=[pl.BlockSpec((None, nkv, r, d), rows),
+                           pl.BlockSpec((None, nkv, r, LANES), rows)],
+                scratch_shapes=[pltpu.VMEM((nkv, r, LANES), _F32),
+                                pltpu.VMEM((nkv, r, LANES), _F32), pltpu.VMEM((nkv, r, d), _F32)]),
+            out_shape=[jax.ShapeDtypeStruct((b, nkv, r, d), _F32),
+                       jax.ShapeDtypeStruct((b, nkv, r, LANES), _F32)],
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            cost_estimate=pl.CostEstimate(**cost),
+            interpret=interpret,
+            name=name,
+        )(*args)
+        return out, lse[..., 0]
+
+    return call
+
+
 def _local(filled, layer, q, k_cache, v_cache, mask, *, static_filled: int | None, scaling: float,
            dtype: Any, block_kv: int, interpret: bool):
     """The pallas_call on one device's shard: q [B, nkv, R, d], caches [L, B, S, nkv, d], mask
@@ -153,29 +187,13 @@ def _local(filled, layer, q, k_cache, v_cache, mask, *, static_filled: int | Non
     def mask_map(i, j, filled_ref, layer_ref):
         return i, 0, kv_map(i, j, filled_ref, layer_ref)[2]
 
-    rows = lambda i, j, *_: (i, 0, 0, 0)  # noqa: E731
     kv_spec = pl.BlockSpec((None, None, bk, nkv, d), kv_map)
+    mask_spec = pl.BlockSpec((None, 1, bk), mask_map)
     cost = declared_cost(b, nkv, r, d, blocks, bk, k_cache.dtype.itemsize, q.dtype.itemsize)
     kernel = functools.partial(_kernel, bk=bk, s=s, nkv=nkv, scaling=float(scaling), dtype=dtype,
                                last=blocks - 1)
-    out, lse = pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2, grid=(b, blocks),
-            in_specs=[pl.BlockSpec((None, nkv, r, d), rows), kv_spec, kv_spec,
-                      pl.BlockSpec((None, 1, bk), mask_map)],
-            out_specs=[pl.BlockSpec((None, nkv, r, d), rows),
-                       pl.BlockSpec((None, nkv, r, LANES), rows)],
-            scratch_shapes=[pltpu.VMEM((nkv, r, LANES), _F32), pltpu.VMEM((nkv, r, LANES), _F32),
-                            pltpu.VMEM((nkv, r, d), _F32)]),
-        out_shape=[jax.ShapeDtypeStruct((b, nkv, r, d), _F32),
-                   jax.ShapeDtypeStruct((b, nkv, r, LANES), _F32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        cost_estimate=pl.CostEstimate(**cost),
-        interpret=interpret,
-        name="decode_attention",
-    )(filled, layer, q, k_cache, v_cache, mask)
-    return out, lse[..., 0]
+    return _pallas_call(kernel, "decode_attention", 2, (b, blocks), [kv_spec, kv_spec, mask_spec],
+                        (b, nkv, r, d), cost, interpret)(filled, layer, q, k_cache, v_cache, mask)
 
 
 def decode_stats(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
@@ -271,26 +289,11 @@ def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         last_page = jnp.maximum(jax.lax.div(lengths_ref[i] + page_size - 1, page_size) - 1, 0)
         return layer_ref[0], table_ref[i * pages + jnp.minimum(j, last_page)], 0, 0, 0
 
-    rows = lambda i, j, *_: (i, 0, 0, 0)  # noqa: E731
     kv_spec = pl.BlockSpec((None, None, page_size, nkv, d), kv_map)
     cost = declared_cost(b, nkv, r, d, pages, page_size, k_pages.dtype.itemsize, q.dtype.itemsize)
     kernel = functools.partial(_paged_kernel, page_size=page_size, nkv=nkv, scaling=float(scaling),
                                dtype=jnp.dtype(dtype or q.dtype), last=pages - 1)
-    out, lse = pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3, grid=(b, pages),
-            in_specs=[pl.BlockSpec((None, nkv, r, d), rows), kv_spec, kv_spec],
-            out_specs=[pl.BlockSpec((None, nkv, r, d), rows),
-                       pl.BlockSpec((None, nkv, r, LANES), rows)],
-            scratch_shapes=[pltpu.VMEM((nkv, r, LANES), _F32), pltpu.VMEM((nkv, r, LANES), _F32),
-                            pltpu.VMEM((nkv, r, d), _F32)]),
-        out_shape=[jax.ShapeDtypeStruct((b, nkv, r, d), _F32),
-                   jax.ShapeDtypeStruct((b, nkv, r, LANES), _F32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        cost_estimate=pl.CostEstimate(**cost),
-        interpret=interpret,
-        name="paged_decode_attention",
-    )(page_table.astype(jnp.int32).reshape(-1), lengths.astype(jnp.int32),
-      jnp.asarray(layer, jnp.int32).reshape(1), q, k_pages, v_pages)
-    return out, lse[..., 0]
+    return _pallas_call(kernel, "paged_decode_attention", 3, (b, pages), [kv_spec, kv_spec],
+                        (b, nkv, r, d), cost, interpret)(
+        page_table.astype(jnp.int32).reshape(-1), lengths.astype(jnp.int32),
+        jnp.asarray(layer, jnp.int32).reshape(1), q, k_pages, v_pages)
