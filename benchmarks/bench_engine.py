@@ -16,7 +16,9 @@ Greedy sampling, random weights (the cost does not depend on them); the first pa
 is not timed, then the best of ``--repeats`` passes over the same steps counts. Prints one JSON
 line: ``tokens_per_s`` / ``static_tokens_per_s`` (completion tokens the run kept, per second),
 ``speedup_vs_static``, ``tokens_identical`` (every completion equals the static one's first
-tokens), ``peak_pages`` / ``pool_pages`` and the length distribution used.
+tokens), ``batching_ceiling`` (the static generator's decode row-steps over the tokens kept: the
+speedup continuous batching alone could give on these lengths, at equal cost per row-step),
+``peak_pages`` / ``pool_pages`` and the length distribution used.
 
   python benchmarks/bench_engine.py [--rollouts runs/local/rollouts] [--steps 6] [--slots 8]
 """
@@ -140,6 +142,10 @@ def main(argv=None) -> dict:
         prompt_tokens_mean=float(np.mean([len(p) for prompts, _ in requests for p in prompts])),
         tokens_per_s=kept / engine_s, static_tokens_per_s=kept / static_s,
         speedup_vs_static=static_s / engine_s, tokens_identical=bool(identical),
+        # what continuous batching alone can win on these lengths: the static generator's
+        # row-steps (every row runs until its step's longest) over the tokens kept
+        batching_ceiling=sum(max(c for g in comp for c in g) * sum(len(g) for g in comp)
+                             for _, comp in requests) / kept,
         peak_pages=eng.stats["peak_pages"], pool_pages=eng.config.pool_pages,
         engine_seconds=engine_s, static_seconds=static_s,
         loadavg_1min=(load_before, os.getloadavg()[0]))

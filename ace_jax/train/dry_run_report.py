@@ -106,7 +106,9 @@ def format_report(report: dict) -> str:
     row = lambda name, secs, note: f"  {name:<38}{secs:9.1f} s    {note}"  # noqa: E731
     lines += [
         "",
-        f"-- time per RL step (MFU {hw['mfu']:.0%}, bandwidth efficiency {hw['hbm_bw_efficiency']:.0%}) --",
+        f"-- time per RL step, analytic (MFU {hw['mfu']:.0%}, bandwidth efficiency "
+        f"{hw['hbm_bw_efficiency']:.0%}; the spec's decode layout, not the sampler's: the compiled "
+        f"speed section below is the estimate) --",
         row("train (fwd + bwd)", ti["train_s"], f"{ti['train_flops']:.3e} FLOP, "
             f"{ti['train_flops_per_token'] / 1e9:.1f} GFLOP/token"),
         row("prefill", ti["prefill_s"], f"{ti['prefill_flops']:.3e} FLOP"),
