@@ -38,9 +38,11 @@ Kernels:
   * `paged_write` / `paged_attention`: a PAGED cache (fixed-size pages in a pool shared by all
     rows, a page table per row; `models.qwen3.PagedKVCache`): T new tokens per row written at
     the row's own fill, and T queries per row (a decode step: T = 1; a prefill chunk: T > 1)
-    against the row's filled pages only, block by block, with an online softmax. The pure-JAX
-    reference of the ragged paged attention kernel the TPU engines use
-    (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``), with the same inputs.
+    against the row's filled pages only, block by block, with an online softmax. On TPU a
+    decode step runs `models.decode_kernel.paged_decode_stats` (``kernel="pallas"``), which
+    reads each page in place from the stacked pool by its id; jax's
+    ``ragged_paged_attention`` takes one layer's pool with K and V interleaved, which this
+    layer-stacked layout would have to copy out every step.
 
 Which platform picks which kernel (`resolve_attention_impl`, ``ModelConfig.attention_impl``
 "auto"): "splash" on TPU; elsewhere "dot" (the exact [B, T, S] path) up to `DOT_MAX_KEYS` keys and
