@@ -111,31 +111,45 @@ def _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, *, nkv: int):
         lse_ref[h] = jnp.where(seen, m_sc[h] + jnp.log(jnp.where(seen, l, 1.0)), MASK_VALUE)
 
 
+def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv: int,
+               scaling: float, dtype: Any):
+    """Grid step j over a row's key blocks of ``bk`` slots, ``filled`` of them real: reset the
+    statistics at block 0, fold in a block that holds filled slots (``visibility(pos)`` ->
+    (visible [1, bk], v_valid [bk, 1] or None) for the block's slot positions pos [1, bk]),
+    write out / lse at block ``last``. refs = (q, k, v, out, lse); scratch = (m, l, acc)."""
+    q_ref, k_ref, v_ref, out_ref, lse_ref = refs
+
+    @pl.when(j == 0)
+    def _start():
+        _init(*scratch)
+
+    @pl.when(j * bk < filled)
+    def _block_step():
+        visible, v_valid = visibility(j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1))
+        _accumulate(q_ref, k_ref, v_ref, visible, v_valid, *scratch, nkv=nkv, scaling=scaling,
+                    dtype=dtype)
+
+    @pl.when(j == last)
+    def _finish():
+        _write(out_ref, lse_ref, *scratch, nkv=nkv)
+
+
 def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_ref, m_sc, l_sc,
             acc_sc, *, bk: int, s: int, nkv: int, scaling: float, dtype: Any, last: int):
     """One grid step (row b, key block j). q_ref [nkv, R, d]; k_ref / v_ref [bk, nkv, d]; mask_ref
     [1, bk]; out_ref [nkv, R, d] and lse_ref [nkv, R, LANES] (written at the last block); scratch
     m_sc / l_sc [nkv, R, LANES] (lane-replicated running max and sum), acc_sc [nkv, R, d]."""
     del layer_ref  # used by the index maps only
-    j = pl.program_id(1)
     filled = filled_ref[0]
 
-    @pl.when(j == 0)
-    def _start():
-        _init(m_sc, l_sc, acc_sc)
-
-    @pl.when(j * bk < filled)
-    def _block_step():
-        pos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
-        visible = (mask_ref[...] != 0) & (pos < filled) & (pos < s)          # [1, bk]
+    def visibility(pos):
         # a partial last block: the slots past S hold undefined values
-        v_valid = jnp.transpose(pos < s) if s % bk else None
-        _accumulate(q_ref, k_ref, v_ref, visible, v_valid, m_sc, l_sc, acc_sc, nkv=nkv,
-                    scaling=scaling, dtype=dtype)
+        return ((mask_ref[...] != 0) & (pos < filled) & (pos < s),
+                jnp.transpose(pos < s) if s % bk else None)
 
-    @pl.when(j == last)
-    def _finish():
-        _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, nkv=nkv)
+    _grid_step(pl.program_id(1), bk, filled, last, visibility,
+               (q_ref, k_ref, v_ref, out_ref, lse_ref), (m_sc, l_sc, acc_sc), nkv=nkv,
+               scaling=scaling, dtype=dtype)
 
 
 def _pallas_call(kernel, name: str, scalars: int, grid: tuple[int, int], kv_specs: list,
@@ -240,22 +254,10 @@ def _paged_kernel(table_ref, lengths_ref, layer_ref, q_ref, k_ref, v_ref, out_re
     """One grid step (row b, page j of its page table): k_ref / v_ref [page_size, nkv, d] are
     the page; the row sees its slots s < lengths[b]."""
     del table_ref, layer_ref  # used by the index maps only
-    b, j = pl.program_id(0), pl.program_id(1)
-    filled = lengths_ref[b]
-
-    @pl.when(j == 0)
-    def _start():
-        _init(m_sc, l_sc, acc_sc)
-
-    @pl.when(j * page_size < filled)
-    def _page_step():
-        pos = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
-        _accumulate(q_ref, k_ref, v_ref, pos < filled, None, m_sc, l_sc, acc_sc, nkv=nkv,
-                    scaling=scaling, dtype=dtype)
-
-    @pl.when(j == last)
-    def _finish():
-        _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, nkv=nkv)
+    filled = lengths_ref[pl.program_id(0)]
+    _grid_step(pl.program_id(1), page_size, filled, last, lambda pos: (pos < filled, None),
+               (q_ref, k_ref, v_ref, out_ref, lse_ref), (m_sc, l_sc, acc_sc), nkv=nkv,
+               scaling=scaling, dtype=dtype)
 
 
 def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
