@@ -216,7 +216,25 @@ def ideator_room(results: str) -> str:
         out.append(f"| {x} - {y} | {_interval(diff['human_rank'])} | "
                    f"{_interval(diff['best_at_k'])} | {_interval(diff['valid'])} | "
                    f"{detectable_effect(diff['human_rank']):.3f} |")
+    primary = [stats[s]["with_trained_ideator"]["human_rank"]
+               - stats[s]["implementer_alone"]["human_rank"] for s in seeds]
+    out += ["", "Decision (the plan's rule, on the primary interval): " + _decision(
+        primary, "the trained ideator helps this implementer",
+        "the trained ideator hurts this implementer") + "."]
     return "\n".join(out)
+
+
+def _decision(diffs: Sequence[float], above: str, below: str) -> str:
+    """A registered plan's rule on the paired differences' 95% interval: ``above`` only when it
+    lies entirely above 0, ``below`` only when entirely below, otherwise no difference detected
+    with the smallest effect the design detects at the observed sd (80% power)."""
+    mean, low, high = ablation.mean_interval(diffs, CONFIDENCE)
+    if low > 0:
+        return f"{above} (interval entirely above 0)"
+    if high < 0:
+        return f"{below} (interval entirely below 0)"
+    return (f"no difference detected; the smallest effect this design detects at the observed "
+            f"sd is {detectable_effect(diffs):.3f}")
 
 
 # ------------------------------------------------------------------------ documents

@@ -200,3 +200,12 @@ def test_the_ideator_table_waits_for_the_planned_seeds_then_pairs_them(tmp_path)
     assert cells[1] == cells[2] == f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"  # Best@3 moves with Avg@3
     assert cells[3] == "+0.000 [+0.000, +0.000]"
     assert cells[4] == f"{tables.detectable_effect(diff):.3f}"
+    assert "Decision (the plan's rule, on the primary interval): the trained ideator helps" in text
+    noise = [0.02, -0.03, 0.01, -0.01, 0.0, 0.02, -0.02, 0.01, -0.01, 0.0]
+    avg["with_trained_ideator"] = [a + d for a, d in zip(alone, noise)]
+    text = tables.ideator_room(str(_ideator_room(tmp_path / "c", avg)))
+    assert ("no difference detected; the smallest effect this design detects at the observed sd "
+            f"is {tables.detectable_effect(noise):.3f}") in text
+    avg["with_trained_ideator"] = [a - 0.05 - d for a, d in zip(alone, noise)]
+    assert "hurts this implementer (interval entirely below 0)" in tables.ideator_room(
+        str(_ideator_room(tmp_path / "d", avg)))
