@@ -59,6 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampler_mesh.tensor = 4
     c.sampler_mesh.moe_parallelism = "expert_tensor"
     c.sampler_mesh.rules.experts = "expert,tensor"
+    # the 16 devices' partial MoE outputs of a token summed in bf16 (HF's eager loop adds each
+    # expert's output in bf16 too): half the bytes per layer a decode step writes and reduce-
+    # scatters; the learner keeps fp32 (docs/tpu.md, Speed)
+    c.sampler_mesh.moe_partials = "compute"
 
     c.rl.num_steps = 400
     c.rl.batch_states = 64            # B states sampled by the LP sampler per step

@@ -345,9 +345,12 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids:
 
 
 # ============================================================================ decode
+DECODE_BLOCK_KV = 512   # cache slots per key block of a decode step (its reads are whole blocks)
+
+
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: jax.Array,
                      filled: jax.Array | int, *, scaling: float, dtype: Any = None,
-                     layer: jax.Array | int | None = None, block_kv: int = 512,
+                     layer: jax.Array | int | None = None, block_kv: int = DECODE_BLOCK_KV,
                      kernel: str = "xla") -> jax.Array:
     """One query per row against the filled prefix of a KV cache, block by block.
 
@@ -380,7 +383,7 @@ def decode_attention_shared_prefix(q: jax.Array, k_cache: jax.Array, v_cache: ja
                                    prefix_k: jax.Array, prefix_v: jax.Array, prefix_mask: jax.Array,
                                    *, scaling: float, dtype: Any = None,
                                    layer: jax.Array | int | None = None,
-                                   block_kv: int = 512, kernel: str = "xla") -> jax.Array:
+                                   block_kv: int = DECODE_BLOCK_KV, kernel: str = "xla") -> jax.Array:
     """`decode_attention` for rows whose keys are a prefix SHARED by groups of rows followed by
     each row's own slots (a prompt and its G samples' completions): cascade attention. The
     prefix is read once per group, its G x nq queries together (G x nq / nkv query rows per KV

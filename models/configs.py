@@ -56,10 +56,12 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 PARAM_DTYPES = ("float32", "bfloat16")
 MOE_DISPATCH = ("dense", "ragged", "capacity")
 MOE_PARALLELISM = ("gather", "expert", "expert_tensor")  # see models.moe_sharding
+MOE_PARTIALS = ("float32", "compute")  # see models.moe_sharding.expert_parallel_dispatch
 ATTENTION_IMPLS = ("auto", "dot", "blockwise", "splash")  # see models.attention
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")
 # Fields of ModelConfig that are ours, not HF's (not in config.json; from_hf_dict takes them as kwargs).
-RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_dispatch", "moe_capacity_factor", "moe_parallelism", "remat_policy",
+RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_dispatch", "moe_capacity_factor", "moe_parallelism", "moe_partials",
+                  "remat_policy",
                   "scan_layers",
                   "attention_impl", "platform")
 # remat policy name -> name of the jax.checkpoint_policies entry (None: save nothing but the layer input).
@@ -166,6 +168,11 @@ class ModelConfig:
         the tokens travel to them and back) | "expert_tensor" (the same over the 'expert' and
         'tensor' axes together: a decode layout whose dense weights are tensor-parallel keeps
         its experts split over every chip). No effect without a mesh.
+      moe_partials: the dtype the expert-parallel dispatch sums the devices' partial outputs in:
+        "float32" (default: the k expert outputs of a token summed in fp32, as on one device) |
+        "compute" (the compute dtype: half the bytes written and reduce-scattered; with bf16 it
+        rounds each device's share of a token's sum to bf16 before the sum, as HF's eager loop
+        rounds each expert's add). The sampler's layout may choose it; no effect otherwise.
       remat_policy: "none" | "full" | "dots_saveable" | "dots_with_no_batch_dims_saveable";
         jax.checkpoint around each decoder layer.
       scan_layers: run each `LayerGroup` with one ``jax.lax.scan`` (True) or unroll it (False).
@@ -214,6 +221,7 @@ class ModelConfig:
     moe_dispatch: str = "ragged"
     moe_capacity_factor: float = 1.25
     moe_parallelism: str = "gather"
+    moe_partials: str = "float32"
     remat_policy: str = "none"
     scan_layers: bool = True
     attention_impl: str = "auto"
@@ -284,6 +292,8 @@ class ModelConfig:
             raise UnsupportedConfigError(f"moe_dispatch={self.moe_dispatch!r}; valid: {list(MOE_DISPATCH)}")
         if self.moe_parallelism not in MOE_PARALLELISM:
             raise UnsupportedConfigError(f"moe_parallelism={self.moe_parallelism!r}; valid: {list(MOE_PARALLELISM)}")
+        if self.moe_partials not in MOE_PARTIALS:
+            raise UnsupportedConfigError(f"moe_partials={self.moe_partials!r}; valid: {list(MOE_PARTIALS)}")
         if not self.moe_capacity_factor > 0:
             raise UnsupportedConfigError(f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor!r}")
         if self.remat_policy not in REMAT_POLICIES:

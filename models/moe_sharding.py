@@ -107,18 +107,19 @@ def _token_axes(mesh, num_tokens: int) -> tuple[str, ...]:
 
 
 def sharded_dispatch(dispatch: Callable, x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype,
-                     *, parallelism: str, platform: str):
+                     *, parallelism: str, platform: str, partials: str = "float32"):
     """The dropless dispatch of a layer under the tracing mesh, by ``parallelism`` ("gather" |
     "expert" | "expert_tensor", see the module docstring). The expert-parallel ones need an
     expert group (`expert_axis_size`) of more than one device that divides E; otherwise (or
     without a mesh) they fall back to "gather". ``dispatch`` is the single-device dispatch
-    "gather" runs per device. Shapes as `per_device_dispatch`."""
+    "gather" runs per device. ``partials``: see `expert_parallel_dispatch`. Shapes as
+    `per_device_dispatch`."""
     if parallelism not in MOE_PARALLELISM:
         raise ValueError(f"moe_parallelism={parallelism!r}; valid: {list(MOE_PARALLELISM)}")
     n_ep = expert_axis_size(parallelism)
     if parallelism != "gather" and n_ep > 1 and w_gate.shape[0] % n_ep == 0:
         return expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype,
-                                        platform=platform, parallelism=parallelism)
+                                        platform=platform, parallelism=parallelism, partials=partials)
     return per_device_dispatch(dispatch, x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
 
 
@@ -231,10 +232,18 @@ def _local_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtyp
 
 
 def expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *,
-                             platform: str, parallelism: str = "expert"):
+                             platform: str, parallelism: str = "expert", partials: str = "float32"):
     """Expert-parallel dropless dispatch ("expert" or "expert_tensor", see the module docstring)
     under the tracing mesh: x [N, H], top_k_index int [N, k], top_k_weights [N, k], weights
-    [E, H, Im] / [E, Im, H] -> float32 [N, H], equal to the single-device dispatch."""
+    [E, H, Im] / [E, Im, H] -> float32 [N, H], equal to the single-device dispatch.
+
+    ``partials``: "float32" sums the devices' partial outputs in fp32 (equal to one device up to
+    fp32 rounding); "compute" rounds each device's partial to ``dtype`` first, then sums in it:
+    half the bytes a decode step writes, reads and reduce-scatters per layer (with bf16 a token's
+    sum of k expert outputs takes up to k bf16 roundings, as HF's eager loop does)."""
+    if partials not in ("float32", "compute"):
+        raise ValueError(f"partials={partials!r}; valid: ['float32', 'compute']")
+    partial_dtype = _F32 if partials == "float32" else jnp.dtype(dtype)
     mesh = _mesh()
     axes = tuple(a for a in _EXPERT_GROUP_AXES[parallelism] if dict(mesh.shape).get(a, 1) > 1)
     n_ep = expert_axis_size(parallelism)
@@ -262,10 +271,11 @@ def expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down
             y = _local_all_experts(x, idx, wts, wg, wu, wd, dtype, first_expert=first)
         else:
             y = _local_swiglu(x, idx, wts, wg, wu, wd, dtype, first_expert=first, gmm=gmm)
+        y = y.astype(partial_dtype)
         if tokens_split:  # back to the token owners first: the 'tensor' sum then moves their rows only
             y = jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
         rest = tuple(a for a in axes if a != EXPERT_AXIS or not tokens_split)
-        return jax.lax.psum(y, rest) if rest else y
+        return (jax.lax.psum(y, rest) if rest else y).astype(_F32)
 
     return jax.shard_map(local, mesh=mesh,
                          in_specs=(row, row, row, expert_spec, expert_spec, expert_spec),

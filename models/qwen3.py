@@ -23,7 +23,7 @@ weights transposed), split per head for attention::
   layers/{g}/mlp/gate_proj/kernel             [Lg, H, I]      (layers, embed, mlp)        dense groups
   layers/{g}/mlp/up_proj/kernel               [Lg, H, I]      (layers, embed, mlp)
   layers/{g}/mlp/down_proj/kernel             [Lg, I, H]      (layers, mlp, embed)
-  layers/{g}/mlp/gate/kernel                  [Lg, H, E]      (layers, embed, experts)    moe groups (router)
+  layers/{g}/mlp/gate/kernel                  [Lg, H, E]      (layers, embed, router)     moe groups (router)
   layers/{g}/mlp/experts/gate_proj            [Lg, E, H, Im]  (layers, experts, embed, mlp)
   layers/{g}/mlp/experts/up_proj              [Lg, E, H, Im]  (layers, experts, embed, mlp)
   layers/{g}/mlp/experts/down_proj            [Lg, E, Im, H]  (layers, experts, mlp, embed)
@@ -776,7 +776,8 @@ def moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down
 
 
 def moe_dispatch_dropless(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *,
-                          platform: str, parallelism: str = "gather") -> jax.Array:
+                          platform: str, parallelism: str = "gather",
+                          partials: str = "float32") -> jax.Array:
     """The "ragged" (dropless) dispatch, implemented per ``platform`` (all exact; float32 [N, H]).
 
     ``platform``: "cpu" | "gpu" | "tpu" (see `models.configs.target_platform`). Accelerators:
@@ -790,7 +791,8 @@ def moe_dispatch_dropless(x, top_k_index, top_k_weights, w_gate, w_up, w_down, d
     expert_parallel = parallelism != "gather" and moe_sharding.expert_axis_size(parallelism) > 1
     if platform != "cpu" or expert_parallel:
         return moe_sharding.sharded_dispatch(moe_dispatch_ragged, x, top_k_index, top_k_weights, w_gate,
-                                             w_up, w_down, dtype, parallelism=parallelism, platform=platform)
+                                             w_up, w_down, dtype, parallelism=parallelism, platform=platform,
+                                             partials=partials)
     if x.shape[0] * w_gate.shape[0] <= 1024:
         return moe_dispatch_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
     return moe_dispatch_blocked(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype)
@@ -809,7 +811,8 @@ class Qwen3MoeExperts(nnx.Module):
                   ("expert": expert parallelism) travel (`models.moe_sharding`).
       "capacity": `moe_dispatch_capacity` with C = `expert_capacity` (config.moe_capacity_factor);
                   drops assignments beyond capacity.
-    All three combine the k expert outputs in fp32 and round the sum to the compute dtype.
+    All three combine the k expert outputs in fp32 and round the sum to the compute dtype
+    (expert-parallel under a mesh: across devices in ``config.moe_partials``).
     """
 
     def __init__(self, config: ModelConfig, *, num_layers: int | None, rngs: nnx.Rngs):
@@ -825,6 +828,7 @@ class Qwen3MoeExperts(nnx.Module):
         self.dispatch = config.moe_dispatch
         self.capacity_factor = config.moe_capacity_factor
         self.parallelism = config.moe_parallelism
+        self.partials = config.moe_partials
         self.dtype = config.dtype
         self.platform = config.platform  # resolved at trace time (`target_platform`)
 
@@ -835,7 +839,8 @@ class Qwen3MoeExperts(nnx.Module):
             y = moe_dispatch_dense(x, top_k_index, top_k_weights, *weights, self.dtype)
         elif self.dispatch == "ragged":
             y = moe_dispatch_dropless(x, top_k_index, top_k_weights, *weights, self.dtype,
-                                      platform=target_platform(self.platform), parallelism=self.parallelism)
+                                      platform=target_platform(self.platform), parallelism=self.parallelism,
+                                      partials=self.partials)
         elif self.dispatch == "capacity":
             n, k = top_k_index.shape
             capacity = expert_capacity(n, k, self.num_experts, self.capacity_factor)
@@ -849,7 +854,7 @@ class Qwen3MoeSparseMoeBlock(nnx.Module):
     """Router (``gate``, no bias) + experts; dropless top-k routing (spec 1.5)."""
 
     def __init__(self, config: ModelConfig, *, num_layers: int | None, rngs: nnx.Rngs):
-        self.gate = Projection((config.hidden_size, config.num_experts), ("embed", "experts"), "nh,he->ne",
+        self.gate = Projection((config.hidden_size, config.num_experts), ("embed", "router"), "nh,he->ne",
                                num_layers=num_layers, config=config, rngs=rngs)
         self.experts = Qwen3MoeExperts(config, num_layers=num_layers, rngs=rngs)
         self.top_k = config.num_experts_per_tok

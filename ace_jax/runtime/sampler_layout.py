@@ -49,6 +49,8 @@ SAMPLER_RULES: dict[str, str] = {
     "head_dim": "",
     "mlp": "tensor",
     "experts": "expert",          # experts stay in place: E / n per device
+    "router": "",                 # the router replicated: every row's logits over all E experts,
+    #                               with no per-layer gather of its [H, E] weight
     "layers": "",
 }
 
@@ -64,6 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.axis_types = "auto"
     c.moe_parallelism = "expert"   # models.moe_sharding: "expert" (tokens travel) | "gather"
     c.weight_dtype = "compute"     # compute: the model's dtype (bf16 on the pod) | param: as stored
+    c.moe_partials = "float32"     # the MoE's cross-device sum: float32 | compute (ModelConfig.moe_partials)
     c.rules = ml_collections.ConfigDict(dict(SAMPLER_RULES))
     return c
 
@@ -74,7 +77,8 @@ def _model_config(mc: model_configs.ModelConfig, cfg: ml_collections.ConfigDict
         raise ValueError(f"sampler_mesh.weight_dtype must be one of {list(WEIGHT_DTYPES)}, got "
                          f"{cfg.weight_dtype!r}")
     # no remat: sampling differentiates nothing
-    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism), remat_policy="none")
+    changes: dict[str, Any] = dict(moe_parallelism=str(cfg.moe_parallelism),
+                                   moe_partials=str(cfg.moe_partials), remat_policy="none")
     if cfg.weight_dtype == "compute":
         changes["param_dtype"] = mc.dtype
     return mc.replace(**changes)

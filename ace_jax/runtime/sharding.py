@@ -59,6 +59,7 @@ DEFAULT_RULES: dict[str, str] = {
     "head_dim": "",
     "mlp": "tensor",
     "experts": "expert",
+    "router": "expert",           # the router's experts dim (after embed: gets what embed leaves)
     "layers": "",                 # the scanned layer stack
 }
 

@@ -51,7 +51,7 @@ from ace_jax.runtime import generate, placement as placement_lib, sampler_layout
 from ace_jax.train import dry_run_analytic as analytic
 from ace_jax.train.dry_run_analytic import GB
 from ace_jax.train import dry_run_speed
-from ace_jax.train.dry_run_programs import abstract_batch, cost_programs, lower_programs
+from ace_jax.train.dry_run_programs import abstract_batch, cost_programs, decode_key_blocks, lower_programs
 from models import configs as model_configs
 from models import qwen3
 from models.attention import resolve_attention_impl
@@ -248,12 +248,13 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     costs = cost_programs(config, mc, shp, place, platform=platform) if compile else {}
     costs = {k: v.to_dict() for k, v in costs.items()}
     layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
-    decode_min = analytic.decode_min_bytes(
-        layout, params, mc, n, p, m // 2, shp["group_size"],
-        generate.shared_prefix_decode(layout.model_config, shp["group_size"], m))
+    shared_prefix = generate.shared_prefix_decode(layout.model_config, shp["group_size"], m)
+    decode_min = analytic.decode_min_bytes(layout, params, mc, n, p, m // 2, shp["group_size"],
+                                           shared_prefix)
     speed = dry_run_speed.speed_section(costs, dry=dry,
                                         shp=shp, layers=L, chips=chips, n_act=n_act,
-                                        prefill_s=time_s["prefill_s"], decode_min=decode_min)
+                                        prefill_s=time_s["prefill_s"], decode_min=decode_min,
+                                        key_blocks=decode_key_blocks(shp, shared_prefix))
 
     report = {
         "model": dict(preset=config.model.preset, hf_path=str(config.model.get("hf_path", "")),

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from ace_jax.rl import learner
 from ace_jax.rl.rollout_batch import TrainBatch
 from ace_jax.runtime import generate, placement as placement_lib, sampler_layout, sharding, tpu_compile
-from models import configs as model_configs, qwen3
+from models import attention, configs as model_configs, qwen3
 
 
 def with_sharding(sds: Any, sh: NamedSharding) -> jax.ShapeDtypeStruct:
@@ -156,15 +156,36 @@ def decode_step_program(config: ml_collections.ConfigDict, mc: model_configs.Mod
     return _compile(lowered, info, hbm_traffic=True)
 
 
+def decode_step_index(m: int) -> int:
+    """The new-token index of the ``decode_step`` cost program: the middle of M new tokens."""
+    return max(0, m // 2 - 1)
+
+
+def decode_key_blocks(shp: dict[str, int], shared_prefix: bool) -> dict[str, float]:
+    """The key blocks of its own slots (``attention.DECODE_BLOCK_KV`` each) a row's decode step
+    reads: at the ``decode_step`` and ``decode_last`` cost programs, and on average over the
+    rollout's M steps (``mean``). The own slots are the M new tokens with ``shared_prefix``
+    (the prompt is the group's shared prefix, read whole every step), else prompt + M. Step
+    i (0-based) writes slot base + i and reads the ceil((base + i + 1) / block) blocks that
+    hold filled slots."""
+    p, m = shp["prompt_len"], shp["new_tokens"]
+    base = 0 if shared_prefix else p
+    block = min(attention.DECODE_BLOCK_KV, base + m)
+    blocks = lambda i: -(-(base + i + 1) // block)  # noqa: E731
+    return dict(decode_step=float(blocks(decode_step_index(m))), decode_last=float(blocks(m - 1)),
+                mean=sum(blocks(i) for i in range(m)) / m)
+
+
 def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
                   shp: dict[str, int], place: placement_lib.Placement, *, platform: str | None,
                   learner_programs: bool = True) -> dict[str, tpu_compile.CompiledProgram]:
     """The programs the speed section reads (`ace_jax.train.dry_run_speed`), compiled:
 
-    - ``decode_step_L1`` / ``_L2``: `decode_step_program` at the mean fill of a rollout (M / 2
-      new tokens: a step's cost is affine in the filled key blocks it reads, so this is the
-      rollout's average step), layers unrolled (1 and 2); ``decode_last_L1`` / ``_L2``: the
-      last step (a full cache);
+    - ``decode_step_L1`` / ``_L2``: `decode_step_program` at the middle of a rollout (M / 2
+      new tokens, the last slot of a key block when M / 2 is a whole number of blocks), layers
+      unrolled (1 and 2); ``decode_last_L1`` / ``_L2``: the last step (a full cache). A step's
+      cost is affine in the key blocks it reads (`decode_key_blocks`), so the two give the
+      rollout's average step;
     - ``reshard``: the sampler layout's learner -> sampler resharding of the whole model;
     - ``learner_microbatch_L1`` / ``_L2``: `learner.jit_learner_step` on ONE microbatch's rows,
       one log-prob chunk, layers unrolled (1 and 2) (skipped without ``learner_programs``).
@@ -175,7 +196,7 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
     out: dict[str, tpu_compile.CompiledProgram] = {}
     for layers in (1, 2):
         small = mc.replace(num_hidden_layers=layers, scan_layers=False)
-        for name, index in (("decode_step", m // 2), ("decode_last", m - 1)):
+        for name, index in (("decode_step", decode_step_index(m)), ("decode_last", m - 1)):
             out[f"{name}_L{layers}"] = decode_step_program(config, small, shp, place, index,
                                                            platform=platform)
         if not learner_programs:

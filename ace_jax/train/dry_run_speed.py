@@ -21,9 +21,11 @@ and for two layers, and the cost of L layers is extrapolated exactly (every laye
 the same program): ``cost(L) = cost(1) + (L - 1) x (cost(2) - cost(1))``. The learner is costed
 per microbatch (one microbatch's rows, one log-prob chunk) and multiplied by the microbatches.
 
-Decode is costed at the mean fill of a rollout (slot P + M/2): a step reads the filled key
-blocks only, so its cost is affine in the fill and the mean-fill step is the rollout's average
-step; the last step (a full cache, the slowest) is reported beside it.
+Decode is costed as the rollout's average step: a step reads the filled key blocks only, so its
+cost is affine in the number of blocks it reads, and the costs of two compiled steps (the middle
+of the rollout and the last, full-cache step) interpolate exactly to the mean block count over
+the rollout's M steps (`dry_run_programs.decode_key_blocks`; one step in the middle would
+count a half-filled block as a whole one). The last step (the slowest) is reported beside it.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from typing import Any
 
 from ace_jax.train.dry_run_analytic import GB
 
-__all__ = ["CHIPS", "extrapolate", "roofline", "speed_section"]
+__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "speed_section"]
 
 # Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
 CHIPS: dict[str, dict[str, Any]] = {
@@ -52,6 +54,16 @@ def extrapolate(one: dict, two: dict, layers: int) -> dict[str, float]:
     return {k: c1[k] + (layers - 1) * (c2[k] - c1[k]) for k in c1}
 
 
+def at_blocks(step: dict[str, float], last: dict[str, float], blocks: dict[str, float]
+              ) -> dict[str, float]:
+    """The cost of a decode step reading ``blocks["mean"]`` key blocks, interpolated between the
+    ``step`` and ``last`` programs' costs (which read ``blocks["decode_step"]`` and
+    ``blocks["decode_last"]``); the step's own cost when they read as many."""
+    span = blocks["decode_last"] - blocks["decode_step"]
+    w = (blocks["mean"] - blocks["decode_step"]) / span if span else 0.0
+    return {k: step[k] + w * (last[k] - step[k]) for k in step}
+
+
 def roofline(cost: dict[str, float], chip: dict[str, float]) -> dict[str, Any]:
     """Roofline seconds of one program per chip (see the module docstring)."""
     terms = dict(flops_s=cost["flops"] / (chip["peak_tflops_bf16"] * 1e12),
@@ -70,11 +82,12 @@ def chip_figures(dry) -> dict[str, Any]:
 
 
 def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers: int, chips: int,
-                  n_act: int, prefill_s: float, decode_min: dict[str, float]) -> dict[str, Any]:
+                  n_act: int, prefill_s: float, decode_min: dict[str, float],
+                  key_blocks: dict[str, float]) -> dict[str, Any]:
     """The report's ``speed`` section from the cost programs (`cost_programs`), or {} when any
     is missing or failed. Per chip; seconds; tokens/s. ``decode_min``: the bytes a decode step
     must read at the mean fill (`dry_run_analytic.decode_min_bytes`), whose HBM time is the
-    bound beside the compiled figure."""
+    bound beside the compiled figure; ``key_blocks``: `dry_run_programs.decode_key_blocks`."""
     names = ("decode_step_L1", "decode_step_L2", "decode_last_L1", "decode_last_L2", "reshard",
              "learner_microbatch_L1", "learner_microbatch_L2")
     if not all(compiled.get(n, {}).get("ok") for n in names):
@@ -82,8 +95,9 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     chip = chip_figures(dry)
     n, m, p, g, b = shp["rows"], shp["new_tokens"], shp["prompt_len"], shp["group_size"], shp["prompts"]
     k = shp["microbatches"]
-    decode = roofline(extrapolate(compiled["decode_step_L1"], compiled["decode_step_L2"], layers), chip)
-    last = roofline(extrapolate(compiled["decode_last_L1"], compiled["decode_last_L2"], layers), chip)
+    step = extrapolate(compiled["decode_step_L1"], compiled["decode_step_L2"], layers)
+    last = extrapolate(compiled["decode_last_L1"], compiled["decode_last_L2"], layers)
+    decode, last = roofline(at_blocks(step, last, key_blocks), chip), roofline(last, chip)
     reshard = roofline(_cost(compiled["reshard"]), chip)
     mb = extrapolate(compiled["learner_microbatch_L1"], compiled["learner_microbatch_L2"], layers)
     learner = roofline({key: k * v for key, v in mb.items()}, chip)
@@ -97,7 +111,8 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     step_s = rollout_s + reshard["seconds"] + learner["seconds"]
     return dict(
         chip=chip, decode=decode, decode_last=last, reshard=reshard, learner=learner,
-        decode_rows_per_chip=rows_per_chip, decode_tok_s_chip=decode_tok_s_chip,
+        decode_rows_per_chip=rows_per_chip, decode_key_blocks=dict(key_blocks),
+        decode_tok_s_chip=decode_tok_s_chip,
         decode_last_tok_s_chip=rows_per_chip / last["seconds"],
         decode_min=dict(decode_min, seconds=min_s), decode_min_tok_s_chip=rows_per_chip / min_s,
         decode_hbm_gb=decode["hbm_bytes"] / GB, decode_collective_gb=decode["collective_bytes"] / GB,
@@ -116,7 +131,10 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
                  f"{c['ici_gbps']:.0f} GB/s bidirectional; {c['source']}) --",
              "  t = max(FLOP / peak, HBM bytes / HBM BW, collective bytes / (ICI / 2)); "
              "leaves out small-collective latency, overlap, kernel efficiency"]
-    for name, note in (("decode", f"one step at the mean fill, {speed['decode_rows_per_chip']:.0f} rows/chip"),
+    kb = speed["decode_key_blocks"]
+    for name, note in (("decode", f"the rollout's average step ({kb['mean']:.2f} own key blocks, "
+                                  f"between {kb['decode_step']:.0f} and {kb['decode_last']:.0f}), "
+                                  f"{speed['decode_rows_per_chip']:.0f} rows/chip"),
                        ("decode_last", "the last step, full cache"),
                        ("reshard", "learner -> sampler weights, once per RL step"),
                        ("learner", "the whole step (microbatches x one)")):

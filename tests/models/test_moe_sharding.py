@@ -4,6 +4,8 @@ expert that no token picks; the router's gradient flows through the expert-paral
 from __future__ import annotations
 
 import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -178,10 +180,55 @@ def test_router_gradient_flows_under_expert_parallelism():
                                atol=1e-5 * np.abs(router).max())
 
 
+@pytest.mark.parametrize("parallelism,sizes", [("expert", dict(expert=8)),
+                                               ("expert_tensor", dict(expert=4, tensor=2))])
+def test_partials_in_the_compute_dtype(parallelism, sizes):
+    """``partials="compute"`` in bf16: the devices' partial outputs are reduce-scattered (and
+    summed over 'tensor') in bf16, half the bytes of fp32, and the result stays within the bf16
+    rounding of the k = 2 partials of the fp32 sum (each term rounded once, then summed in bf16:
+    a few bf16 ulps of the largest output)."""
+    n = 32
+    x, idx, wts, ws = _problem(n, seed=7)
+    mesh = _mesh(**sizes)
+    rules = dict(sh.DEFAULT_RULES, experts="expert,tensor" if parallelism == "expert_tensor" else "expert")
+    rules = sh.rules_from_config(rules)
+    rows = NamedSharding(mesh, sh.logical_to_pspec(("batch", None), rules, shape=(n, H), mesh=mesh))
+    wsh = NamedSharding(mesh, sh.logical_to_pspec(("experts", "embed", "mlp"), rules, shape=ws[0].shape,
+                                                  mesh=mesh))
+    args = (*(jax.device_put(a, rows) for a in (x, idx, wts)), *(jax.device_put(w, wsh) for w in ws))
+
+    def run(partials):
+        def f(*a):
+            return moe_sharding.sharded_dispatch(qwen3.moe_dispatch_ragged, *a, jnp.bfloat16,
+                                                 parallelism=parallelism, platform="cpu", partials=partials)
+        with jax.set_mesh(mesh):
+            lowered = jax.jit(f).lower(*args)
+            return np.asarray(lowered.compile()(*args)), lowered.as_text()
+
+    # the lowered program's (XLA:CPU computes a bf16 collective in fp32; a TPU does not)
+    (exact, exact_hlo), (half, half_hlo) = run("float32"), run("compute")
+    assert half.dtype == np.float32 and half.shape == (n, H)
+
+    def summed_dtypes(text):  # operand dtypes of the cross-device sums over [rows, H]
+        return {m.group(2) for m in re.finditer(
+            r'"stablehlo\.(reduce_scatter|all_reduce)".*?\}\) : \(tensor<\d+x%dx(\w+)>\)' % H, text, re.S)}
+
+    assert summed_dtypes(exact_hlo) == {"f32"}, summed_dtypes(exact_hlo)
+    assert summed_dtypes(half_hlo) == {"bf16"}, summed_dtypes(half_hlo)
+    scale = float(np.abs(exact).max())
+    np.testing.assert_allclose(half, exact, rtol=0, atol=4 * 2.0 ** -8 * scale)
+    assert not np.array_equal(half, exact)   # it did round
+    with pytest.raises(ValueError, match="partials"):
+        moe_sharding.expert_parallel_dispatch(*args, jnp.bfloat16, platform="cpu", partials="bf16")
+
+
 def test_moe_parallelism_is_validated():
     with pytest.raises(UnsupportedConfigError, match="moe_parallelism"):
         ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                     num_attention_heads=1, num_key_value_heads=1, head_dim=8, moe_parallelism="tokens")
+    with pytest.raises(UnsupportedConfigError, match="moe_partials"):
+        ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                    num_attention_heads=1, num_key_value_heads=1, head_dim=8, moe_partials="bf16")
 
 
 def test_receive_buffer_bound():

@@ -121,7 +121,7 @@ def _expected_tree(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[s
             })
         else:
             tree.update({
-                p + "mlp/gate/kernel": ((L, h, e), ("layers", "embed", "experts")),
+                p + "mlp/gate/kernel": ((L, h, e), ("layers", "embed", "router")),
                 p + "mlp/experts/gate_proj": ((L, e, h, im), ("layers", "experts", "embed", "mlp")),
                 p + "mlp/experts/up_proj": ((L, e, h, im), ("layers", "experts", "embed", "mlp")),
                 p + "mlp/experts/down_proj": ((L, e, im, h), ("layers", "experts", "mlp", "embed")),

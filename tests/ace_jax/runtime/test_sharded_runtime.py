@@ -28,7 +28,7 @@ SAMPLING = SamplingConfig(max_new_tokens=8, group_size=G, temperature=1.0, promp
 # hidden size FSDP-sharded over fsdp and expert, experts over expert, heads / mlp / vocab over tensor.
 RULES = dict(batch="data,fsdp,expert", length="", cache_length="", embed="fsdp,expert",
              vocab="tensor", heads="tensor", kv_heads="tensor", head_dim="", mlp="tensor",
-             experts="expert", layers="")
+             experts="expert", router="expert", layers="")
 
 # mesh sizes -> expected PartitionSpecs of a few leaves (tiny_moe: V=256, H=32, nq=4, nkv=2,
 # d=16, Im=16, E=8, 2 layers; a TrainBatch of 16 rows).

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from ace_jax.runtime import tpu_compile
-from ace_jax.train import dry_run, dry_run_analytic, dry_run_report, dry_run_speed
+from ace_jax.train import dry_run, dry_run_analytic, dry_run_programs, dry_run_report, dry_run_speed
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -276,6 +276,28 @@ def test_roofline_names_the_binding_term_and_layers_extrapolate():
     r = dry_run_speed.roofline(cost, chip)
     assert r["bound"] == "flops" and r["seconds"] == pytest.approx(0.07)
     assert r["hbm_s"] == pytest.approx(0.005) and r["ici_s"] == pytest.approx(0.001)
+
+
+def test_decode_key_blocks_and_the_average_step_between_two_programs():
+    """M = 4096 new tokens, 512-slot key blocks: own slots only (a shared prefix) -> step 2047
+    reads 4 blocks, the last 8, the mean over the rollout 4.5 (one step at 2048 would read 5);
+    with the prompt in the own slots (P = 1000) the blocks count from slot 1000. The average
+    step's cost is the two programs' interpolated at the mean: affine in the blocks read."""
+    shp = dict(prompt_len=1000, new_tokens=4096)
+    kb = dry_run_programs.decode_key_blocks(shp, shared_prefix=True)
+    assert kb == dict(decode_step=4.0, decode_last=8.0, mean=4.5)
+    kb = dry_run_programs.decode_key_blocks(shp, shared_prefix=False)
+    # step i reads ceil((1001 + i) / 512) blocks: 6 at i = 2047, 10 at i = 4095
+    assert kb["decode_step"] == 6.0 and kb["decode_last"] == 10.0
+    assert kb["mean"] == pytest.approx(sum(-(-(1001 + i) // 512) for i in range(4096)) / 4096)
+    step = dict(flops=1.0, hbm_bytes=4e9, collective_bytes=1e8)
+    last = dict(flops=1.0, hbm_bytes=8e9, collective_bytes=1e8)   # + 1e9 bytes per block
+    got = dry_run_speed.at_blocks(step, last, dict(decode_step=4.0, decode_last=8.0, mean=4.5))
+    assert got == pytest.approx(dict(flops=1.0, hbm_bytes=4.5e9, collective_bytes=1e8))
+    # tiny rollouts: both programs read one block, the step's cost stands
+    kb = dry_run_programs.decode_key_blocks(dict(prompt_len=8, new_tokens=4), shared_prefix=True)
+    assert kb == dict(decode_step=1.0, decode_last=1.0, mean=1.0)
+    assert dry_run_speed.at_blocks(step, last, kb) == step
 
 
 @needs_libtpu
