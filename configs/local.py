@@ -52,13 +52,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # prior is a low constant and the selection is sharp from the start. With the default prior
     # (u0=1, inherited from the parent group, T=1) the batch moves to fresh, ever deeper child
     # states within 5 steps, on which the tiny policy writes broken code, and the valid rate falls
-    # (docs/results.md, "does the embedded default learn?", run C).
+    # (docs/results_earlier.md, "does the embedded default learn?", run C).
     c.lp.prior = "constant"
     c.lp.u0 = 0.25
     c.lp.temperature_start = 0.2
     # At most floor(0.3 * B) = 1 of the B=4 states of a batch on a child state, the rest on the
     # task drafts (each pool restricted to its own top-rho set). 5 whole-run seeds x 40 steps
-    # (docs/results.md, exploratory): uncapped, the batch moves wholly onto children and the valid rate falls
+    # (docs/results_earlier.md, exploratory): uncapped, the batch moves wholly onto children and the valid rate falls
     # (gain -0.105); at 0.5 it rises +0.055 [-0.044, +0.154]; at 0.3 +0.155 [+0.047, +0.263].
     c.lp.max_child_frac = 0.3
 
