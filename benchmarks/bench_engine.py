@@ -58,6 +58,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--sync-every", type=int, default=8)
     ap.add_argument("--prefill-chunk", type=int, default=256)
+    ap.add_argument("--shared-prefixes", type=int, default=0, help="engine.shared_prefixes: "
+                    "prompts read once per decode step for their samples (0: off)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--record", default="", help="with --rollouts: write their lengths to "
                     "benchmarks/data/local_rollout_lengths.json, this text saying where they are from")
@@ -96,7 +98,8 @@ def main(argv=None) -> dict:
     static = generate.Generator(model, base)
     eng = engine.Engine(model, base, engine.EngineConfig(
         slots=args.slots, page_size=args.page_size, max_context=max_prompt + max_new,
-        prefill_chunk=args.prefill_chunk, sync_every=args.sync_every))
+        prefill_chunk=args.prefill_chunk, sync_every=args.sync_every,
+        shared_prefixes=args.shared_prefixes, prefix_rows=len(requests[0][1][0])))
 
     def run_static():
         outs = []
@@ -137,6 +140,7 @@ def main(argv=None) -> dict:
         bench="engine", source=source, steps=len(requests),
         rows_per_step=sum(len(g) for g in requests[0][1]), slots=args.slots,
         page_size=args.page_size, sync_every=args.sync_every,
+        shared_prefixes=args.shared_prefixes,
         completion_tokens=dict(mean=float(lengths.mean()), min=int(lengths.min()),
                                median=float(np.median(lengths)), max=int(lengths.max())),
         prompt_tokens_mean=float(np.mean([len(p) for prompts, _ in requests for p in prompts])),

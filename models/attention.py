@@ -543,6 +543,72 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
     from the pool by page id. Same numerics as `decode_attention`.
     """
     b, t, nq, d = q.shape
+    out, _ = _paged_stats(q, k_pages, v_pages, layer, page_table, start, scaling=scaling,
+                          dtype=dtype, block_slots=block_slots, kernel=kernel)  # [B, nkv, g, T, d]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, nq, d).astype(jnp.dtype(dtype or q.dtype))
+
+
+def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
+                                  page_table: jax.Array, start: jax.Array,
+                                  prefix_table: jax.Array, prefix_lengths: jax.Array,
+                                  prefix_rows: jax.Array, *, scaling: float, dtype: Any = None,
+                                  block_slots: int = 512, kernel: str = "xla") -> jax.Array:
+    """`paged_attention` of a decode step (T == 1) for rows that share the first pages of their
+    tables (a prompt's full pages, shared by its samples): cascade attention over pages. Each
+    prefix's pages are read ONCE for the queries of all its rows, each row's own pages (from the
+    end of its prefix on) once per row, and the two softmaxes merged by their log-sum-exps; the
+    per-row paged kernel would read a prompt's pages once per sample.
+
+    Args:
+      q, k_pages, v_pages, layer, page_table, start, scaling, dtype, block_slots, kernel: as
+        `paged_attention` with T == 1 (a row's table lists its prefix's pages first).
+      prefix_table: int32 [Pn, prefix_pages], each prefix's pages.
+      prefix_lengths: int32 [Pn], each prefix's slots: a whole number of pages, the first
+        ``prefix_lengths[p] // page_size`` entries of each of its rows' tables (0: an unused
+        entry).
+      prefix_rows: int32 [Pn, Gp], the rows sharing prefix p (-1: none); a row in at most one
+        prefix. A row in none reads its whole table as `paged_attention` does.
+
+    Returns [B, 1, nq, d] in ``dtype``: `paged_attention`'s, up to rounding.
+    """
+    b, t, nq, d = q.shape
+    page_size, nkv = k_pages.shape[2], k_pages.shape[3]
+    pn, gp = prefix_rows.shape
+    if t != 1 or prefix_table.shape[0] != pn or prefix_lengths.shape != (pn,):
+        raise ValueError(f"paged_attention_shared_prefix: q {q.shape} (one token per row), "
+                         f"prefix_table {prefix_table.shape}, prefix_lengths {prefix_lengths.shape} "
+                         f"and prefix_rows {prefix_rows.shape} do not agree")
+    g = nq // nkv
+    rows = jnp.where(prefix_rows >= 0, prefix_rows, b).reshape(-1)          # -1 -> dropped
+    shared = jnp.zeros((b,), jnp.int32).at[rows].set(
+        jnp.repeat(prefix_lengths.astype(jnp.int32), gp), mode="drop")     # [B] prefix slots
+    # each row's own slots: its table from the end of its prefix on
+    pages = page_table.shape[1]
+    shift = jnp.arange(pages, dtype=jnp.int32)[None, :] + (shared // page_size)[:, None]
+    own_table = jnp.take_along_axis(page_table, jnp.minimum(shift, pages - 1), axis=1)
+    kw = dict(scaling=scaling, dtype=dtype, block_slots=block_slots, kernel=kernel)
+    own, own_lse = _paged_stats(q, k_pages, v_pages, layer, own_table, start - shared, **kw)
+    # a prefix's rows' queries as the query heads of one row, kv-head major: [Pn, 1, nkv*Gp*g, d]
+    qg = q[jnp.minimum(rows, b - 1), 0].reshape(pn, gp, nkv, g, d)
+    qg = jnp.transpose(qg, (0, 2, 1, 3, 4)).reshape(pn, 1, nkv * gp * g, d)
+    pre, pre_lse = _paged_stats(qg, k_pages, v_pages, layer, prefix_table,
+                                prefix_lengths.astype(jnp.int32) - 1, **kw)
+    pre = jnp.transpose(pre.reshape(pn, nkv, gp, g, d), (0, 2, 1, 3, 4)).reshape(pn * gp, nkv, g, d)
+    pre_lse = jnp.transpose(pre_lse.reshape(pn, nkv, gp, g), (0, 2, 1, 3)).reshape(pn * gp, nkv, g)
+    pre = jnp.zeros((b, nkv, g, d), _F32).at[rows].set(pre, mode="drop")
+    pre_lse = jnp.full((b, nkv, g), _MASK_VALUE, _F32).at[rows].set(pre_lse, mode="drop")
+    own, own_lse = own[:, :, :, 0], own_lse[..., 0]
+    m = jnp.maximum(own_lse, pre_lse)
+    w_own, w_pre = jnp.exp(own_lse - m), jnp.exp(pre_lse - m)
+    out = (own * w_own[..., None] + pre * w_pre[..., None]) / (w_own + w_pre)[..., None]
+    return out.reshape(b, 1, nq, d).astype(jnp.dtype(dtype or q.dtype))
+
+
+def _paged_stats(q, k_pages, v_pages, layer, page_table, start, *, scaling, dtype, block_slots,
+                 kernel):
+    """The softmax statistics of `paged_attention` (same arguments): (out fp32 [B, nkv, g, T, d],
+    log-sum-exp fp32 [B, nkv, g, T]; `_MASK_VALUE` where a query sees no slot, its out 0)."""
+    b, t, nq, d = q.shape
     _, _, page_size, nkv, _ = k_pages.shape
     if nq % nkv or k_pages.shape != v_pages.shape or page_table.shape[0] != b or start.shape != (b,):
         raise ValueError(f"paged_attention: q {q.shape}, pages {k_pages.shape} / {v_pages.shape}, "
@@ -553,10 +619,10 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
         raise ValueError(f"decode kernel {kernel!r}; valid: {list(DECODE_KERNELS)}")
     if kernel != "xla" and t == 1:
         from models import decode_kernel  # local: Pallas only where the kernel runs
-        out, _ = decode_kernel.paged_decode_stats(
-            q.reshape(b, nkv, g, d), k_pages, v_pages, page_table, start + 1, layer,
+        out, lse = decode_kernel.paged_decode_stats(
+            q.reshape(b, nkv, g, d), k_pages, v_pages, page_table, jnp.maximum(start + 1, 0), layer,
             scaling=scaling, dtype=dtype, interpret=kernel == "pallas_interpret")
-        return out.reshape(b, 1, nq, d).astype(dtype)
+        return out.reshape(b, nkv, g, 1, d), lse.reshape(b, nkv, g, 1)
     pages_per_block = max(1, min(block_slots // page_size, page_table.shape[1]))
     blocks = -(-page_table.shape[1] // pages_per_block)
     table = _pad_axis(page_table, 1, blocks * pages_per_block)
@@ -579,8 +645,8 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
             jnp.zeros((b, nkv, g, t, d), _F32))
     num_blocks = jnp.clip(jnp.max(last) // bk + 1, 0, blocks)
     stats, _ = jax.lax.fori_loop(0, num_blocks, key_block, (init, (k_pages, v_pages)))
-    out, _ = _finish(*stats)                                                # [B, nkv, G, T, d]
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, nq, d).astype(dtype)
+    out, lse = _finish(*stats)                                              # [B, nkv, G, T, d]
+    return out, jnp.where(stats[1] > 0, lse, _MASK_VALUE)
 
 
 # ============================================================================ splash (Pallas TPU)

@@ -101,6 +101,7 @@ from models.attention import (
     decode_attention,
     decode_attention_shared_prefix,
     paged_attention,
+    paged_attention_shared_prefix,
     paged_write,
     resolve_attention_impl,
     segment_mask,
@@ -114,6 +115,7 @@ __all__ = [
     "KVCache",
     "ModelOutput",
     "PagedKVCache",
+    "PagedPrefix",
     "Qwen3ForCausalLM",
     "Qwen3DecoderLayer",
     "init_cache",
@@ -465,8 +467,9 @@ class Qwen3Attention(nnx.Module):
             the cache instead of slicing it out and stacking it back every step);
           kv_layout "decode": one layer, k [B,nkv,d,S] and v [B,nkv,S,d] (see `KVCache`);
           kv_layout "paged": a layer stack's page pools [Lg,P,page_size,nkv,d] (this layer at
-            ``layer_index``); ``cache_index`` is then (page_table [B, pages], start [B]) and the T
-            tokens of row b go to its slots start[b]..start[b]+T-1 (`PagedKVCache`).
+            ``layer_index``); ``cache_index`` is then (page_table [B, pages], start [B], prefix:
+            a `PagedPrefix` or None) and the T tokens of row b go to its slots
+            start[b]..start[b]+T-1 (`PagedKVCache`).
         kv_len: static number of leading cache slots the queries may see (``mask`` covers kv_len
           keys); None = all S. ``kv_len == T`` with ``cache_index == 0`` attends to the new keys
           directly.
@@ -479,13 +482,17 @@ class Qwen3Attention(nnx.Module):
         if kv_cache is None:  # causal self-attention over the T tokens
             return self.o_proj(attend(q, k, v, mask, self.scaling, self.dtype)), None
         k_cache, v_cache = kv_cache[:2]
-        if kv_layout == "paged":  # cache_index: (page_table [B, pages_per_row], start [B])
-            page_table, start = cache_index
+        if kv_layout == "paged":  # cache_index: (page_table [B, pages_per_row], start [B], prefix)
+            page_table, start, prefix = cache_index
             k_cache, v_cache = paged_write(k_cache, v_cache, k, v, layer_index, page_table, start,
                                            mask.q_segment_ids)
-            out = paged_attention(q, k_cache, v_cache, layer_index, page_table, start,
-                                  scaling=self.scaling, dtype=self.dtype,
-                                  kernel=_decode_kernel(mask))
+            kw = dict(scaling=self.scaling, dtype=self.dtype, kernel=_decode_kernel(mask))
+            if prefix is not None and q.shape[1] == 1:   # a decode step: shared prompt pages once
+                out = paged_attention_shared_prefix(q, k_cache, v_cache, layer_index, page_table,
+                                                    start, prefix.table, prefix.lengths,
+                                                    prefix.rows, **kw)
+            else:
+                out = paged_attention(q, k_cache, v_cache, layer_index, page_table, start, **kw)
             return self.o_proj(out), (k_cache, v_cache)
         k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
         # kv_len == T: a prefill into an empty cache (the index is 0, whether traced or not): the
@@ -1108,6 +1115,22 @@ KV_LAYOUTS = ("standard", "decode")
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class PagedPrefix:
+    """The prompts whose full pages several rows of a `PagedKVCache` share, for a decode step
+    that reads each of them once for all its rows (`models.attention.paged_attention_shared_prefix`).
+
+    table: int32 [Pn, prefix_pages], each prefix's pages; lengths: int32 [Pn], its slots (whole
+      pages; 0 = an unused entry); rows: int32 [Pn, Gp], the rows that share it (-1: none), whose
+      page tables list those pages first.
+    """
+
+    table: jax.Array
+    lengths: jax.Array
+    rows: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class PagedKVCache:
     """Paged KV cache: one pool of fixed-size pages per layer group, shared by all rows.
 
@@ -1118,12 +1141,15 @@ class PagedKVCache:
     lengths: int32 [B]: the slots each row has filled; a call's T tokens of row b go to slots
       lengths[b] .. lengths[b] + T - 1 (the real ones: ``attention_mask`` is right-padded) and the
       returned cache has lengths + the number of real tokens.
+    prefix: None, or the `PagedPrefix` of the rows' shared prompt pages (a decode step then
+      reads each once per prefix; chunks of T > 1 tokens read every row's table).
     """
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     page_table: jax.Array
     lengths: jax.Array
+    prefix: PagedPrefix | None = None
     layout = "paged"
 
     @property
@@ -1299,7 +1325,7 @@ class Qwen3ForCausalLM(nnx.Module):
             kv_mask = None
             ids = attention_mask.astype(jnp.int32)
             mask = AttentionMask(ids, ids, 0, None, impl="paged", platform=platform)
-            cache_index = (cache.page_table, cache.lengths)
+            cache_index = (cache.page_table, cache.lengths, cache.prefix)
         elif cache is None:
             kv_mask, kv_keys, offset = None, attention_mask, 0
         else:
@@ -1362,7 +1388,8 @@ class Qwen3ForCausalLM(nnx.Module):
             aux_loss = load_balancing_loss(counts, prob_sum, cfg.num_moe_layers * jnp.sum(token_mask))
         if paged:
             new_cache = PagedKVCache(k=tuple(new_k), v=tuple(new_v), page_table=cache.page_table,
-                                     lengths=cache.lengths + jnp.sum(attention_mask, axis=1, dtype=jnp.int32))
+                                     lengths=cache.lengths + jnp.sum(attention_mask, axis=1, dtype=jnp.int32),
+                                     prefix=cache.prefix)
         else:
             new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask,
                                                            layout=cache.layout, prefix=cache.prefix)
@@ -1465,6 +1492,12 @@ class Qwen3ForCausalLM(nnx.Module):
         if cache.page_table.shape[0] != input_ids.shape[0] or cache.lengths.shape != (input_ids.shape[0],):
             raise ValueError(f"paged cache of {cache.page_table.shape[0]} rows (lengths "
                              f"{cache.lengths.shape}) for input_ids of {input_ids.shape[0]} rows")
+        pre = cache.prefix
+        if pre is not None and not (pre.table.ndim == 2 and pre.rows.ndim == 2
+                                    and pre.table.shape[0] == pre.rows.shape[0]
+                                    and pre.lengths.shape == (pre.rows.shape[0],)):
+            raise ValueError(f"PagedPrefix table {pre.table.shape}, lengths {pre.lengths.shape} and "
+                             f"rows {pre.rows.shape} must be [Pn, pages], [Pn] and [Pn, Gp]")
         if positions is None:
             positions = cache.lengths[:, None] + jnp.arange(input_ids.shape[1], dtype=jnp.int32)[None, :]
         positions = jnp.asarray(positions)

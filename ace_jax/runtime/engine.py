@@ -66,6 +66,11 @@ class EngineConfig:
         ``max_context`` plus one prompt (no admission ever waits for pages).
       prefill_chunk: prompt tokens per prefill call.
       sync_every: decode steps per host round trip (finished rows idle until the next one).
+      shared_prefixes: prompts whose full pages a decode step reads once for all their
+        running samples (cascade attention, `qwen3.PagedPrefix`); 0 = off (every row reads its
+        whole table, the prompt's pages once per sample). A request that finds no free entry,
+        and the samples of a request past ``prefix_rows``, read their whole tables.
+      prefix_rows: running samples per shared prefix.
     """
 
     slots: int = 8
@@ -74,13 +79,18 @@ class EngineConfig:
     num_pages: int = 0
     prefill_chunk: int = 128
     sync_every: int = 8
+    shared_prefixes: int = 0
+    prefix_rows: int = 8
 
     def __post_init__(self):
         for name in ("slots", "page_size", "max_context", "prefill_chunk", "sync_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_pages < 0:
-            raise ValueError(f"engine.num_pages must be >= 0, got {self.num_pages}")
+        for name in ("num_pages", "shared_prefixes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"engine.{name} must be >= 0, got {getattr(self, name)}")
+        if self.prefix_rows < 1:
+            raise ValueError(f"engine.prefix_rows must be >= 1, got {self.prefix_rows}")
 
     @property
     def pages_per_row(self) -> int:
@@ -110,6 +120,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.num_pages = d.num_pages         # 0: every slot at max_context, plus one prompt
     c.prefill_chunk = d.prefill_chunk
     c.sync_every = d.sync_every
+    c.shared_prefixes = d.shared_prefixes   # prompts read once per step for all their samples
+    c.prefix_rows = d.prefix_rows
     return c
 
 
@@ -180,6 +192,7 @@ class _Request:
     logits: jax.Array | None = None   # float32 [V] after the prefill
     live: int = 0                 # samples in a slot
     prompt_routes: np.ndarray | None = None   # uint8 [P, L_moe, k] (MoE policies)
+    prefix: int | None = None     # its entry of the shared prefixes, if it has one
 
 
 class Engine:
@@ -231,6 +244,14 @@ class Engine:
         self._slot_tokens: list[list[int]] = [[] for _ in range(s)]
         self._slot_logprobs: list[list[float]] = [[] for _ in range(s)]
         self._slot_routes: list[list[np.ndarray]] = [[] for _ in range(s)]
+        # the shared prefixes (host copies, sent with each decode call): entry e's pages, slots
+        # and rows (`qwen3.PagedPrefix`); a slot's (entry, position) in them
+        pn = config.shared_prefixes
+        self._prefix = qwen3.PagedPrefix(np.zeros((pn, config.pages_per_row), np.int32),
+                                         np.zeros((pn,), np.int32),
+                                         np.full((pn, config.prefix_rows), -1, np.int32))
+        self._free_prefixes = list(range(pn - 1, -1, -1))
+        self._slot_prefix: list[tuple[int, int] | None] = [None] * s
         self._next_id = 0
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
                           peak_pages=0)
@@ -326,8 +347,10 @@ class Engine:
                                    "(a bug: submit checks that each request fits)")
             return []
         steps = self.config.sync_every
+        prefix = (jax.tree.map(jnp.asarray, self._prefix) if self.config.shared_prefixes
+                  else None)
         self._state, tokens, logprobs, emitted, routes = self._decode(
-            self.graphdef, steps, self.params, self._knobs, self._state)
+            self.graphdef, steps, self.params, self._knobs, self._state, prefix)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
         tokens, logprobs, emitted, done, reason, routes = jax.device_get(
@@ -473,6 +496,7 @@ class Engine:
             src = req.prompt_pages[-1] if p % ps else 0
             dst = own[0] if p % ps else 0
             slot = free.pop(0)
+            self._join_prefix(req, slot, shared)
             self._slot_owner[slot] = (rid, sample)
             self._slot_pages[slot] = shared + own
             self._slot_tokens[slot], self._slot_logprobs[slot] = [], []
@@ -509,9 +533,31 @@ class Engine:
             if not req.queue:
                 req.logits = None
 
+    def _join_prefix(self, req: _Request, slot: int, shared: list[int]) -> None:
+        """Lists ``slot`` among the rows of ``req``'s shared prefix (its full prompt pages
+        ``shared``), taking a free entry for the request first; no-op when the request has no
+        full prompt page, or no entry or row position is free (the row then reads its table)."""
+        if not shared:
+            return
+        pre = self._prefix
+        if req.prefix is None and self._free_prefixes:
+            req.prefix = self._free_prefixes.pop()
+            pre.table[req.prefix, :len(shared)] = shared
+            pre.lengths[req.prefix] = len(shared) * self.config.page_size
+        if req.prefix is None:
+            return
+        open_ = np.flatnonzero(pre.rows[req.prefix] < 0)
+        if open_.size:
+            pre.rows[req.prefix, open_[0]] = slot
+            self._slot_prefix[slot] = (req.prefix, int(open_[0]))
+
     def _free_slot(self, slot: int) -> None:
         """The slot's row leaves it (host side: its pages go back, its request counts it)."""
         rid, _ = self._slot_owner[slot]
+        if self._slot_prefix[slot] is not None:
+            entry, position = self._slot_prefix[slot]
+            self._prefix.rows[entry, position] = -1
+            self._slot_prefix[slot] = None
         self._drop_pages(self._slot_pages[slot])
         self._slot_owner[slot], self._slot_pages[slot] = None, []
         self._requests[rid].live -= 1
@@ -522,6 +568,10 @@ class Engine:
         if req.live == 0 and not req.queue:
             if req.prompt_pages is not None:
                 self._drop_pages(req.prompt_pages)
+            if req.prefix is not None:   # its entry is free again
+                self._prefix.table[req.prefix] = 0
+                self._prefix.lengths[req.prefix] = 0
+                self._free_prefixes.append(req.prefix)
             del self._requests[rid]
 
     def _release(self, slot: int, reason: int) -> Completion:

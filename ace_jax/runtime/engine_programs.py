@@ -32,9 +32,11 @@ class SlotState(NamedTuple):
     temperature: jax.Array  # float32 [S]: each row's request's temperature (0 = greedy)
 
 
-def model_forward(model, layer_params, tokens, mask, pools, page_table, lengths):
-    """-> (hidden states, pools, routes uint8 [B, T, L_moe, k] or None for a dense model)."""
-    cache = qwen3.PagedKVCache(k=pools[0], v=pools[1], page_table=page_table, lengths=lengths)
+def model_forward(model, layer_params, tokens, mask, pools, page_table, lengths, prefix=None):
+    """-> (hidden states, pools, routes uint8 [B, T, L_moe, k] or None for a dense model).
+    ``prefix``: the rows' shared prompt pages (`qwen3.PagedPrefix`) or None."""
+    cache = qwen3.PagedKVCache(k=pools[0], v=pools[1], page_table=page_table, lengths=lengths,
+                               prefix=prefix)
     moe = model.config.num_moe_layers > 0
     out = model(tokens, attention_mask=mask, cache=cache, compute_logits=False,
                 layer_params=layer_params, return_routes=moe)
@@ -86,11 +88,13 @@ def retire(state: SlotState, slots):
     return state._replace(done=state.done | slots)
 
 
-def decode(graphdef, steps, params, knobs, state: SlotState):
+def decode(graphdef, steps, params, knobs, state: SlotState, prefix=None):
     """``steps`` decode steps of every slot -> (state, tokens int32 [S, steps], logprobs
     float32 [S, steps], emitted bool [S, steps], routes uint8 [S, steps, L_moe, k] or None). A
     row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
-    or its budget, and (while live) writes the token's keys / values into its pages."""
+    or its budget, and (while live) writes the token's keys / values into its pages.
+    ``prefix``: None, or the `qwen3.PagedPrefix` of the slots' shared prompt pages (each read
+    once per step for all its rows)."""
     model = nnx.merge(graphdef, params)
     layer_params = layer_params_of(model)
     knobs = knobs._replace(temperature=state.temperature)
@@ -109,7 +113,7 @@ def decode(graphdef, steps, params, knobs, state: SlotState):
                                      int(generate.FinishReason.LENGTH)))
         finishing = live & (hit_eos | hit_stop | spent)
         h, pools, routes = model_forward(model, layer_params, tok[:, None], live[:, None],
-                                          state.pools, state.page_table, state.lengths)
+                                          state.pools, state.page_table, state.lengths, prefix)
         state = state._replace(
             pools=pools, lengths=state.lengths + live, logits=model.lm_logits(h[:, -1, :]),
             produced=produced, done=state.done | finishing,

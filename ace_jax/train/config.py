@@ -291,7 +291,8 @@ def _check_engine(cfg: ml_collections.ConfigDict, num_devices: Optional[int]) ->
     n = jax.device_count() if num_devices is None else num_devices
     try:
         kind = engine.resolve_kind(e.kind, n)
-        shapes = {k: e[k] for k in ("slots", "page_size", "num_pages", "prefill_chunk", "sync_every")}
+        shapes = {k: e[k] for k in ("slots", "page_size", "num_pages", "prefill_chunk", "sync_every",
+                                    "shared_prefixes", "prefix_rows")}
         engine.EngineConfig(max_context=e.max_context or 1, **shapes)
     except ValueError as err:
         raise ConfigError(str(err)) from None

@@ -28,7 +28,7 @@ import pytest
 
 from models import decode_kernel
 from models.attention import (_decode_stats, decode_attention, decode_attention_shared_prefix,
-                              paged_attention)
+                              paged_attention, paged_attention_shared_prefix)
 from tests.numerics import assert_close
 
 _HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -191,6 +191,39 @@ def test_paged_kernel_equals_the_page_loop(dtype):
                                          scaling=1.0, interpret=True)
     with pytest.raises(ValueError, match="decode kernel"):
         paged_attention(q, k, v, 1, table, start, scaling=1.0, kernel="fast")
+
+
+@pytest.mark.parametrize("kernel", ["xla", "pallas_interpret"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_paged_cascade_equals_paged_attention(kernel, dtype):
+    """Prefix 0 (pages 1, 2) is shared by rows 0, 2, 3, prefix 1 (page 3) by rows 1 and 5, prefix
+    2 is unused; row 4 is in no prefix. Each prefix read once for its rows, then each row's own
+    pages, merged: the same as every row reading its whole table."""
+    layers, pages, ps, nkv, r, d = 2, 16, 8, 2, 4, 128
+    k, v = _pool(2, layers, pages, ps, nkv, d, dtype)
+    table = jnp.asarray([[1, 2, 6, 7], [3, 11, 12, 0], [1, 2, 8, 0], [1, 2, 9, 10], [14, 15, 0, 0],
+                         [3, 13, 0, 0]], jnp.int32)
+    start = jnp.asarray([20, 10, 16, 31, 12, 8], jnp.int32)   # rows 2 and 5: their first own slot
+    prefix_table = jnp.asarray([[1, 2], [3, 0], [0, 0]], jnp.int32)
+    prefix_lengths = jnp.asarray([2 * ps, ps, 0], jnp.int32)
+    prefix_rows = jnp.asarray([[0, 2, 3], [1, 5, -1], [-1, -1, -1]], jnp.int32)
+    q = jnp.asarray(np.random.RandomState(3).randn(6, 1, nkv * r, d), dtype)
+    kw = dict(scaling=d ** -0.5, dtype=dtype, block_slots=16, kernel=kernel)
+    want = jax.jit(lambda s: paged_attention(q, k, v, 1, table, s, **kw))(start)
+    got = jax.jit(lambda s, pt, pl_, pr: paged_attention_shared_prefix(
+        q, k, v, 1, table, s, pt, pl_, pr, **kw))(start, prefix_table, prefix_lengths, prefix_rows)
+    assert got.shape == want.shape == (6, 1, nkv * r, d) and got.dtype == want.dtype
+    assert_close(np.asarray(got, np.float32), np.asarray(want, np.float32), reduction_len=4 * ps,
+                 dtype=dtype)
+    # a prefix's keys come from the prefix table: pointing prefix 0 at other pages moves its
+    # rows 0, 2, 3 and no other row
+    other = paged_attention_shared_prefix(q, k, v, 1, table, start, prefix_table.at[0].set(
+        jnp.asarray([4, 5], jnp.int32)), prefix_lengths, prefix_rows, **kw)
+    moved = np.abs(np.asarray(other, np.float32) - np.asarray(got, np.float32)).max(axis=(1, 2, 3))
+    assert (moved[[0, 2, 3]] > 0.1).all() and (moved[[1, 4, 5]] < 1e-3).all()  # O(1) vs rounding
+    with pytest.raises(ValueError, match="one token per row"):
+        paged_attention_shared_prefix(jnp.concatenate([q, q], 1), k, v, 1, table, start,
+                                      prefix_table, prefix_lengths, prefix_rows, scaling=1.0)
 
 
 def test_a_paged_decode_step_of_the_model_with_the_kernel(monkeypatch):

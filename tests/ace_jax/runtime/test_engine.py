@@ -54,6 +54,30 @@ def test_engine_generates_what_the_static_generator_does(model, temperature):
     assert eng._page_refs == {} and len(eng._free_pages) == eng.config.pool_pages - 1
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefixes_read_once_decode_what_the_static_generator_does(model, temperature):
+    """Cascade decode (`engine.shared_prefixes`): a request's full prompt pages read once per
+    step for its running samples. With 2 entries of 2 rows, some requests and samples find no
+    room and read their whole tables: every row still equals the static generator's, and all
+    entries come back free."""
+    s = _sampling(temperature=temperature)
+    ref = generate.Generator(model, s).generate(PROMPTS, jax.random.key(3))
+    eng = _engine(model, s, shared_prefixes=2, prefix_rows=2)
+    rid = eng.submit(PROMPTS[3], n=3, key=jax.random.key(9))
+    eng.step()                              # 20 tokens = 5 full pages, shared by 2 of 3 slots
+    pre = eng._prefix
+    entry = eng._requests[rid].prefix
+    assert pre.lengths[entry] == 5 * 4 and sorted(pre.rows[entry].tolist()) == [0, 1]
+    assert pre.table[entry, :5].tolist() == eng._requests[rid].prompt_pages[:5]
+    assert eng._slot_prefix[2] is None      # the third sample: no row position left
+    eng.drain()
+    _assert_same(ref, eng.generate(PROMPTS, jax.random.key(3)))
+    assert sorted(eng._free_prefixes) == [0, 1] and (pre.rows == -1).all() and not pre.lengths.any()
+    assert eng._page_refs == {} and len(eng._free_pages) == eng.config.pool_pages - 1
+    with pytest.raises(ValueError, match="engine.prefix_rows must be >= 1"):
+        engine.EngineConfig(prefix_rows=0)
+
+
 def test_eos_stop_sequences_and_budgets_end_rows_as_in_the_static_generator(model):
     greedy = generate.Generator(model, _sampling(temperature=0.0, eos_ids=())).generate(
         PROMPTS, jax.random.key(0))
