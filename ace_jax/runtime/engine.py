@@ -33,6 +33,12 @@ Pages: page 0 is never handed out (slots without a row point at it); a sample re
 its prompt and full budget need when it is admitted (no preemption, no mid-run failure); a
 request that could never fit (context longer than ``pages_per_row`` pages, or more pages than
 the pool) is refused by `Engine.submit` with `EngineCapacityError`.
+
+Cascade decode (``engine.shared_prefixes`` > 0): a request's full prompt pages become an entry
+of `qwen3.PagedPrefix` while it runs, and a decode step reads them once for all its running
+samples (up to ``prefix_rows``), then each row's own pages, merged by log-sum-exp. Off by
+default: on XLA:CPU the second page loop costs more than it saves; on TPU the per-row kernel
+would read a long prompt once per sample (docs/tpu.md).
 """
 from __future__ import annotations
 
@@ -546,10 +552,10 @@ class Engine:
             pre.lengths[req.prefix] = len(shared) * self.config.page_size
         if req.prefix is None:
             return
-        open_ = np.flatnonzero(pre.rows[req.prefix] < 0)
-        if open_.size:
-            pre.rows[req.prefix, open_[0]] = slot
-            self._slot_prefix[slot] = (req.prefix, int(open_[0]))
+        spare = np.flatnonzero(pre.rows[req.prefix] < 0)
+        if spare.size:
+            pre.rows[req.prefix, spare[0]] = slot
+            self._slot_prefix[slot] = (req.prefix, int(spare[0]))
 
     def _free_slot(self, slot: int) -> None:
         """The slot's row leaves it (host side: its pages go back, its request counts it)."""
