@@ -497,6 +497,42 @@ def _page_slots(page_table: jax.Array, start: jax.Array, t: int, page_size: int)
     return page, pos % page_size, in_table
 
 
+def _page_shards(batch: int, nkv: int, num_pages: int):
+    """How a paged op splits under the tracing mesh: None without a mesh (or with nothing to
+    split), else (mesh, batch axes, head axis) as `kernel_mesh.mesh_specs` splits the Pallas
+    kernels. Rows AND the pool's pages are split over the batch axes, KV heads over 'tensor':
+    each device holds its rows' pages, and a row's page ids index the pages of its own shard
+    (the engine keeps one free list per shard)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None
+    batch_axes, head_axis = mesh_specs(mesh, batch, nkv)
+    if batch_axes is None and head_axis is None:
+        return None
+    shards = int(np.prod([mesh.shape[a] for a in batch_axes or ()]))
+    if num_pages % shards:
+        raise ValueError(f"a page pool of {num_pages} pages does not split over the {shards} row "
+                         f"shards of mesh axes {batch_axes}: make engine.num_pages a multiple")
+    return mesh, batch_axes, head_axis
+
+
+def _on_page_shards(local, batch: int, nkv: int, num_pages: int, args, kinds, out_kinds):
+    """``local(*args)``, per shard under the tracing mesh (`_page_shards`) or as is. ``kinds``
+    / ``out_kinds`` name each operand's split: "pool" [L, P, page, nkv, d], "heads" [B, T, H, d]
+    (H over the head axis), "stats" [B, nkv, ...], "rows" [B, ...], "entries" [Pn, ...] (the
+    shared prefixes: over the batch axes as the rows), "all" (replicated)."""
+    split = _page_shards(batch, nkv, num_pages)
+    if split is None:
+        return local(*args)
+    mesh, rows, heads = split
+    P = jax.sharding.PartitionSpec
+    specs = dict(pool=P(None, rows, None, heads), heads=P(rows, None, heads), stats=P(rows, heads),
+                 rows=P(rows), entries=P(rows), all=P())
+    return jax.shard_map(local, mesh=mesh, check_vma=False,
+                         in_specs=tuple(specs[k] for k in kinds),
+                         out_specs=tuple(specs[k] for k in out_kinds))(*args)
+
+
 def paged_write(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Array, layer,
                 page_table: jax.Array, start: jax.Array, valid: jax.Array):
     """Writes the keys / values of T new tokens per row into a page pool.
@@ -512,8 +548,17 @@ def paged_write(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Arr
         table) are not written.
 
     Returns the updated (k_pages, v_pages). Rows must not share the pages they write into (the
-    engine copies a shared partial page before a row writes to it).
+    engine copies a shared partial page before a row writes to it). Under a mesh the pool's
+    pages are split with the rows (`_page_shards`): page ids are each shard's own.
     """
+    layer = jnp.asarray(layer, jnp.int32)
+    return _on_page_shards(_paged_write_local, k.shape[0], k.shape[2], k_pages.shape[1],
+                           (k_pages, v_pages, k, v, layer, page_table, start, valid),
+                           ("pool", "pool", "heads", "heads", "all", "rows", "rows", "rows"),
+                           ("pool", "pool"))
+
+
+def _paged_write_local(k_pages, v_pages, k, v, layer, page_table, start, valid):
     num_pages, page_size = k_pages.shape[1:3]
     page, offset, in_table = _page_slots(page_table, start, k.shape[1], page_size)
     page = jnp.where((valid != 0) & in_table, page, num_pages)    # out of bounds: dropped
@@ -543,8 +588,12 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
     from the pool by page id. Same numerics as `decode_attention`.
     """
     b, t, nq, d = q.shape
-    out, _ = _paged_stats(q, k_pages, v_pages, layer, page_table, start, scaling=scaling,
-                          dtype=dtype, block_slots=block_slots, kernel=kernel)  # [B, nkv, g, T, d]
+    local = functools.partial(_paged_stats, scaling=scaling, dtype=dtype, block_slots=block_slots,
+                              kernel=kernel)
+    out, _ = _on_page_shards(local, b, k_pages.shape[3], k_pages.shape[1],
+                             (q, k_pages, v_pages, jnp.asarray(layer, jnp.int32), page_table, start),
+                             ("heads", "pool", "pool", "all", "rows", "rows"),
+                             ("stats", "stats"))                            # [B, nkv, g, T, d]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, nq, d).astype(jnp.dtype(dtype or q.dtype))
 
 
@@ -569,15 +618,32 @@ def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax
       prefix_rows: int32 [Pn, Gp], the rows sharing prefix p (-1: none); a row in at most one
         prefix. A row in none reads its whole table as `paged_attention` does.
 
-    Returns [B, 1, nq, d] in ``dtype``: `paged_attention`'s, up to rounding.
+    Returns [B, 1, nq, d] in ``dtype``: `paged_attention`'s, up to rounding. Under a mesh the
+    prefixes are split with the rows and pages (`_page_shards`): entry e of shard i holds that
+    shard's page ids and row indices.
     """
     b, t, nq, d = q.shape
-    page_size, nkv = k_pages.shape[2], k_pages.shape[3]
-    pn, gp = prefix_rows.shape
+    pn = prefix_rows.shape[0]
     if t != 1 or prefix_table.shape[0] != pn or prefix_lengths.shape != (pn,):
         raise ValueError(f"paged_attention_shared_prefix: q {q.shape} (one token per row), "
                          f"prefix_table {prefix_table.shape}, prefix_lengths {prefix_lengths.shape} "
                          f"and prefix_rows {prefix_rows.shape} do not agree")
+    local = functools.partial(_cascade_local, scaling=scaling, dtype=dtype,
+                              block_slots=block_slots, kernel=kernel)
+    out, = _on_page_shards(local, b, k_pages.shape[3], k_pages.shape[1],
+                           (q, k_pages, v_pages, jnp.asarray(layer, jnp.int32), page_table, start,
+                            prefix_table, prefix_lengths, prefix_rows),
+                           ("heads", "pool", "pool", "all", "rows", "rows", "entries", "entries",
+                            "entries"), ("heads",))
+    return out
+
+
+def _cascade_local(q, k_pages, v_pages, layer, page_table, start, prefix_table, prefix_lengths,
+                   prefix_rows, *, scaling, dtype, block_slots, kernel):
+    """`paged_attention_shared_prefix` on one shard (or one device) -> ([B, 1, nq, d],)."""
+    b, _, nq, d = q.shape
+    page_size, nkv = k_pages.shape[2], k_pages.shape[3]
+    pn, gp = prefix_rows.shape
     g = nq // nkv
     rows = jnp.where(prefix_rows >= 0, prefix_rows, b).reshape(-1)          # -1 -> dropped
     shared = jnp.zeros((b,), jnp.int32).at[rows].set(
@@ -601,13 +667,14 @@ def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax
     m = jnp.maximum(own_lse, pre_lse)
     w_own, w_pre = jnp.exp(own_lse - m), jnp.exp(pre_lse - m)
     out = (own * w_own[..., None] + pre * w_pre[..., None]) / (w_own + w_pre)[..., None]
-    return out.reshape(b, 1, nq, d).astype(jnp.dtype(dtype or q.dtype))
+    return (out.reshape(b, 1, nq, d).astype(jnp.dtype(dtype or q.dtype)),)
 
 
 def _paged_stats(q, k_pages, v_pages, layer, page_table, start, *, scaling, dtype, block_slots,
                  kernel):
-    """The softmax statistics of `paged_attention` (same arguments): (out fp32 [B, nkv, g, T, d],
-    log-sum-exp fp32 [B, nkv, g, T]; `_MASK_VALUE` where a query sees no slot, its out 0)."""
+    """The softmax statistics of `paged_attention` (same arguments) on one shard (or device):
+    (out fp32 [B, nkv, g, T, d], log-sum-exp fp32 [B, nkv, g, T]; `_MASK_VALUE` where a query
+    sees no slot, its out 0)."""
     b, t, nq, d = q.shape
     _, _, page_size, nkv, _ = k_pages.shape
     if nq % nkv or k_pages.shape != v_pages.shape or page_table.shape[0] != b or start.shape != (b,):

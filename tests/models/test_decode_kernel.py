@@ -226,6 +226,53 @@ def test_paged_cascade_equals_paged_attention(kernel, dtype):
                                       prefix_table, prefix_lengths, prefix_rows, scaling=1.0)
 
 
+@pytest.mark.parametrize("kernel", ["xla", "pallas_interpret"])
+def test_paged_ops_under_a_mesh_run_per_shard(kernel):
+    """Rows and the pool's pages split over 'data' (4 shards: 2 rows, 5 pages each), KV heads
+    over 'tensor' (2): a row's page ids index its own shard's pages. The write, the decode
+    attention and the cascade (one shared prefix per shard) equal each shard computed alone,
+    and nothing is gathered across shards."""
+    from models.attention import paged_write
+
+    layers, shards, per, ps, nkv, r, d = 2, 4, 5, 8, 2, 4, 128
+    k, v = _pool(5, layers, shards * per, ps, nkv, d, jnp.float32)
+    rng = np.random.RandomState(6)
+    table = jnp.asarray([[1, 2, 3], [1, 2, 4]] * shards, jnp.int32)       # rows share pages 1, 2
+    start = jnp.asarray(rng.randint(2 * ps, 3 * ps - 1, size=2 * shards), jnp.int32)
+    q = jnp.asarray(rng.randn(2 * shards, 1, nkv * r, d), jnp.float32)
+    new_k = jnp.asarray(rng.randn(2 * shards, 1, nkv, d), jnp.float32)
+    prefix = (jnp.asarray([[1, 2]] * shards, jnp.int32), jnp.full((shards,), 2 * ps, jnp.int32),
+              jnp.asarray([[0, 1]] * shards, jnp.int32))
+    kw = dict(scaling=d ** -0.5, block_slots=16, kernel=kernel)
+
+    def step(k, v, q, new_k, table, start, pt, pl_, pr):
+        k, v = paged_write(k, v, new_k, new_k, 1, table, start, jnp.ones_like(start)[:, None])
+        return (k, paged_attention(q, k, v, 1, table, start, **kw),
+                paged_attention_shared_prefix(q, k, v, 1, table, start, pt, pl_, pr, **kw))
+
+    want = [step(k[:, i * per:(i + 1) * per], v[:, i * per:(i + 1) * per], q[2 * i:2 * i + 2],
+                 new_k[2 * i:2 * i + 2], table[:2], start[2 * i:2 * i + 2],
+                 *(x[i:i + 1] for x in prefix)) for i in range(shards)]
+    devices = np.array(jax.devices()[:8]).reshape(4, 2)
+    mesh = jax.sharding.Mesh(devices, ("data", "tensor"))
+    P, named = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+    pool, rows = named(mesh, P(None, "data", None, "tensor")), named(mesh, P("data"))
+    heads = named(mesh, P("data", None, "tensor"))
+    args = (jax.device_put(k, pool), jax.device_put(v, pool), jax.device_put(q, heads),
+            jax.device_put(new_k, heads), jax.device_put(table, rows), jax.device_put(start, rows),
+            *(jax.device_put(x, rows) for x in prefix))
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(step).lower(*args).compile()
+        got_k, got, got_cascade = compiled(*args)
+    assert "all-gather" not in compiled.as_text()
+    for i, (wk, w, wc) in enumerate(want):
+        np.testing.assert_array_equal(np.asarray(got_k[:, i * per:(i + 1) * per]), np.asarray(wk))
+        assert_close(np.asarray(got[2 * i:2 * i + 2]), np.asarray(w), reduction_len=3 * ps)
+        assert_close(np.asarray(got_cascade[2 * i:2 * i + 2]), np.asarray(wc), reduction_len=3 * ps)
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match="does not split over the 4 row shards"):
+        jax.jit(step).lower(k[:, :18], v[:, :18], *args[2:])
+
+
 def test_a_paged_decode_step_of_the_model_with_the_kernel(monkeypatch):
     """A small model prefills two prompts into a paged cache, then decodes one token: the logits
     are the same whether the step's attention is the page loop or the kernel."""
