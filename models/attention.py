@@ -525,6 +525,11 @@ def _on_page_shards(local, batch: int, nkv: int, num_pages: int, args, kinds, ou
     if split is None:
         return local(*args)
     mesh, rows, heads = split
+    shards = int(np.prod([mesh.shape[a] for a in rows or ()]))
+    for x, kind in zip(args, kinds):
+        if kind == "entries" and x.shape[0] % shards:
+            raise ValueError(f"{x.shape[0]} shared prefixes do not split over the {shards} row "
+                             f"shards of mesh axes {rows}: make engine.shared_prefixes a multiple")
     P = jax.sharding.PartitionSpec
     specs = dict(pool=P(None, rows, None, heads), heads=P(rows, None, heads), stats=P(rows, heads),
                  rows=P(rows), entries=P(rows), all=P())

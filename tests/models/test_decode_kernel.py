@@ -271,6 +271,8 @@ def test_paged_ops_under_a_mesh_run_per_shard(kernel):
         assert_close(np.asarray(got_cascade[2 * i:2 * i + 2]), np.asarray(wc), reduction_len=3 * ps)
     with jax.set_mesh(mesh), pytest.raises(ValueError, match="does not split over the 4 row shards"):
         jax.jit(step).lower(k[:, :18], v[:, :18], *args[2:])
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match="3 shared prefixes do not split"):
+        jax.jit(step).lower(*args[:6], *(x[:3] for x in prefix))
 
 
 def test_a_paged_decode_step_of_the_model_with_the_kernel(monkeypatch):
