@@ -297,6 +297,15 @@ def test_a_paged_decode_step_of_the_model_with_the_kernel(monkeypatch):
                         lambda mask: "pallas_interpret" if mask.impl == "paged" else "xla")
     got = step()
     assert_close(np.asarray(got), np.asarray(want), reduction_len=mc.hidden_size, dtype=jnp.float32)
+    # the model's cascade path: row 0 reads its first page through a prefix entry, row 1 its table
+    prefix = qwen3.PagedPrefix(jnp.asarray([[1]], jnp.int32), jnp.asarray([8], jnp.int32),
+                               jnp.asarray([[0]], jnp.int32))
+    cache = dataclasses.replace(cache, prefix=prefix)
+    assert_close(np.asarray(step()), np.asarray(want), reduction_len=mc.hidden_size,
+                 dtype=jnp.float32)
+    cache = dataclasses.replace(cache, prefix=dataclasses.replace(prefix, lengths=jnp.asarray([8, 8])))
+    with pytest.raises(ValueError, match="PagedPrefix table"):
+        step()
 
 
 @pytest.mark.slow
