@@ -499,10 +499,10 @@ def _page_slots(page_table: jax.Array, start: jax.Array, t: int, page_size: int)
 
 def _page_shards(batch: int, nkv: int, num_pages: int):
     """How a paged op splits under the tracing mesh: None without a mesh (or with nothing to
-    split), else (mesh, batch axes, head axis) as `kernel_mesh.mesh_specs` splits the Pallas
-    kernels. Rows AND the pool's pages are split over the batch axes, KV heads over 'tensor':
-    each device holds its rows' pages, and a row's page ids index the pages of its own shard
-    (the engine keeps one free list per shard)."""
+    split), else (mesh, batch axes, head axis, row shards) as `kernel_mesh.mesh_specs` splits
+    the Pallas kernels. Rows AND the pool's pages are split over the batch axes, KV heads over
+    'tensor': each device holds its rows' pages, and a row's page ids index the pages of its own
+    shard (a sharded engine keeps one free list per shard; `Engine` runs on one device for now)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return None
@@ -513,7 +513,7 @@ def _page_shards(batch: int, nkv: int, num_pages: int):
     if num_pages % shards:
         raise ValueError(f"a page pool of {num_pages} pages does not split over the {shards} row "
                          f"shards of mesh axes {batch_axes}: make engine.num_pages a multiple")
-    return mesh, batch_axes, head_axis
+    return mesh, batch_axes, head_axis, shards
 
 
 def _on_page_shards(local, batch: int, nkv: int, num_pages: int, args, kinds, out_kinds):
@@ -524,8 +524,7 @@ def _on_page_shards(local, batch: int, nkv: int, num_pages: int, args, kinds, ou
     split = _page_shards(batch, nkv, num_pages)
     if split is None:
         return local(*args)
-    mesh, rows, heads = split
-    shards = int(np.prod([mesh.shape[a] for a in rows or ()]))
+    mesh, rows, heads, shards = split
     for x, kind in zip(args, kinds):
         if kind == "entries" and x.shape[0] % shards:
             raise ValueError(f"{x.shape[0]} shared prefixes do not split over the {shards} row "

@@ -208,16 +208,17 @@ def ideator_room(results: str) -> str:
         return "\n".join(out)
     out += ["", "| paired by run seed | Avg@3 (primary: trained - alone) | Best@3 | valid | "
                 "detectable Avg@3 at 80% power |", "|---|---|---|---|---|"]
+    primary = None
     for x, y in (("with_trained_ideator", "implementer_alone"),
                  ("with_untrained_ideator", "implementer_alone"),
                  ("with_trained_ideator", "with_untrained_ideator")):
         diff = {k: [stats[s][x][k] - stats[s][y][k] for s in seeds]
                 for k in ("human_rank", "best_at_k", "valid")}
+        if primary is None:   # the first pair is the plan's primary comparison
+            primary = diff["human_rank"]
         out.append(f"| {x} - {y} | {_interval(diff['human_rank'])} | "
                    f"{_interval(diff['best_at_k'])} | {_interval(diff['valid'])} | "
                    f"{detectable_effect(diff['human_rank']):.3f} |")
-    primary = [stats[s]["with_trained_ideator"]["human_rank"]
-               - stats[s]["implementer_alone"]["human_rank"] for s in seeds]
     out += ["", "Decision (the plan's rule, on the primary interval): " + _decision(
         primary, "the trained ideator helps this implementer",
         "the trained ideator hurts this implementer") + "."]

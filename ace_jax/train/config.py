@@ -38,6 +38,7 @@ the devices, the context length against the model, ...); it raises
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Optional
@@ -291,9 +292,8 @@ def _check_engine(cfg: ml_collections.ConfigDict, num_devices: Optional[int]) ->
     n = jax.device_count() if num_devices is None else num_devices
     try:
         kind = engine.resolve_kind(e.kind, n)
-        shapes = {k: e[k] for k in ("slots", "page_size", "num_pages", "prefill_chunk", "sync_every",
-                                    "shared_prefixes", "prefix_rows")}
-        engine.EngineConfig(max_context=e.max_context or 1, **shapes)
+        shapes = {f.name: e[f.name] for f in dataclasses.fields(engine.EngineConfig)}
+        engine.EngineConfig(**{**shapes, "max_context": e.max_context or 1})
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if kind == "paged" and cfg.sampler_mesh.layout != "shared":
