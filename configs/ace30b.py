@@ -63,6 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
     # expert's output in bf16 too): half the bytes per layer a decode step writes and reduce-
     # scatters; the learner keeps fp32 (docs/tpu.md, Speed)
     c.sampler_mesh.moe_partials = "compute"
+    # the paged engine's page: 128 slots (the TPU lane width; the paged kernel DMAs one page per
+    # grid step). The engine does not shard yet (engine.kind "auto" runs the static generator
+    # here); the dry run costs its decode step with these pages (docs/tpu.md, Speed).
+    c.engine.page_size = 128
 
     c.rl.num_steps = 400
     c.rl.batch_states = 64            # B states sampled by the LP sampler per step

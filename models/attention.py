@@ -565,15 +565,36 @@ def paged_write(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Arr
 def _paged_write_local(k_pages, v_pages, k, v, layer, page_table, start, valid):
     num_pages, page_size = k_pages.shape[1:3]
     page, offset, in_table = _page_slots(page_table, start, k.shape[1], page_size)
+    if k.shape[1] == 1:
+        return _write_rows_in_place(k_pages, v_pages, k, v, layer, page[:, 0], offset[:, 0],
+                                    (valid[:, 0] != 0) & in_table[:, 0])
     page = jnp.where((valid != 0) & in_table, page, num_pages)    # out of bounds: dropped
     k_pages = k_pages.at[layer, page, offset].set(k.astype(k_pages.dtype), mode="drop")
     v_pages = v_pages.at[layer, page, offset].set(v.astype(v_pages.dtype), mode="drop")
     return k_pages, v_pages
 
 
+def _write_rows_in_place(k_pages, v_pages, k, v, layer, page, offset, write):
+    """A decode step's write: row b's one token into slot ``offset[b]`` of page ``page[b]``
+    (where ``write[b]``; elsewhere the slot keeps its value), one ``dynamic_update_slice`` per
+    row. The pools are updated in place and each write moves one slot: XLA's cost analysis
+    counts a scatter's whole operand (the pool), the dry run's decode cost reads it."""
+    pools = []
+    for pool, new in ((k_pages, k), (v_pages, v)):
+        new = new.astype(pool.dtype)
+        for b in range(new.shape[0]):
+            at = (layer, page[b], offset[b], 0, 0)
+            old = jax.lax.dynamic_slice(pool, at, (1, 1, 1) + pool.shape[3:])
+            pool = jax.lax.dynamic_update_slice(
+                pool, jnp.where(write[b], new[b][None, None], old), at)
+        pools.append(pool)
+    return tuple(pools)
+
+
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
                     page_table: jax.Array, start: jax.Array, *, scaling: float, dtype: Any = None,
-                    block_slots: int = 512, kernel: str = "xla") -> jax.Array:
+                    block_slots: int = 512, kernel: str = "xla",
+                    read_pages: int | None = None) -> jax.Array:
     """T queries per row against the row's pages of a paged cache (after `paged_write`).
 
     Args:
@@ -586,6 +607,9 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
       kernel: as `decode_attention`'s; a decode step (T == 1) with "pallas" / "pallas_interpret"
         runs `models.decode_kernel.paged_decode_stats` (the TPU kernel: one page per grid step,
         read in place by its page id); chunks (T > 1) always take the loop.
+      read_pages: None, or a static bound on the pages any row reads: only the first
+        ``read_pages`` columns of the table are read, so the kernel's grid and its declared cost
+        cover those (`qwen3.PagedKVCache.read_pages`; the caller promises the bound).
 
     Returns [B, T, nq, d] in ``dtype``. Reads only the blocks of pages up to the largest row's
     last visible slot (a ``fori_loop`` with a traced bound; forward only), each block gathered
@@ -593,7 +617,7 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
     """
     b, t, nq, d = q.shape
     local = functools.partial(_paged_stats, scaling=scaling, dtype=dtype, block_slots=block_slots,
-                              kernel=kernel)
+                              kernel=kernel, read_pages=read_pages)
     out, _ = _on_page_shards(local, b, k_pages.shape[3], k_pages.shape[1],
                              (q, k_pages, v_pages, jnp.asarray(layer, jnp.int32), page_table, start),
                              ("heads", "pool", "pool", "all", "rows", "rows"),
@@ -605,7 +629,8 @@ def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax
                                   page_table: jax.Array, start: jax.Array,
                                   prefix_table: jax.Array, prefix_lengths: jax.Array,
                                   prefix_rows: jax.Array, *, scaling: float, dtype: Any = None,
-                                  block_slots: int = 512, kernel: str = "xla") -> jax.Array:
+                                  block_slots: int = 512, kernel: str = "xla",
+                                  read_pages: int | None = None) -> jax.Array:
     """`paged_attention` of a decode step (T == 1) for rows that share the first pages of their
     tables (a prompt's full pages, shared by its samples): cascade attention over pages. Each
     prefix's pages are read ONCE for the queries of all its rows, each row's own pages (from the
@@ -615,6 +640,8 @@ def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax
     Args:
       q, k_pages, v_pages, layer, page_table, start, scaling, dtype, block_slots, kernel: as
         `paged_attention` with T == 1 (a row's table lists its prefix's pages first).
+      read_pages: as `paged_attention`'s, for each row's own pages (past its prefix); a row in
+        no prefix reads that many of its table. The prefixes' reads are ``prefix_table``'s width.
       prefix_table: int32 [Pn, prefix_pages], each prefix's pages.
       prefix_lengths: int32 [Pn], each prefix's slots: a whole number of pages, the first
         ``prefix_lengths[p] // page_size`` entries of each of its rows' tables (0: an unused
@@ -633,7 +660,7 @@ def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax
                          f"prefix_table {prefix_table.shape}, prefix_lengths {prefix_lengths.shape} "
                          f"and prefix_rows {prefix_rows.shape} do not agree")
     local = functools.partial(_cascade_local, scaling=scaling, dtype=dtype,
-                              block_slots=block_slots, kernel=kernel)
+                              block_slots=block_slots, kernel=kernel, read_pages=read_pages)
     out, = _on_page_shards(local, b, k_pages.shape[3], k_pages.shape[1],
                            (q, k_pages, v_pages, jnp.asarray(layer, jnp.int32), page_table, start,
                             prefix_table, prefix_lengths, prefix_rows),
@@ -643,7 +670,7 @@ def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax
 
 
 def _cascade_local(q, k_pages, v_pages, layer, page_table, start, prefix_table, prefix_lengths,
-                   prefix_rows, *, scaling, dtype, block_slots, kernel):
+                   prefix_rows, *, scaling, dtype, block_slots, kernel, read_pages):
     """`paged_attention_shared_prefix` on one shard (or one device) -> ([B, 1, nq, d],)."""
     b, _, nq, d = q.shape
     page_size, nkv = k_pages.shape[2], k_pages.shape[3]
@@ -657,12 +684,13 @@ def _cascade_local(q, k_pages, v_pages, layer, page_table, start, prefix_table, 
     shift = jnp.arange(pages, dtype=jnp.int32)[None, :] + (shared // page_size)[:, None]
     own_table = jnp.take_along_axis(page_table, jnp.minimum(shift, pages - 1), axis=1)
     kw = dict(scaling=scaling, dtype=dtype, block_slots=block_slots, kernel=kernel)
-    own, own_lse = _paged_stats(q, k_pages, v_pages, layer, own_table, start - shared, **kw)
+    own, own_lse = _paged_stats(q, k_pages, v_pages, layer, own_table, start - shared,
+                                read_pages=read_pages, **kw)
     # a prefix's rows' queries as the query heads of one row, kv-head major: [Pn, 1, nkv*Gp*g, d]
     qg = q[jnp.minimum(rows, b - 1), 0].reshape(pn, gp, nkv, g, d)
     qg = jnp.transpose(qg, (0, 2, 1, 3, 4)).reshape(pn, 1, nkv * gp * g, d)
     pre, pre_lse = _paged_stats(qg, k_pages, v_pages, layer, prefix_table,
-                                prefix_lengths.astype(jnp.int32) - 1, **kw)
+                                prefix_lengths.astype(jnp.int32) - 1, read_pages=None, **kw)
     pre = jnp.transpose(pre.reshape(pn, nkv, gp, g, d), (0, 2, 1, 3, 4)).reshape(pn * gp, nkv, g, d)
     pre_lse = jnp.transpose(pre_lse.reshape(pn, nkv, gp, g), (0, 2, 1, 3)).reshape(pn * gp, nkv, g)
     pre = jnp.zeros((b, nkv, g, d), _F32).at[rows].set(pre, mode="drop")
@@ -675,10 +703,14 @@ def _cascade_local(q, k_pages, v_pages, layer, page_table, start, prefix_table, 
 
 
 def _paged_stats(q, k_pages, v_pages, layer, page_table, start, *, scaling, dtype, block_slots,
-                 kernel):
+                 kernel, read_pages=None):
     """The softmax statistics of `paged_attention` (same arguments) on one shard (or device):
     (out fp32 [B, nkv, g, T, d], log-sum-exp fp32 [B, nkv, g, T]; `_MASK_VALUE` where a query
     sees no slot, its out 0)."""
+    if read_pages is not None:
+        if read_pages < 1:
+            raise ValueError(f"read_pages must be >= 1 (a bound on the pages a row reads), got {read_pages}")
+        page_table = page_table[:, :read_pages]
     b, t, nq, d = q.shape
     _, _, page_size, nkv, _ = k_pages.shape
     if nq % nkv or k_pages.shape != v_pages.shape or page_table.shape[0] != b or start.shape != (b,):

@@ -468,7 +468,7 @@ class Qwen3Attention(nnx.Module):
           kv_layout "decode": one layer, k [B,nkv,d,S] and v [B,nkv,S,d] (see `KVCache`);
           kv_layout "paged": a layer stack's page pools [Lg,P,page_size,nkv,d] (this layer at
             ``layer_index``); ``cache_index`` is then (page_table [B, pages], start [B], prefix:
-            a `PagedPrefix` or None) and the T tokens of row b go to its slots
+            a `PagedPrefix` or None, read_pages: `PagedKVCache.read_pages`) and the T tokens of row b go to its slots
             start[b]..start[b]+T-1 (`PagedKVCache`).
         kv_len: static number of leading cache slots the queries may see (``mask`` covers kv_len
           keys); None = all S. ``kv_len == T`` with ``cache_index == 0`` attends to the new keys
@@ -482,11 +482,12 @@ class Qwen3Attention(nnx.Module):
         if kv_cache is None:  # causal self-attention over the T tokens
             return self.o_proj(attend(q, k, v, mask, self.scaling, self.dtype)), None
         k_cache, v_cache = kv_cache[:2]
-        if kv_layout == "paged":  # cache_index: (page_table [B, pages_per_row], start [B], prefix)
-            page_table, start, prefix = cache_index
+        if kv_layout == "paged":  # cache_index: (page_table, start, prefix, read_pages)
+            page_table, start, prefix, read_pages = cache_index
             k_cache, v_cache = paged_write(k_cache, v_cache, k, v, layer_index, page_table, start,
                                            mask.q_segment_ids)
-            kw = dict(scaling=self.scaling, dtype=self.dtype, kernel=_decode_kernel(mask))
+            kw = dict(scaling=self.scaling, dtype=self.dtype, kernel=_decode_kernel(mask),
+                      read_pages=read_pages)
             if prefix is not None and q.shape[1] == 1:   # a decode step: shared prompt pages once
                 out = paged_attention_shared_prefix(q, k_cache, v_cache, layer_index, page_table,
                                                     start, prefix.table, prefix.lengths,
@@ -1143,6 +1144,11 @@ class PagedKVCache:
       returned cache has lengths + the number of real tokens.
     prefix: None, or the `PagedPrefix` of the rows' shared prompt pages (a decode step then
       reads each once per prefix; chunks of T > 1 tokens read every row's table).
+    read_pages: None, or a static bound on the pages of its table (with ``prefix``: past its
+      prefix) that any row's decode step reads: attention then takes only that many columns
+      of the table, so a kernel's grid and declared cost cover the pages read
+      (`models.attention.paged_attention`). The caller promises it; the dry run's cost
+      programs, which know the fill, set it. None: the whole table.
     """
 
     k: tuple[jax.Array, ...]
@@ -1150,6 +1156,7 @@ class PagedKVCache:
     page_table: jax.Array
     lengths: jax.Array
     prefix: PagedPrefix | None = None
+    read_pages: int | None = dataclasses.field(default=None, metadata=dict(static=True))
     layout = "paged"
 
     @property
@@ -1325,7 +1332,7 @@ class Qwen3ForCausalLM(nnx.Module):
             kv_mask = None
             ids = attention_mask.astype(jnp.int32)
             mask = AttentionMask(ids, ids, 0, None, impl="paged", platform=platform)
-            cache_index = (cache.page_table, cache.lengths, cache.prefix)
+            cache_index = (cache.page_table, cache.lengths, cache.prefix, cache.read_pages)
         elif cache is None:
             kv_mask, kv_keys, offset = None, attention_mask, 0
         else:
@@ -1389,7 +1396,7 @@ class Qwen3ForCausalLM(nnx.Module):
         if paged:
             new_cache = PagedKVCache(k=tuple(new_k), v=tuple(new_v), page_table=cache.page_table,
                                      lengths=cache.lengths + jnp.sum(attention_mask, axis=1, dtype=jnp.int32),
-                                     prefix=cache.prefix)
+                                     prefix=cache.prefix, read_pages=cache.read_pages)
         else:
             new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), kv_mask=kv_mask,
                                                            layout=cache.layout, prefix=cache.prefix)

@@ -32,11 +32,13 @@ class SlotState(NamedTuple):
     temperature: jax.Array  # float32 [S]: each row's request's temperature (0 = greedy)
 
 
-def model_forward(model, layer_params, tokens, mask, pools, page_table, lengths, prefix=None):
+def model_forward(model, layer_params, tokens, mask, pools, page_table, lengths, prefix=None,
+                  read_pages=None):
     """-> (hidden states, pools, routes uint8 [B, T, L_moe, k] or None for a dense model).
-    ``prefix``: the rows' shared prompt pages (`qwen3.PagedPrefix`) or None."""
+    ``prefix``: the rows' shared prompt pages (`qwen3.PagedPrefix`) or None; ``read_pages``:
+    `qwen3.PagedKVCache.read_pages`."""
     cache = qwen3.PagedKVCache(k=pools[0], v=pools[1], page_table=page_table, lengths=lengths,
-                               prefix=prefix)
+                               prefix=prefix, read_pages=read_pages)
     moe = model.config.num_moe_layers > 0
     out = model(tokens, attention_mask=mask, cache=cache, compute_logits=False,
                 layer_params=layer_params, return_routes=moe)
@@ -88,13 +90,16 @@ def retire(state: SlotState, slots):
     return state._replace(done=state.done | slots)
 
 
-def decode(graphdef, steps, params, knobs, state: SlotState, prefix=None):
+def decode(graphdef, steps, params, knobs, state: SlotState, prefix=None, *,
+           read_pages: int | None = None, truncate: bool | None = None):
     """``steps`` decode steps of every slot -> (state, tokens int32 [S, steps], logprobs
     float32 [S, steps], emitted bool [S, steps], routes uint8 [S, steps, L_moe, k] or None). A
     row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
     or its budget, and (while live) writes the token's keys / values into its pages.
     ``prefix``: None, or the `qwen3.PagedPrefix` of the slots' shared prompt pages (each read
-    once per step for all its rows)."""
+    once per step for all its rows). ``read_pages`` (`qwen3.PagedKVCache.read_pages`) and
+    ``truncate`` (`generate.sample_token`'s) are static hints for the dry run's cost program
+    (`ace_jax.train.dry_run_programs.paged_decode_program`); the engine passes neither."""
     model = nnx.merge(graphdef, params)
     layer_params = layer_params_of(model)
     knobs = knobs._replace(temperature=state.temperature)
@@ -102,7 +107,7 @@ def decode(graphdef, steps, params, knobs, state: SlotState, prefix=None):
     def step(state: SlotState, _):
         live = ~state.done
         tok, lp = generate.sample_token(generate.step_keys(state.keys, state.produced),
-                                        state.logits, knobs)
+                                        state.logits, knobs, truncate)
         tok = jnp.where(live, tok, knobs.pad_id)
         lp = jnp.where(live, lp, 0.0)
         produced = state.produced + live
@@ -113,7 +118,8 @@ def decode(graphdef, steps, params, knobs, state: SlotState, prefix=None):
                                      int(generate.FinishReason.LENGTH)))
         finishing = live & (hit_eos | hit_stop | spent)
         h, pools, routes = model_forward(model, layer_params, tok[:, None], live[:, None],
-                                          state.pools, state.page_table, state.lengths, prefix)
+                                          state.pools, state.page_table, state.lengths, prefix,
+                                          read_pages)
         state = state._replace(
             pools=pools, lengths=state.lengths + live, logits=model.lm_logits(h[:, -1, :]),
             produced=produced, done=state.done | finishing,

@@ -51,7 +51,8 @@ from ace_jax.runtime import generate, placement as placement_lib, sampler_layout
 from ace_jax.train import dry_run_analytic as analytic
 from ace_jax.train.dry_run_analytic import GB
 from ace_jax.train import dry_run_speed
-from ace_jax.train.dry_run_programs import abstract_batch, cost_programs, decode_key_blocks, lower_programs
+from ace_jax.train.dry_run_programs import (abstract_batch, cost_programs, decode_key_blocks, lower_programs,
+                                           paged_decode_pages)
 from models import configs as model_configs
 from models import qwen3
 from models.attention import resolve_attention_impl
@@ -254,7 +255,8 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     speed = dry_run_speed.speed_section(costs, dry=dry,
                                         shp=shp, layers=L, chips=chips, n_act=n_act,
                                         prefill_s=time_s["prefill_s"], decode_min=decode_min,
-                                        key_blocks=decode_key_blocks(shp, shared_prefix))
+                                        key_blocks=decode_key_blocks(shp, shared_prefix),
+                                        paged_pages=paged_decode_pages(shp, int(config.engine.page_size)))
 
     report = {
         "model": dict(preset=config.model.preset, hf_path=str(config.model.get("hf_path", "")),

@@ -5,6 +5,7 @@ shardings (``lower_programs``); the abstract ``TrainBatch`` they take (``abstrac
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -16,8 +17,8 @@ from jax.sharding import NamedSharding
 
 from ace_jax.rl import learner
 from ace_jax.rl.rollout_batch import TrainBatch
-from ace_jax.runtime import generate, placement as placement_lib, sampler_layout, sharding, tpu_compile
-from models import attention, configs as model_configs, qwen3
+from ace_jax.runtime import engine_programs, generate, placement as placement_lib, sampler_layout, sharding, tpu_compile
+from models import attention, configs as model_configs, kernel_mesh, qwen3
 
 
 def with_sharding(sds: Any, sh: NamedSharding) -> jax.ShapeDtypeStruct:
@@ -176,6 +177,94 @@ def decode_key_blocks(shp: dict[str, int], shared_prefix: bool) -> dict[str, flo
                 mean=sum(blocks(i) for i in range(m)) / m)
 
 
+def own_pages(prompt_len: int, page_size: int, step: int) -> int:
+    """The pages of a row's own slots the paged engine's decode step ``step`` (0-based) reads:
+    past its prompt's full pages (its group's shared prefix), from its prompt's last, partial
+    page (``prompt_len % page_size`` slots, copied on write) to the slot the step writes."""
+    return -(-(prompt_len % page_size + step + 1) // page_size)
+
+
+def paged_decode_pages(shp: dict[str, int], page_size: int) -> dict[str, float]:
+    """`own_pages` at the ``paged_decode_step`` and ``paged_decode_last`` cost programs (new
+    tokens M/2 - 1 and M - 1) and on average over the rollout's M steps (``mean``): the paged
+    step's cost is affine in them, as the dense step's in its key blocks (`decode_key_blocks`)."""
+    p, m = shp["prompt_len"], shp["new_tokens"]
+    pages = lambda i: float(own_pages(p, page_size, i))  # noqa: E731
+    return dict(decode_step=pages(decode_step_index(m)), decode_last=pages(m - 1),
+                mean=sum(pages(i) for i in range(m)) / m)
+
+
+def paged_decode_program(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
+                         shp: dict[str, int], place: placement_lib.Placement, new_tokens: int, *,
+                         platform: str | None) -> tpu_compile.CompiledProgram:
+    """One step of the paged engine's decode (`engine_programs.decode`, ``steps=1``) compiled in
+    the sampler's layout for a model of ``mc``: ``N`` slots, each group's prompt held ONCE in
+    the pool as a shared prefix of ``prompt_len // page_size`` full pages (`qwen3.PagedPrefix`,
+    read once per step for the group's G rows: cascade attention over pages), each row's own
+    pages after it, with ``new_tokens`` new tokens in them. Pages of ``config.engine.page_size``
+    slots. The pool's pages, the slots and the prefixes are split over the rows' mesh axes and
+    KV heads over 'tensor' (`models.attention._page_shards`): each chip holds its rows' pages.
+
+    The rows' tables are as wide as the prompt's pages plus the own pages of the fill, and the
+    step is told so (``read_pages``), so the paged kernel's grid and its declared cost are the
+    pages this step reads (with lengths traced they would be the whole table). Sampling: only the
+    branch the config takes, as `decode_step_program`."""
+    from jax.experimental.layout import Format, Layout  # local: only the cost programs need it
+
+    n, p, m, g = shp["rows"], shp["prompt_len"], shp["new_tokens"], shp["group_size"]
+    page = int(config.engine.page_size)
+    graphdef, params = _abstract_model(mc)
+    layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
+    splace, smc = layout.placement, layout.model_config
+    knobs, key = _knobs_and_key(config, mc, splace)
+    prefix_pages = p // page
+    own, own_max = own_pages(p, page, new_tokens), own_pages(p, page, m - 1)
+    batch_axes, head_axis = kernel_mesh.mesh_specs(splace.mesh, n, smc.num_key_value_heads)
+    shards = math.prod(splace.mesh.shape[a] for a in batch_axes or ())
+    if n % shards or (n // g) % shards:
+        raise ValueError(f"{n} rows in groups of {g} do not split over the {shards} row shards "
+                         f"of the sampler mesh")
+    # each shard: page 0 (reserved), its rows' own pages at the last step, its prompts' pages
+    pool_pages = shards * (1 + n // shards * own_max + n // g // shards * prefix_pages)
+    cache = jax.eval_shape(lambda: qwen3.init_paged_cache(
+        smc, n, num_pages=pool_pages, page_size=page, pages_per_row=prefix_pages + own))
+    P = jax.sharding.PartitionSpec
+    mesh = splace.mesh
+    pool_sh = NamedSharding(mesh, P(None, batch_axes, None, head_axis))
+    rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
+        shape, dt, sharding=NamedSharding(mesh, P(batch_axes)))
+    keys = jax.ShapeDtypeStruct((n,), key.dtype, sharding=NamedSharding(mesh, P(batch_axes)))
+    window = int(knobs.stop_table.shape[1])
+    state = engine_programs.SlotState(
+        pools=(tuple(with_sharding(x, pool_sh) for x in cache.k),
+               tuple(with_sharding(x, pool_sh) for x in cache.v)),
+        page_table=rows(cache.page_table.shape, jnp.int32), lengths=rows((n,), jnp.int32),
+        logits=rows((n, mc.vocab_size), jnp.float32), keys=keys, produced=rows((n,), jnp.int32),
+        budget=rows((n,), jnp.int32), done=rows((n,), jnp.bool_), reason=rows((n,), jnp.int32),
+        window=rows((n, window), jnp.int32), temperature=rows((n,), jnp.float32))
+    entries = n // g
+    prefix = qwen3.PagedPrefix(table=rows((entries, max(prefix_pages, 1)), jnp.int32),
+                               lengths=rows((entries,), jnp.int32), rows=rows((entries, g), jnp.int32))
+    sampler_graphdef = layout.graphdef(graphdef)
+    truncate = int(config.sampling.top_k) > 0 or float(config.sampling.top_p) < 1.0
+
+    def step(params, knobs, state, prefix):
+        return engine_programs.decode(sampler_graphdef, 1, params, knobs, state,
+                                      prefix if prefix_pages else None, read_pages=own,
+                                      truncate=truncate)
+
+    # the pools' memory layout left to the compiler, as `decode_step_program` leaves the cache's
+    # (the engine's loop carries them; a fixed layout would copy them in and out of the step)
+    pools = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), state.pools)
+    auto = jax.tree.map(lambda _: None, state)._replace(pools=pools)
+    jitted = jax.jit(step, in_shardings=(None, None, auto, None),
+                     out_shardings=(auto, None, None, None, None), donate_argnums=(2,))
+    with splace.context():
+        info, lowered = _trace_and_lower(
+            jitted, (layout.abstract_params(params), knobs, state, prefix), platform)
+    return _compile(lowered, info, hbm_traffic=True)
+
+
 def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig,
                   shp: dict[str, int], place: placement_lib.Placement, *, platform: str | None,
                   learner_programs: bool = True) -> dict[str, tpu_compile.CompiledProgram]:
@@ -186,6 +275,9 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
       unrolled (1 and 2); ``decode_last_L1`` / ``_L2``: the last step (a full cache). A step's
       cost is affine in the key blocks it reads (`decode_key_blocks`), so the two give the
       rollout's average step;
+    - ``paged_decode_step_L1`` / ``_L2``, ``paged_decode_last_L1`` / ``_L2``: the same steps
+      of the paged engine (`paged_decode_program`), affine in the own pages read
+      (`paged_decode_pages`);
     - ``reshard``: the sampler layout's learner -> sampler resharding of the whole model;
     - ``learner_microbatch_L1`` / ``_L2``: `learner.jit_learner_step` on ONE microbatch's rows,
       one log-prob chunk, layers unrolled (1 and 2) (skipped without ``learner_programs``).
@@ -199,6 +291,8 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
         for name, index in (("decode_step", decode_step_index(m)), ("decode_last", m - 1)):
             out[f"{name}_L{layers}"] = decode_step_program(config, small, shp, place, index,
                                                            platform=platform)
+            out[f"paged_{name}_L{layers}"] = paged_decode_program(config, small, shp, place, index,
+                                                                  platform=platform)
         if not learner_programs:
             continue
         graphdef, params = _abstract_model(small)

@@ -49,6 +49,9 @@ def summary(report: dict) -> dict:
                    reshard_s=round(sp["reshard_s"], 4),
                    learner_flops_ratio=round(sp["learner_flops_ratio"], 3),
                    step_s_estimate=round(sp["step_s_estimate"], 1))
+        if "paged_decode_tok_s_chip" in sp:
+            out.update(paged_decode_tok_s_chip=round(sp["paged_decode_tok_s_chip"], 1),
+                       paged_decode_hbm_gb=round(sp["paged_decode_hbm_gb"], 3))
     failed = [k for k, v in report.get("cost_programs", {}).items() if not v["ok"]]
     if failed:
         out["cost_program_errors"] = {k: report["cost_programs"][k]["error"][:200] for k in failed}

@@ -26,6 +26,9 @@ cost is affine in the number of blocks it reads, and the costs of two compiled s
 of the rollout and the last, full-cache step) interpolate exactly to the mean block count over
 the rollout's M steps (`dry_run_programs.decode_key_blocks`; one step in the middle would
 count a half-filled block as a whole one). The last step (the slowest) is reported beside it.
+The paged engine's decode step (`dry_run_programs.paged_decode_program`: each group's prompt
+pages held once and read once per step) is costed the same way, affine in the own pages a row
+reads (`dry_run_programs.paged_decode_pages`), and reported beside the static generator's.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from typing import Any
 
 from ace_jax.train.dry_run_analytic import GB
 
-__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "speed_section"]
+__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "paged_decode", "speed_section"]
 
 # Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
 CHIPS: dict[str, dict[str, Any]] = {
@@ -81,13 +84,29 @@ def chip_figures(dry) -> dict[str, Any]:
                 hbm_gbps=float(dry.hbm_bw_gbps), ici_gbps=float(dry.ici_gbps), source=source)
 
 
+def paged_decode(compiled: dict[str, dict], layers: int, pages: dict[str, float],
+                 chip: dict[str, float]) -> dict[str, Any] | None:
+    """The paged engine's average decode step (roofline) from the ``paged_decode_*`` cost
+    programs, interpolated to ``pages["mean"]`` own pages as `at_blocks` does for key blocks;
+    None when they are missing or failed."""
+    names = [f"paged_{s}_L{n}" for s in ("decode_step", "decode_last") for n in (1, 2)]
+    if not all(compiled.get(n, {}).get("ok") for n in names):
+        return None
+    step, last = (extrapolate(compiled[f"paged_{s}_L1"], compiled[f"paged_{s}_L2"], layers)
+                  for s in ("decode_step", "decode_last"))
+    return roofline(at_blocks(step, last, pages), chip)
+
+
 def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers: int, chips: int,
                   n_act: int, prefill_s: float, decode_min: dict[str, float],
-                  key_blocks: dict[str, float]) -> dict[str, Any]:
+                  key_blocks: dict[str, float], paged_pages: dict[str, float] | None = None
+                  ) -> dict[str, Any]:
     """The report's ``speed`` section from the cost programs (`cost_programs`), or {} when any
     is missing or failed. Per chip; seconds; tokens/s. ``decode_min``: the bytes a decode step
     must read at the mean fill (`dry_run_analytic.decode_min_bytes`), whose HBM time is the
-    bound beside the compiled figure; ``key_blocks``: `dry_run_programs.decode_key_blocks`."""
+    bound beside the compiled figure; ``key_blocks``: `dry_run_programs.decode_key_blocks`;
+    ``paged_pages``: `dry_run_programs.paged_decode_pages` (the paged engine's decode figures,
+    ``paged_decode*``, when its programs compiled)."""
     names = ("decode_step_L1", "decode_step_L2", "decode_last_L1", "decode_last_L2", "reshard",
              "learner_microbatch_L1", "learner_microbatch_L2")
     if not all(compiled.get(n, {}).get("ok") for n in names):
@@ -109,7 +128,13 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     learner_flops_ratio = learner["flops"] * chips / (6.0 * n_act * trained_tokens)
     rollout_s = prefill_s + m * decode["seconds"]
     step_s = rollout_s + reshard["seconds"] + learner["seconds"]
+    paged = None if paged_pages is None else paged_decode(compiled, layers, paged_pages, chip)
+    if paged is not None:
+        paged = dict(paged_decode=paged, paged_decode_own_pages=dict(paged_pages),
+                     paged_decode_tok_s_chip=rows_per_chip / paged["seconds"],
+                     paged_decode_hbm_gb=paged["hbm_bytes"] / GB)
     return dict(
+        paged or {},
         chip=chip, decode=decode, decode_last=last, reshard=reshard, learner=learner,
         decode_rows_per_chip=rows_per_chip, decode_key_blocks=dict(key_blocks),
         decode_tok_s_chip=decode_tok_s_chip,
@@ -142,6 +167,13 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
         lines.append(f"  {name:<11} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
                      f"{r['collective_bytes'] / GB:9.3f} GB coll -> {r['seconds'] * 1e3:10.3f} ms "
                      f"({r['bound']}-bound; {note})")
+    if "paged_decode" in speed:
+        r, pg = speed["paged_decode"], speed["paged_decode_own_pages"]
+        lines.append(f"  {'paged':<11} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
+                     f"{r['collective_bytes'] / GB:9.3f} GB coll -> {r['seconds'] * 1e3:10.3f} ms "
+                     f"({r['bound']}-bound; the paged engine's average step, prompt pages once per "
+                     f"group, {pg['mean']:.2f} own pages between {pg['decode_step']:.0f} and "
+                     f"{pg['decode_last']:.0f}): {speed['paged_decode_tok_s_chip']:,.0f} tokens/s per chip")
     lines += [
         f"  decode: {speed['decode_tok_s_chip']:,.0f} tokens/s per chip "
         f"(= {speed['decode_rows_per_chip']:.0f} rows / {speed['decode']['seconds'] * 1e3:.3f} ms; "

@@ -275,6 +275,56 @@ def test_paged_ops_under_a_mesh_run_per_shard(kernel):
         jax.jit(step).lower(*args[:6], *(x[:3] for x in prefix))
 
 
+def test_paged_write_of_a_decode_step_equals_the_chunk_write():
+    """A decode step's write (one token per row, row by row in place) puts each valid row's
+    token where the chunk write (a scatter) puts it, and leaves the rest of the pool as it was:
+    an invalid row, and a row whose slot is past its table."""
+    from models.attention import paged_write
+
+    layers, pages, ps, nkv, d = 2, 8, 4, 2, 16
+    k, v = _pool(7, layers, pages, ps, nkv, d, jnp.float32)
+    rng = np.random.RandomState(8)
+    table = jnp.asarray([[1, 2], [3, 4], [5, 6], [7, 0]], jnp.int32)
+    start = jnp.asarray([5, 0, 3, 8], jnp.int32)            # row 3: slot 8 is past its 2 pages
+    valid = jnp.asarray([[1], [0], [1], [1]], jnp.int32)     # row 1: nothing to write
+    new = jnp.asarray(rng.randn(4, 2, nkv, d), jnp.float32)
+    got = jax.jit(paged_write)(k, v, new[:, :1], -new[:, :1], 1, table, start, valid)
+    # the chunk path: two tokens per row, the second never valid
+    want = jax.jit(paged_write)(k, v, new, -new, 1, table, start,
+                                jnp.concatenate([valid, jnp.zeros_like(valid)], 1))
+    for g, w, before in zip(got, want, (k, v)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        changed = np.argwhere(np.asarray(g != before).any(axis=(3, 4)))
+        assert changed.tolist() == [[1, 2, 1], [1, 5, 3]]   # (layer, page, offset) of rows 0, 2
+
+
+def test_read_pages_bounds_the_table_and_keeps_the_result():
+    """``read_pages``: attention reads only the table's first pages; when no row reads past
+    them the result is the whole table's, with the page loop, the kernel and the cascade."""
+    layers, pages, ps, nkv, r, d = 1, 12, 8, 2, 2, 128
+    k, v = _pool(9, layers, pages, ps, nkv, d, jnp.float32)
+    table = jnp.asarray([[1, 2, 3, 4, 0, 0], [1, 2, 5, 0, 0, 0]], jnp.int32)
+    start = jnp.asarray([3 * ps + 2, 2 * ps + 5], jnp.int32)  # rows read 4 and 3 pages
+    q = jnp.asarray(np.random.RandomState(10).randn(2, 1, nkv * r, d), jnp.float32)
+    prefix = (jnp.asarray([[1, 2]], jnp.int32), jnp.asarray([2 * ps], jnp.int32),
+              jnp.asarray([[0, 1]], jnp.int32))
+    for kernel in ("xla", "pallas_interpret"):
+        kw = dict(scaling=d ** -0.5, block_slots=16, kernel=kernel)
+        want = paged_attention(q, k, v, 0, table, start, **kw)
+        assert_close(np.asarray(paged_attention(q, k, v, 0, table, start, read_pages=4, **kw)),
+                     np.asarray(want), reduction_len=4 * ps)
+        # the cascade's own pages: past the 2 prefix pages, 2 and 1
+        assert_close(np.asarray(paged_attention_shared_prefix(q, k, v, 0, table, start, *prefix,
+                                                              read_pages=2, **kw)),
+                     np.asarray(want), reduction_len=4 * ps)
+        # a bound below what a row reads drops its last page: the bound is the caller's promise
+        short = paged_attention(q, k, v, 0, table, start, read_pages=3, **kw)
+        assert np.abs(np.asarray(short[0]) - np.asarray(want[0])).max() > 1e-2
+        assert_close(np.asarray(short[1]), np.asarray(want[1]), reduction_len=4 * ps)
+    with pytest.raises(ValueError, match="read_pages must be >= 1"):
+        paged_attention(q, k, v, 0, table, start, scaling=1.0, read_pages=0)
+
+
 def test_a_paged_decode_step_of_the_model_with_the_kernel(monkeypatch):
     """A small model prefills two prompts into a paged cache, then decodes one token: the logits
     are the same whether the step's attention is the page loop or the kernel."""
@@ -327,3 +377,20 @@ def test_paged_kernel_compiles_for_tpu_and_declares_the_table_pages():
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     table_kv = 2 * b * per_row * ps * nkv * d * 2        # every page of the table, K and V, bf16
     assert table_kv <= cost["bytes accessed"] < table_kv * 1.25 < 2 * layers * pages * ps * nkv * d * 2
+    # read_pages = 3: the kernel's grid and declared cost are the 3 pages a row reads
+    compiled = jax.jit(lambda q, k, v, t, s: paged_attention(
+        q, k, v, 2, t, s, scaling=d ** -0.5, kernel="pallas", read_pages=3)).lower(*args).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    read_kv = table_kv * 3 // per_row
+    assert read_kv <= cost["bytes accessed"] < read_kv * 1.25, (cost["bytes accessed"], read_kv)
+    # a decode step's write moves its rows' slots, not the pool: in place, row by row
+    from models.attention import paged_write
+    new = sds((b, 1, nkv, d), jnp.bfloat16)
+    compiled = jax.jit(lambda k, v, n, t, s: paged_write(
+        k, v, n, n, 2, t, s, jnp.ones((b, 1), bool)), donate_argnums=(0, 1)).lower(
+        args[1], args[2], new, args[3], args[4]).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    pool = layers * pages * ps * nkv * d * 2
+    assert cost["bytes accessed"] < pool / 100, (cost["bytes accessed"], pool)

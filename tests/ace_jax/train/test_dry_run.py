@@ -300,6 +300,19 @@ def test_decode_key_blocks_and_the_average_step_between_two_programs():
     assert dry_run_speed.at_blocks(step, last, kb) == step
 
 
+def test_paged_decode_pages_count_the_own_pages_past_the_prompt():
+    """The paged step reads its group's prompt pages as a shared prefix and its own pages: the
+    prompt's last partial page (P % page slots) onwards. P = 1000, pages of 128: 104 own slots
+    before the first new token; step i reads ceil((104 + i + 1) / 128) own pages."""
+    assert dry_run_programs.own_pages(1000, 128, 0) == 1
+    assert dry_run_programs.own_pages(1000, 128, 23) == 1 and dry_run_programs.own_pages(1000, 128, 24) == 2
+    assert dry_run_programs.own_pages(1024, 128, 127) == 1   # a whole-page prompt: no partial page
+    pages = dry_run_programs.paged_decode_pages(dict(prompt_len=1000, new_tokens=4096), 128)
+    assert pages["decode_step"] == -(-(104 + 2048) // 128) == 17
+    assert pages["decode_last"] == -(-(104 + 4096) // 128) == 33
+    assert pages["mean"] == pytest.approx(sum(-(-(104 + i + 1) // 128) for i in range(4096)) / 4096)
+
+
 @needs_libtpu
 def test_sampler_layout_decode_moves_tokens_not_weights():
     """The reduced ace30b compiled for 8 v5p chips: in the sampler's own layout (experts over
@@ -316,6 +329,7 @@ def test_sampler_layout_decode_moves_tokens_not_weights():
         # adds the attention's all-reduces: what this test isolates is the MoE's traffic)
         cfg.sampler_mesh.tensor, cfg.sampler_mesh.moe_parallelism = 1, "expert"
         cfg.sampler_mesh.rules.experts = "expert"
+        cfg.engine.page_size = 8          # the paged programs' rows read 1 and 2 own pages
         report = dry_run.run_dry_run(cfg)
         costs = report["cost_programs"]
         assert all(c["ok"] for c in costs.values()), {k: c["error"] for k, c in costs.items()}
@@ -330,6 +344,19 @@ def test_sampler_layout_decode_moves_tokens_not_weights():
         d = speed["decode"]
         assert d["seconds"] == max(d["flops_s"], d["hbm_s"], d["ici_s"]) > 0
         assert "tokens/s per chip" in dry_run_report.format_report(report)
+        # the paged engine's step: its prompt pages once per group, its pool split with its
+        # rows (nothing gathered: no more collective bytes than the static step's), and one
+        # more own page per row costs the kernel's declared K / V bytes of that page for the
+        # chip's rows (32 rows / 8 chips x 8 slots x (K + V of 2 heads x 16 dims, bf16, + 4 B)),
+        # plus the page table's bookkeeping
+        assert s["paged_decode_tok_s_chip"] > 0 and s["paged_decode_hbm_gb"] > 0, s
+        assert speed["paged_decode_own_pages"] == dict(decode_step=1.0, decode_last=2.0, mean=1.5)
+        for n in (1, 2):
+            assert (costs[f"paged_decode_step_L{n}"]["collective_bytes"]["total"]
+                    <= costs[f"decode_step_L{n}"]["collective_bytes"]["total"]), costs
+        page_kv = 32 // 8 * 8 * (2 * 2 * D * 2 + 4)
+        grew = costs["paged_decode_last_L1"]["hbm_bytes"] - costs["paged_decode_step_L1"]["hbm_bytes"]
+        assert page_kv <= grew < 3 * page_kv, (grew, page_kv)
     expert_weights = 3 * E * H * IM * 2                         # one layer, bf16
     assert per_layer["own"] < expert_weights / 4, per_layer    # 32 rows x H, not the weights
     assert per_layer["shared"] > expert_weights / 2, per_layer  # the gathered weights (7/8 of them)
