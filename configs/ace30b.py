@@ -64,8 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
     # scatters; the learner keeps fp32 (docs/tpu.md, Speed)
     c.sampler_mesh.moe_partials = "compute"
     # the paged engine's page: 128 slots (the TPU lane width; the paged kernel DMAs one page per
-    # grid step). The engine does not shard yet (engine.kind "auto" runs the static generator
-    # here); the dry run costs its decode step with these pages (docs/tpu.md, Speed).
+    # grid step). engine.kind "auto" runs the static generator here (the paged engine shards
+    # in the learner's layout only); the dry run costs the paged decode step in the sampler's
+    # layout with these pages (docs/tpu.md, Speed).
     c.engine.page_size = 128
 
     c.rl.num_steps = 400

@@ -502,7 +502,7 @@ def _page_shards(batch: int, nkv: int, num_pages: int):
     split), else (mesh, batch axes, head axis, row shards) as `kernel_mesh.mesh_specs` splits
     the Pallas kernels. Rows AND the pool's pages are split over the batch axes, KV heads over
     'tensor': each device holds its rows' pages, and a row's page ids index the pages of its own
-    shard (a sharded engine keeps one free list per shard; `Engine` runs on one device for now)."""
+    shard (`ace_jax.runtime.engine.Engine` keeps a free list per shard)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return None

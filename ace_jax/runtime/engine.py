@@ -34,6 +34,12 @@ its prompt and full budget need when it is admitted (no preemption, no mid-run f
 request that could never fit (context longer than ``pages_per_row`` pages, or more pages than
 the pool) is refused by `Engine.submit` with `EngineCapacityError`.
 
+Sharded (``placement`` with a mesh of several devices, in the learner's layout): the slots, the
+pool's pages and the prefix entries split into R row shards over the mesh's batch axes, as the
+paged ops split them (`models.attention._page_shards`); each shard keeps its own free list (page
+ids in the tables are the shard's own), a request's prompt pages and samples stay in one shard,
+and the prefill runs one prompt per shard (R rows) per call. One device: R = 1.
+
 Cascade decode (``engine.shared_prefixes`` > 0): a request's full prompt pages become an entry
 of `qwen3.PagedPrefix` while it runs, and a decode step reads them once for all its running
 samples (up to ``prefix_rows``), then each row's own pages, merged by log-sum-exp. Off by
@@ -43,7 +49,9 @@ would read a long prompt once per sample (docs/tpu.md).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import math
 from typing import NamedTuple, Sequence
 
 import jax
@@ -116,9 +124,10 @@ def default_config() -> ml_collections.ConfigDict:
     shapes (see `EngineConfig`)."""
     d = EngineConfig()
     c = ml_collections.ConfigDict()
-    # "paged": this module's `Engine`; "static": `generate.Generator` (one batch, one dense
-    # cache; it runs sharded, in the learner's or the sampler's own layout); "auto": paged on
-    # one device in the learner's layout, else static (the paged engine does not shard yet).
+    # "paged": this module's `Engine` (in the learner's layout; sharded: its slots and pages
+    # split per row shard); "static": `generate.Generator` (one batch, one dense cache; it runs
+    # sharded, in the learner's or the sampler's own layout); "auto": paged on one device in
+    # the learner's layout, else static (the sharded engine has not run on a pod yet).
     c.kind = "auto"
     c.slots = d.slots
     c.page_size = d.page_size
@@ -132,16 +141,36 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def resolve_kind(kind: str, num_devices: int) -> str:
-    """"paged" or "static" for ``engine.kind`` on a mesh of ``num_devices``; ValueError for an
-    unknown kind or "paged" on several devices."""
+    """"paged" or "static" for ``engine.kind`` on a mesh of ``num_devices`` ("auto": paged on
+    one device; on several the static generator, until the sharded engine has run on a pod);
+    ValueError for an unknown kind."""
     if kind not in KINDS:
         raise ValueError(f"engine.kind must be one of {list(KINDS)}, got {kind!r}")
     if kind == "auto":
         return "paged" if num_devices == 1 else "static"
-    if kind == "paged" and num_devices > 1:
-        raise ValueError(f"engine.kind='paged' runs on one device; the mesh has {num_devices} "
-                         f"(use 'static' or 'auto')")
     return kind
+
+
+def _row_shards(placement, config: EngineConfig, kv_heads: int) -> tuple[int, int]:
+    """(row shards, pool pages) of an engine on ``placement`` (None: one device): the slots
+    split over the mesh axes that `models.attention._page_shards` splits the paged ops' rows
+    over, and the pool with them (``num_pages`` 0: room for every slot of a shard plus one
+    prompt, in every shard). ValueError naming the knob that does not split."""
+    if placement is None:
+        return 1, config.pool_pages
+    from models import kernel_mesh  # local: only a sharded engine needs it
+
+    axes, _ = kernel_mesh.mesh_specs(placement.mesh, config.slots, kv_heads)
+    k = math.prod(placement.mesh.shape[a] for a in axes or ())
+    if config.shared_prefixes % k:
+        raise ValueError(f"engine.shared_prefixes = {config.shared_prefixes} does not split over "
+                         f"the {k} row shards of mesh axes {axes}: make it a multiple of {k}")
+    if not config.num_pages:
+        return k, k * (1 + (config.slots // k + 1) * config.pages_per_row)
+    if config.num_pages % k:
+        raise ValueError(f"engine.num_pages = {config.num_pages} does not split over the {k} row "
+                         f"shards of mesh axes {axes}: make it a multiple of {k}")
+    return k, config.num_pages
 
 
 def make_sampler(model: nnx.Module, sampling: generate.SamplingConfig,
@@ -161,7 +190,7 @@ def make_sampler(model: nnx.Module, sampling: generate.SamplingConfig,
         return generate.Generator(model, sampling, placement=placement, layout=layout)
     shapes = {f.name: cfg[f.name] for f in dataclasses.fields(EngineConfig)}
     shapes["max_context"] = cfg.max_context or max_context
-    return Engine(model, sampling, EngineConfig(**shapes))
+    return Engine(model, sampling, EngineConfig(**shapes), placement=placement)
 
 
 NO_ROUTE = 255
@@ -199,6 +228,7 @@ class _Request:
     live: int = 0                 # samples in a slot
     prompt_routes: np.ndarray | None = None   # uint8 [P, L_moe, k] (MoE policies)
     prefix: int | None = None     # its entry of the shared prefixes, if it has one
+    shard: int | None = None      # the row shard holding its prompt pages and samples
 
 
 class Engine:
@@ -215,11 +245,17 @@ class Engine:
     def __init__(self, model: nnx.Module, sampling: generate.SamplingConfig,
                  config: EngineConfig = EngineConfig(), *, placement=None, layout=None):
         """``model``: the policy (params only); ``sampling``: the knobs (``group_size`` and
-        ``prompt_bucket`` are unused here); ``placement`` / ``layout``: as `generate.Generator`
-        (single device when None)."""
-        if (placement is not None and placement.mesh.size > 1) or layout is not None:
-            raise NotImplementedError("the paged engine runs on one device for now; use "
-                                      "generate.Generator for a sharded sampler")
+        ``prompt_bucket`` are unused here); ``placement``: the mesh and rules the params are
+        placed with (`ace_jax.runtime.placement.Placement`; one device when None): the slots,
+        the pool's pages and the shared prefixes are split into row shards over its batch axes
+        (`models.attention._page_shards`), KV heads over 'tensor'. ``layout``: only the
+        learner's own (a `SamplerLayout` with ``shared``); an own sampler layout needs
+        `generate.Generator`."""
+        if layout is not None and not layout.shared:
+            raise NotImplementedError("the paged engine decodes in the learner's layout; use "
+                                      "generate.Generator for sampler_mesh.layout='own'")
+        if layout is not None:
+            placement = layout.placement if placement is None else placement
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(rest):
             raise ValueError("the policy holds non-parameter state; Engine expects params only")
@@ -229,7 +265,9 @@ class Engine:
         self._structure = jax.tree.structure(params)
         self._knobs = generate.SamplingKnobs.from_config(sampling)
         mc = model.config
-        cache = qwen3.init_paged_cache(mc, config.slots, num_pages=config.pool_pages,
+        self.placement = placement if placement is not None and placement.mesh.size > 1 else None
+        self._shards, self._pool_pages = _row_shards(self.placement, config, mc.num_key_value_heads)
+        cache = qwen3.init_paged_cache(mc, config.slots, num_pages=self._pool_pages,
                                        page_size=config.page_size,
                                        pages_per_row=config.pages_per_row)
         s = config.slots
@@ -241,8 +279,13 @@ class Engine:
             reason=jnp.zeros((s,), jnp.int32),
             window=jnp.full((s, self._knobs.stop_table.shape[1]), -2, jnp.int32),
             temperature=jnp.zeros((s,), jnp.float32))
-        self._free_pages = list(range(config.pool_pages - 1, 0, -1))   # page 0 reserved
-        self._page_refs: dict[int, int] = {}
+        if self.placement is not None:
+            self._state = jax.device_put(self._state, self._state_shardings(mc))
+        # per row shard: its pages (ids local to the shard; page 0 of each reserved), slots
+        # [k * S / R, (k + 1) * S / R) and prefix entries likewise
+        per = self._pool_pages // self._shards
+        self._free_pages = [list(range(per - 1, 0, -1)) for _ in range(self._shards)]
+        self._page_refs: dict[tuple[int, int], int] = {}
         self._requests: dict[int, _Request] = {}
         self._waiting: collections.deque[int] = collections.deque()
         self._slot_owner: list[tuple[int, int] | None] = [None] * s
@@ -256,7 +299,9 @@ class Engine:
         self._prefix = qwen3.PagedPrefix(np.zeros((pn, config.pages_per_row), np.int32),
                                          np.zeros((pn,), np.int32),
                                          np.full((pn, config.prefix_rows), -1, np.int32))
-        self._free_prefixes = list(range(pn - 1, -1, -1))
+        epr = pn // self._shards
+        self._free_prefixes = [list(range((k + 1) * epr - 1, k * epr - 1, -1))
+                               for k in range(self._shards)]
         self._slot_prefix: list[tuple[int, int] | None] = [None] * s
         self._next_id = 0
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
@@ -303,10 +348,12 @@ class Engine:
                 f"prompt of {len(prompt)} + {m} new tokens exceeds engine.max_context = "
                 f"{cfg.max_context} ({cfg.pages_per_row} pages of {cfg.page_size})")
         need = self._prompt_pages(len(prompt)) + self._sample_pages(len(prompt), m)
-        if need > cfg.pool_pages - 1:
+        room = self._pool_pages // self._shards - 1
+        if need > room:
+            where = f" in each of its {self._shards} row shards" if self._shards > 1 else ""
             raise EngineCapacityError(
-                f"a sample of this request needs {need} pages, the pool has "
-                f"{cfg.pool_pages - 1} (engine.num_pages)")
+                f"a sample of this request needs {need} pages, the pool has {room}{where} "
+                f"(engine.num_pages)")
         if not jax.dtypes.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)     # a raw uint32 key (jax.random.PRNGKey)
         rid = self._next_id
@@ -340,7 +387,8 @@ class Engine:
                 slots[slot] = True
                 self._free_slot(slot)
         if slots.any():
-            self._state = self._retire(self._state, jnp.asarray(slots))
+            with self._context():
+                self._state = self._retire(self._state, jnp.asarray(slots))
         self._forget_if_done(request)
 
     def step(self) -> list[Completion]:
@@ -355,8 +403,9 @@ class Engine:
         steps = self.config.sync_every
         prefix = (jax.tree.map(jnp.asarray, self._prefix) if self.config.shared_prefixes
                   else None)
-        self._state, tokens, logprobs, emitted, routes = self._decode(
-            self.graphdef, steps, self.params, self._knobs, self._state, prefix)
+        with self._context():
+            self._state, tokens, logprobs, emitted, routes = self._decode(
+                self.graphdef, steps, self.params, self._knobs, self._state, prefix)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
         tokens, logprobs, emitted, done, reason, routes = jax.device_get(
@@ -437,81 +486,151 @@ class Engine:
         ps = self.config.page_size
         return -(-(p + m) // ps) - p // ps
 
-    def _take_pages(self, k: int) -> list[int]:
-        pages = [self._free_pages.pop() for _ in range(k)]
+    def _context(self):
+        """The mesh the programs trace under (the paged ops split per row shard under it)."""
+        return contextlib.nullcontext() if self.placement is None else self.placement.context()
+
+    def _state_shardings(self, mc) -> engine_programs.SlotState:
+        """The slots' device state split as the paged ops split it: the pools' pages and the
+        per-slot arrays over the row shards' mesh axes, the pools' KV heads over 'tensor'."""
+        from models import kernel_mesh  # local: only a sharded engine needs it
+
+        mesh = self.placement.mesh
+        rows, heads = kernel_mesh.mesh_specs(mesh, self.config.slots, mc.num_key_value_heads)
+        named = lambda *spec: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))  # noqa: E731
+        pool = named(None, rows, None, heads)
+        out = jax.tree.map(lambda _: named(rows), self._state)
+        return out._replace(pools=jax.tree.map(lambda _: pool, self._state.pools))
+
+    def _shard_of(self, slot: int) -> int:
+        return slot // (self.config.slots // self._shards)
+
+    def _global_page(self, shard: int, page: int) -> int:
+        """A shard's own page id as an index of the whole pool (`engine_programs.admit`)."""
+        return shard * (self._pool_pages // self._shards) + page if page else 0
+
+    def _take_pages(self, shard: int, k: int) -> list[int]:
+        pages = [self._free_pages[shard].pop() for _ in range(k)]
         for q in pages:
-            self._page_refs[q] = 1
-        used = self.config.pool_pages - 1 - len(self._free_pages)
+            self._page_refs[shard, q] = 1
+        used = self._pool_pages - self._shards - sum(map(len, self._free_pages))
         self.stats["peak_pages"] = max(self.stats["peak_pages"], used)
         return pages
 
-    def _drop_pages(self, pages: list[int]) -> None:
+    def _drop_pages(self, shard: int, pages: list[int]) -> None:
         for q in pages:
-            self._page_refs[q] -= 1
-            if self._page_refs[q] == 0:
-                del self._page_refs[q]
-                self._free_pages.append(q)
+            self._page_refs[shard, q] -= 1
+            if self._page_refs[shard, q] == 0:
+                del self._page_refs[shard, q]
+                self._free_pages[shard].append(q)
 
-    def _prefill_request(self, req: _Request) -> None:
-        """Writes the prompt into fresh pages, chunk by chunk; keeps its last logits."""
-        cfg = self.config
-        req.prompt_pages = self._take_pages(self._prompt_pages(len(req.prompt)))
-        row = np.zeros((1, cfg.pages_per_row), np.int32)
-        row[0, :len(req.prompt_pages)] = req.prompt_pages
-        c = cfg.prefill_chunk
+    def _free_slots(self, shard: int) -> list[int]:
+        per = self.config.slots // self._shards
+        return [i for i in range(shard * per, (shard + 1) * per) if self._slot_owner[i] is None]
+
+    def _prefill_requests(self, reqs: list[_Request]) -> None:
+        """Writes the prompts of ``reqs`` (at most one per row shard: row r of the prefill
+        program is shard r's) into their pages, chunk by chunk; keeps each one's last logits."""
+        cfg, c = self.config, self.config.prefill_chunk
+        rows = np.zeros((self._shards, cfg.pages_per_row), np.int32)
+        for req in reqs:
+            rows[req.shard, :len(req.prompt_pages)] = req.prompt_pages
         pools = self._state.pools
-        chunk_routes = []
-        for start in range(0, len(req.prompt), c):
-            part = req.prompt[start:start + c]
-            ids = np.full((1, c), self.sampling.pad_id, np.int32)
-            ids[0, :len(part)] = part
-            pools, logits, routes = self._prefill(
-                self.graphdef, self.params, pools, jnp.asarray(ids), jnp.asarray(row),
-                jnp.asarray([start], jnp.int32), jnp.int32(len(part)))
+        chunk_routes = {req.shard: [] for req in reqs}
+        for start in range(0, max(len(req.prompt) for req in reqs), c):
+            ids = np.full((self._shards, c), self.sampling.pad_id, np.int32)
+            n_valid = np.zeros((self._shards,), np.int32)
+            for req in reqs:
+                part = req.prompt[start:start + c]
+                ids[req.shard, :len(part)] = part
+                n_valid[req.shard] = len(part)
+            with self._context():
+                pools, logits, routes = self._prefill(
+                    self.graphdef, self.params, pools, jnp.asarray(ids), jnp.asarray(rows),
+                    jnp.full((self._shards,), start, jnp.int32), jnp.asarray(n_valid))
             self.stats["prefill_calls"] += 1
-            if routes is not None:
-                chunk_routes.append((routes, len(part)))
+            for req in reqs:
+                k = int(n_valid[req.shard])
+                if k and start + k == len(req.prompt):   # its last chunk
+                    req.logits = logits[req.shard]
+                if k and routes is not None:
+                    chunk_routes[req.shard].append((routes, k))
         self._state = self._state._replace(pools=pools)
-        req.logits = logits
-        if chunk_routes:
-            req.prompt_routes = np.concatenate([np.asarray(r)[:k] for r, k in chunk_routes])
+        for req in reqs:
+            if chunk_routes[req.shard]:
+                req.prompt_routes = np.concatenate(
+                    [np.asarray(r[req.shard])[:k] for r, k in chunk_routes[req.shard]])
+
+    def _bind_waiting(self) -> bool:
+        """Gives waiting requests, in submission order, a row shard and their prompt pages, and
+        prefills them together: a shard takes a new request when no request is partly admitted
+        there and it has a free slot and the pages of the prompt and its first sample
+        (the emptiest such shard). Stops at the first request that finds none (FIFO)."""
+        busy = {self._requests[r].shard for r in self._waiting} - {None}
+        new = []
+        for rid in self._waiting:
+            req = self._requests[rid]
+            if req.shard is not None:
+                continue
+            p = len(req.prompt)
+            need = self._prompt_pages(p) + self._sample_pages(p, req.budgets[req.queue[0]])
+            room = [(len(self._free_slots(k)), -k) for k in range(self._shards)
+                    if k not in busy and need <= len(self._free_pages[k])]
+            room = [r for r in room if r[0]]
+            if not room:
+                break
+            req.shard = -max(room)[1]
+            busy.add(req.shard)
+            req.prompt_pages = self._take_pages(req.shard, self._prompt_pages(p))
+            new.append(req)
+        if new:
+            self._prefill_requests(new)
+        return bool(new)
+
+    def _place_samples(self, batch: list) -> bool:
+        """Puts the waiting samples of the requests that have a shard into its free slots while
+        its pages last; appends (slot, rid, sample, page row, copy src, copy dst) to ``batch``."""
+        ps, placed = self.config.page_size, False
+        for rid in list(self._waiting):
+            req = self._requests[rid]
+            if req.shard is None:
+                break
+            p, shard = len(req.prompt), req.shard
+            while req.queue:
+                sample = req.queue[0]
+                free = self._free_slots(shard)
+                if not free or self._sample_pages(p, req.budgets[sample]) > len(self._free_pages[shard]):
+                    break
+                own = self._take_pages(shard, self._sample_pages(p, req.budgets[sample]))
+                shared = req.prompt_pages[:p // ps]
+                for q in shared:
+                    self._page_refs[shard, q] += 1
+                src = self._global_page(shard, req.prompt_pages[-1]) if p % ps else 0
+                dst = self._global_page(shard, own[0]) if p % ps else 0
+                slot = free[0]
+                self._join_prefix(req, slot, shared)
+                self._slot_owner[slot] = (rid, sample)
+                self._slot_pages[slot] = shared + own
+                self._slot_tokens[slot], self._slot_logprobs[slot] = [], []
+                self._slot_routes[slot] = []
+                batch.append((slot, rid, sample, shared + own, src, dst))
+                req.queue.popleft()
+                req.live += 1
+                placed = True
+            if not req.queue:
+                self._waiting.remove(rid)
+        return placed
 
     def _admit_waiting(self) -> None:
-        """Fills free slots with waiting samples, in submission order (FIFO: at most one
-        request is partly admitted, so its prompt pages are the only ones held by no slot)."""
+        """Fills free slots with waiting samples, in submission order: requests get a shard
+        and are prefilled (`_bind_waiting`), their samples take its slots (`_place_samples`),
+        until neither moves; then one ``admit`` call puts them on the device."""
         cfg, s = self.config, self.config.slots
-        ps = cfg.page_size
-        free = [i for i, o in enumerate(self._slot_owner) if o is None]
         batch = []   # (slot, rid, sample, page row, copy src, copy dst)
-        while free and self._waiting:
-            rid = self._waiting[0]
-            req = self._requests[rid]
-            sample = req.queue[0]
-            p, m = len(req.prompt), req.budgets[sample]
-            need = self._sample_pages(p, m)
-            if req.prompt_pages is None:
-                need += self._prompt_pages(p)
-            if need > len(self._free_pages):
+        while True:
+            bound = self._bind_waiting()
+            if not self._place_samples(batch) and not bound:
                 break
-            if req.prompt_pages is None:
-                self._prefill_request(req)
-            own = self._take_pages(self._sample_pages(p, m))
-            shared = req.prompt_pages[:p // ps]
-            for q in shared:
-                self._page_refs[q] += 1
-            src = req.prompt_pages[-1] if p % ps else 0
-            dst = own[0] if p % ps else 0
-            slot = free.pop(0)
-            self._join_prefix(req, slot, shared)
-            self._slot_owner[slot] = (rid, sample)
-            self._slot_pages[slot] = shared + own
-            self._slot_tokens[slot], self._slot_logprobs[slot] = [], []
-            self._slot_routes[slot] = []
-            batch.append((slot, rid, sample, shared + own, src, dst))
-            req.queue.popleft()
-            req.live += 1
-            if not req.queue:
-                self._waiting.popleft()
         if not batch:
             return
         slot = np.full((s,), s, np.int32)
@@ -529,11 +648,12 @@ class Engine:
             temperatures[i] = req.temperature
             rows[i, :len(pages)] = pages
             samples[i], keys[i], logits[i] = sample, req.key, req.logits
-        self._state = self._admit(self._state, jnp.asarray(slot), jnp.asarray(rows),
-                                  jnp.asarray(lengths), jnp.asarray(budgets),
-                                  jnp.asarray(temperatures), tuple(keys),
-                                  jnp.asarray(samples), tuple(logits), jnp.asarray(src),
-                                  jnp.asarray(dst))
+        with self._context():
+            self._state = self._admit(self._state, jnp.asarray(slot), jnp.asarray(rows),
+                                      jnp.asarray(lengths), jnp.asarray(budgets),
+                                      jnp.asarray(temperatures), tuple(keys),
+                                      jnp.asarray(samples), tuple(logits), jnp.asarray(src),
+                                      jnp.asarray(dst))
         for sl, rid, *_ in batch:   # a fully admitted request no longer needs its logits
             req = self._requests[rid]
             if not req.queue:
@@ -546,15 +666,15 @@ class Engine:
         if not shared:
             return
         pre = self._prefix
-        if req.prefix is None and self._free_prefixes:
-            req.prefix = self._free_prefixes.pop()
+        if req.prefix is None and self._free_prefixes[req.shard]:
+            req.prefix = self._free_prefixes[req.shard].pop()
             pre.table[req.prefix, :len(shared)] = shared
             pre.lengths[req.prefix] = len(shared) * self.config.page_size
         if req.prefix is None:
             return
         spare = np.flatnonzero(pre.rows[req.prefix] < 0)
-        if spare.size:
-            pre.rows[req.prefix, spare[0]] = slot
+        if spare.size:   # the row's index within its shard, as its page ids
+            pre.rows[req.prefix, spare[0]] = slot % (self.config.slots // self._shards)
             self._slot_prefix[slot] = (req.prefix, int(spare[0]))
 
     def _free_slot(self, slot: int) -> None:
@@ -564,7 +684,7 @@ class Engine:
             entry, position = self._slot_prefix[slot]
             self._prefix.rows[entry, position] = -1
             self._slot_prefix[slot] = None
-        self._drop_pages(self._slot_pages[slot])
+        self._drop_pages(self._shard_of(slot), self._slot_pages[slot])
         self._slot_owner[slot], self._slot_pages[slot] = None, []
         self._requests[rid].live -= 1
 
@@ -573,11 +693,11 @@ class Engine:
         req = self._requests[rid]
         if req.live == 0 and not req.queue:
             if req.prompt_pages is not None:
-                self._drop_pages(req.prompt_pages)
+                self._drop_pages(req.shard, req.prompt_pages)
             if req.prefix is not None:   # its entry is free again
                 self._prefix.table[req.prefix] = 0
                 self._prefix.lengths[req.prefix] = 0
-                self._free_prefixes.append(req.prefix)
+                self._free_prefixes[req.shard].append(req.prefix)
             del self._requests[rid]
 
     def _release(self, slot: int, reason: int) -> Completion:

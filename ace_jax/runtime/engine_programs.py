@@ -51,15 +51,18 @@ def layer_params_of(model):
     return model.layer_params() if model_configs.target_platform(model.config) == "cpu" else None
 
 
-def prefill(graphdef, params, pools, ids, page_row, start, n_valid):
-    """One prompt chunk: ids int32 [1, C] (the first ``n_valid`` real) into the pages of
-    ``page_row`` [1, pages] from slot ``start`` [1] -> (pools, logits float32 [V] of the last
-    real token, the chunk's routes uint8 [C, L_moe, k] or None)."""
+def prefill(graphdef, params, pools, ids, page_rows, start, n_valid):
+    """One prompt chunk per row shard (R = the engine's row shards, 1 on one device): ids int32
+    [R, C] (row r's first ``n_valid[r]`` real; 0 = no prompt in that shard) into the pages of
+    ``page_rows`` [R, pages] (each row's shard's own page ids) from slot ``start`` [R] ->
+    (pools, logits float32 [R, V] of each row's last real token, the chunk's routes uint8
+    [R, C, L_moe, k] or None)."""
     model = nnx.merge(graphdef, params)
-    mask = jnp.arange(ids.shape[1])[None, :] < n_valid
-    h, pools, routes = model_forward(model, None, ids, mask, pools, page_row, start)
-    logits = model.lm_logits(jax.lax.dynamic_index_in_dim(h[0], n_valid - 1, 0, False))
-    return pools, logits, None if routes is None else routes[0]
+    mask = jnp.arange(ids.shape[1])[None, :] < n_valid[:, None]
+    h, pools, routes = model_forward(model, None, ids, mask, pools, page_rows, start)
+    last = jnp.maximum(n_valid - 1, 0)[:, None, None]
+    logits = model.lm_logits(jnp.take_along_axis(h, last, axis=1)[:, 0])
+    return pools, logits, routes
 
 
 def admit(state: SlotState, slot, page_rows, lengths, budgets, temperatures, request_keys, samples,
@@ -67,7 +70,7 @@ def admit(state: SlotState, slot, page_rows, lengths, budgets, temperatures, req
     """Puts up to S samples into slots (``slot`` [S], S = none), each with its page row, filled
     length, budget, temperature, key ``fold_in(request key, sample)`` (``request_keys``: S keys)
     and first logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for
-    none). The per-sample values come as fixed-length tuples, so that the host builds no array
+    none; pool-wide page ids, where the page rows hold their shard's own). The per-sample values come as fixed-length tuples, so that the host builds no array
     whose shape depends on how many samples enter (each new shape would compile an op)."""
     keys = jax.vmap(jax.random.fold_in)(jnp.stack(request_keys), samples)
     logits = jnp.stack(logits)

@@ -51,7 +51,7 @@ def test_engine_generates_what_the_static_generator_does(model, temperature):
     distinct = len(set(map(tuple, np.asarray(out.tokens).tolist())))
     assert distinct == len(PROMPTS) if temperature == 0 else distinct > len(PROMPTS)
     assert eng.stats["prefill_calls"] == 1 + 1 + 2 + 3                  # each prompt once
-    assert eng._page_refs == {} and len(eng._free_pages) == eng.config.pool_pages - 1
+    assert eng._page_refs == {} and sum(map(len, eng._free_pages)) == eng.config.pool_pages - 1
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -72,8 +72,8 @@ def test_shared_prefixes_read_once_decode_what_the_static_generator_does(model, 
     assert eng._slot_prefix[2] is None      # the third sample: no row position left
     eng.drain()
     _assert_same(ref, eng.generate(PROMPTS, jax.random.key(3)))
-    assert sorted(eng._free_prefixes) == [0, 1] and (pre.rows == -1).all() and not pre.lengths.any()
-    assert eng._page_refs == {} and len(eng._free_pages) == eng.config.pool_pages - 1
+    assert sorted(eng._free_prefixes[0]) == [0, 1] and (pre.rows == -1).all() and not pre.lengths.any()
+    assert eng._page_refs == {} and sum(map(len, eng._free_pages)) == eng.config.pool_pages - 1
     with pytest.raises(ValueError, match="engine.prefix_rows must be >= 1"):
         engine.EngineConfig(prefix_rows=0)
 
@@ -152,7 +152,7 @@ def test_cancel_frees_slots_and_pages_and_leaves_the_others_alone(model):
     done = eng.drain()
     assert [(c.request, c.sample, c.tokens) for c in done] == [(a, 0, want[0])]
     assert eng._requests == {} and eng._page_refs == {}
-    assert len(eng._free_pages) == eng.config.pool_pages - 1
+    assert sum(map(len, eng._free_pages)) == eng.config.pool_pages - 1
 
 
 def test_the_routing_record_is_what_the_full_forward_routes(model):
@@ -203,7 +203,7 @@ def test_prompt_pages_are_shared_and_all_pages_return(model):
     eng = _engine(model, s, slots=4)
     eng.generate([[5] * 20], jax.random.key(0))
     assert eng.stats["peak_pages"] == 5 + 4 * 2
-    assert eng._page_refs == {} and len(eng._free_pages) == eng.config.pool_pages - 1
+    assert eng._page_refs == {} and sum(map(len, eng._free_pages)) == eng.config.pool_pages - 1
 
 
 def test_a_small_pool_makes_rows_wait_not_fail(model):
@@ -243,8 +243,7 @@ def test_update_weights_changes_what_is_sampled(model):
 def test_kind_resolution_and_the_trainer_factory(model):
     assert engine.resolve_kind("auto", 1) == "paged"
     assert engine.resolve_kind("auto", 8) == "static"
-    with pytest.raises(ValueError, match="runs on one device; the mesh has 8"):
-        engine.resolve_kind("paged", 8)
+    assert engine.resolve_kind("paged", 8) == "paged"
     with pytest.raises(ValueError, match="engine.kind must be one of"):
         engine.resolve_kind("vllm", 1)
     from ace_jax.runtime import sampler_layout
@@ -285,3 +284,53 @@ def test_paged_forward_equals_the_uncached_forward(model):
         c = o.cache
     with pytest.raises(ValueError, match="pass no cache_index"):
         model(ids[:, :1], cache=c, cache_index=0)
+
+
+SHARD_RULES = dict(batch="data,fsdp,expert", length="", cache_length="", embed="fsdp,expert",
+                   vocab="tensor", heads="tensor", kv_heads="tensor", head_dim="", mlp="tensor",
+                   experts="expert", router="expert", layers="")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_sharded_engine_decodes_what_the_static_generator_does(model, temperature):
+    """On 8 devices (data 2 x fsdp 2 x tensor 2, params placed by the rules): 8 slots in 4 row
+    shards of 2, each shard with its own pages, free list and shared-prefix entry, KV heads over
+    'tensor'; prompts prefilled one per shard in one call. Every row equals the static
+    generator's on one device, the state stays split, and every page and entry comes back."""
+    from ace_jax.runtime import placement as pl, sharding as sh
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 (simulated) devices (tests/conftest.py)")
+    s = _sampling(temperature=temperature)
+    ref = generate.Generator(model, s).generate(PROMPTS, jax.random.key(3))
+    mesh_cfg = sh.default_config()
+    mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor, mesh_cfg.expert = 2, 2, 2, 1
+    place = pl.Placement.create(sh.make_mesh(mesh_cfg), SHARD_RULES)
+    placed = nnx.clone(model)
+    place.place_params(placed)
+    eng = engine.Engine(placed, s, engine.EngineConfig(
+        slots=8, page_size=4, max_context=40, prefill_chunk=8, sync_every=3, shared_prefixes=4,
+        prefix_rows=2), placement=place)
+    assert eng._shards == 4 and eng._pool_pages % 4 == 0
+    _assert_same(ref, eng.generate(PROMPTS, jax.random.key(3)))
+    spec = eng._state.pools[0][0].sharding.spec
+    assert tuple(spec)[:4] == (None, ("data", "fsdp"), None, "tensor"), spec
+    assert eng._state.page_table.sharding.spec[0] == ("data", "fsdp")
+    # the decode program reads each shard's pages where they are: no collective gathers a pool
+    import re
+    with eng._context():
+        text = eng._decode.lower(eng.graphdef, 3, eng.params, eng._knobs, eng._state,
+                                 jax.tree.map(jnp.asarray, eng._prefix)).compile().as_text()
+    gathered = re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather\(", text)
+    assert gathered and not [g for g in gathered if str(eng._pool_pages) in g.split(",")], gathered
+    # the 4 prompts went to 4 shards, prefilled together: as many calls as the longest's chunks
+    assert eng.stats["prefill_calls"] == 3
+    assert eng._page_refs == {} and all(len(f) == eng._pool_pages // 4 - 1 for f in eng._free_pages)
+    assert [sorted(f) for f in eng._free_prefixes] == [[0], [1], [2], [3]]
+    with pytest.raises(ValueError, match="engine.shared_prefixes = 2 does not split over the 4 row shards"):
+        engine.Engine(placed, s, engine.EngineConfig(slots=8, shared_prefixes=2), placement=place)
+    with pytest.raises(ValueError, match="engine.num_pages = 30 does not split over the 4 row shards"):
+        engine.Engine(placed, s, engine.EngineConfig(slots=8, num_pages=30), placement=place)
+    with pytest.raises(engine.EngineCapacityError, match="needs 5 pages, the pool has 4 in each of its 4 row shards"):
+        engine.Engine(placed, s, engine.EngineConfig(slots=8, page_size=4, num_pages=20),
+                      placement=place).submit([1] * 9, key=jax.random.key(0), max_new_tokens=7)
