@@ -310,7 +310,9 @@ class Engine:
                                 donate_argnums=(2,))
         self._admit = jax.jit(engine_programs.admit, donate_argnums=(0,))
         self._retire = jax.jit(engine_programs.retire, donate_argnums=(0,))
-        self._decode = jax.jit(engine_programs.decode, static_argnums=(0, 1), donate_argnums=(4,))
+        self._decode = jax.jit(engine_programs.decode, static_argnums=(0, 1), donate_argnums=(5,))
+        self._slice_layers = jax.jit(engine_programs.layer_params, static_argnums=(0,))
+        self._layers = self._sliced_layers()
 
     # ------------------------------------------------------------------ public surface
     def update_weights(self, params: nnx.State) -> None:
@@ -318,6 +320,7 @@ class Engine:
         if jax.tree.structure(params) != self._structure:
             raise ValueError("update_weights: the new parameter tree has another structure")
         self.params = params
+        self._layers = self._sliced_layers()
 
     def submit(self, prompt: Sequence[int], *, n: int = 1, key: jax.Array,
                max_new_tokens: int | Sequence[int] | None = None,
@@ -405,7 +408,7 @@ class Engine:
                   else None)
         with self._context():
             self._state, tokens, logprobs, emitted, routes = self._decode(
-                self.graphdef, steps, self.params, self._knobs, self._state, prefix)
+                self.graphdef, steps, self.params, self._layers, self._knobs, self._state, prefix)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
         tokens, logprobs, emitted, done, reason, routes = jax.device_get(
@@ -485,6 +488,11 @@ class Engine:
         """Pages a sample owns: from its prompt's last partial page (its copy) to its budget."""
         ps = self.config.page_size
         return -(-(p + m) // ps) - p // ps
+
+    def _sliced_layers(self):
+        """The per-layer weights of ``self.params`` (`engine_programs.layer_params`)."""
+        with self._context():
+            return self._slice_layers(self.graphdef, self.params)
 
     def _context(self):
         """The mesh the programs trace under (the paged ops split per row shard under it)."""

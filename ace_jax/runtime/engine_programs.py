@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ace_jax.runtime import generate
-from models import configs as model_configs, qwen3
+from models import qwen3
 
 
 class SlotState(NamedTuple):
@@ -46,9 +46,12 @@ def model_forward(model, layer_params, tokens, mask, pools, page_table, lengths,
     return out.hidden_states, (out.cache.k, out.cache.v), routes
 
 
-def layer_params_of(model):
-    # on CPU the per-layer weights are sliced once per program, not in every step (as _rollout)
-    return model.layer_params() if model_configs.target_platform(model.config) == "cpu" else None
+def layer_params(graphdef, params):
+    """The per-layer weights sliced out of the stacks (`qwen3.Qwen3ForCausalLM.layer_params`):
+    the engine keeps them beside ``params`` (once per `Engine.update_weights`), so that its
+    decode steps run their layers on loop-invariant slices, as `generate._rollout`'s loop does
+    (a stack sliced inside the loop is laid out again at every step)."""
+    return nnx.merge(graphdef, params).layer_params()
 
 
 def prefill(graphdef, params, pools, ids, page_rows, start, n_valid):
@@ -93,18 +96,17 @@ def retire(state: SlotState, slots):
     return state._replace(done=state.done | slots)
 
 
-def decode(graphdef, steps, params, knobs, state: SlotState, prefix=None, *,
+def decode(graphdef, steps, params, layers, knobs, state: SlotState, prefix=None, *,
            read_pages: int | None = None, truncate: bool | None = None):
     """``steps`` decode steps of every slot -> (state, tokens int32 [S, steps], logprobs
     float32 [S, steps], emitted bool [S, steps], routes uint8 [S, steps, L_moe, k] or None). A
     row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
     or its budget, and (while live) writes the token's keys / values into its pages.
-    ``prefix``: None, or the `qwen3.PagedPrefix` of the slots' shared prompt pages (each read
-    once per step for all its rows). ``read_pages`` (`qwen3.PagedKVCache.read_pages`) and
+    ``layers``: `layer_params` of ``params``. ``prefix``: None, or the `qwen3.PagedPrefix` of
+    the slots' shared prompt pages (each read once per step for all its rows). ``read_pages`` (`qwen3.PagedKVCache.read_pages`) and
     ``truncate`` (`generate.sample_token`'s) are static hints for the dry run's cost program
     (`ace_jax.train.dry_run_programs.paged_decode_program`); the engine passes neither."""
     model = nnx.merge(graphdef, params)
-    layer_params = layer_params_of(model)
     knobs = knobs._replace(temperature=state.temperature)
 
     def step(state: SlotState, _):
@@ -120,7 +122,7 @@ def decode(graphdef, steps, params, knobs, state: SlotState, prefix=None, *,
                            jnp.where(hit_stop, int(generate.FinishReason.STOP),
                                      int(generate.FinishReason.LENGTH)))
         finishing = live & (hit_eos | hit_stop | spent)
-        h, pools, routes = model_forward(model, layer_params, tok[:, None], live[:, None],
+        h, pools, routes = model_forward(model, layers, tok[:, None], live[:, None],
                                           state.pools, state.page_table, state.lengths, prefix,
                                           read_pages)
         state = state._replace(

@@ -248,20 +248,23 @@ def paged_decode_program(config: ml_collections.ConfigDict, mc: model_configs.Mo
     sampler_graphdef = layout.graphdef(graphdef)
     truncate = int(config.sampling.top_k) > 0 or float(config.sampling.top_p) < 1.0
 
-    def step(params, knobs, state, prefix):
-        return engine_programs.decode(sampler_graphdef, 1, params, knobs, state,
+    def step(params, layers, knobs, state, prefix):
+        return engine_programs.decode(sampler_graphdef, 1, params, layers, knobs, state,
                                       prefix if prefix_pages else None, read_pages=own,
                                       truncate=truncate)
 
-    # the pools' memory layout left to the compiler, as `decode_step_program` leaves the cache's
-    # (the engine's loop carries them; a fixed layout would copy them in and out of the step)
+    # the pools' and the per-layer weights' memory layouts left to the compiler, as
+    # `decode_step_program` leaves the cache's and the weights' (the engine's loop carries the
+    # pools; it holds the per-layer slices, `engine_programs.layer_params`)
     pools = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), state.pools)
     auto = jax.tree.map(lambda _: None, state)._replace(pools=pools)
-    jitted = jax.jit(step, in_shardings=(None, None, auto, None),
-                     out_shardings=(auto, None, None, None, None), donate_argnums=(2,))
+    per_layer = layout.abstract_layer_params(sampler_graphdef, params)
+    auto_layers = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), per_layer)
+    jitted = jax.jit(step, in_shardings=(None, auto_layers, None, auto, None),
+                     out_shardings=(auto, None, None, None, None), donate_argnums=(3,))
     with splace.context():
         info, lowered = _trace_and_lower(
-            jitted, (layout.abstract_params(params), knobs, state, prefix), platform)
+            jitted, (layout.abstract_params(params), per_layer, knobs, state, prefix), platform)
     return _compile(lowered, info, hbm_traffic=True)
 
 

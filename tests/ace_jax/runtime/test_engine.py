@@ -319,7 +319,7 @@ def test_a_sharded_engine_decodes_what_the_static_generator_does(model, temperat
     # the decode program reads each shard's pages where they are: no collective gathers a pool
     import re
     with eng._context():
-        text = eng._decode.lower(eng.graphdef, 3, eng.params, eng._knobs, eng._state,
+        text = eng._decode.lower(eng.graphdef, 3, eng.params, eng._layers, eng._knobs, eng._state,
                                  jax.tree.map(jnp.asarray, eng._prefix)).compile().as_text()
     gathered = re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather\(", text)
     assert gathered and not [g for g in gathered if str(eng._pool_pages) in g.split(",")], gathered
