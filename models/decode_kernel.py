@@ -272,7 +272,8 @@ def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
 
     Grid (row, page): each step DMAs one page of K and one of V; a row's steps past its last
     filled page map to that page again, which Pallas does not copy twice. The declared cost is
-    every page of the table (the fills are traced: an upper bound). A row with ``lengths[b] == 0``
+    every page of the table (the fills are traced: an upper bound;
+    ``read_pages`` of `models.attention.paged_attention` narrows the table to the pages read). A row with ``lengths[b] == 0``
     gets out 0 and log-sum-exp ``MASK_VALUE``. ``interpret``: Pallas interpret mode (off TPU)."""
     if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
         raise ValueError(f"k_pages {k_pages.shape} and v_pages {v_pages.shape} must be the same "

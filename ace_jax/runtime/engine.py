@@ -505,7 +505,8 @@ class Engine:
 
         mesh = self.placement.mesh
         rows, heads = kernel_mesh.mesh_specs(mesh, self.config.slots, mc.num_key_value_heads)
-        named = lambda *spec: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))  # noqa: E731
+        P = jax.sharding.PartitionSpec
+        named = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))  # noqa: E731
         pool = named(None, rows, None, heads)
         out = jax.tree.map(lambda _: named(rows), self._state)
         return out._replace(pools=jax.tree.map(lambda _: pool, self._state.pools))

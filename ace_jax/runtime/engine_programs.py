@@ -73,8 +73,9 @@ def admit(state: SlotState, slot, page_rows, lengths, budgets, temperatures, req
     """Puts up to S samples into slots (``slot`` [S], S = none), each with its page row, filled
     length, budget, temperature, key ``fold_in(request key, sample)`` (``request_keys``: S keys)
     and first logits (S arrays [V]); copies page copy_src[i] to copy_dst[i] first (0 -> 0 for
-    none; pool-wide page ids, where the page rows hold their shard's own). The per-sample values come as fixed-length tuples, so that the host builds no array
-    whose shape depends on how many samples enter (each new shape would compile an op)."""
+    none; pool-wide page ids, where the page rows hold their shard's own). The per-sample
+    values come as fixed-length tuples, so that the host builds no array whose shape depends
+    on how many samples enter (each new shape would compile an op)."""
     keys = jax.vmap(jax.random.fold_in)(jnp.stack(request_keys), samples)
     logits = jnp.stack(logits)
     pools = tuple(tuple(p.at[:, copy_dst].set(p[:, copy_src]) for p in side)
@@ -103,9 +104,10 @@ def decode(graphdef, steps, params, layers, knobs, state: SlotState, prefix=None
     row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
     or its budget, and (while live) writes the token's keys / values into its pages.
     ``layers``: `layer_params` of ``params``. ``prefix``: None, or the `qwen3.PagedPrefix` of
-    the slots' shared prompt pages (each read once per step for all its rows). ``read_pages`` (`qwen3.PagedKVCache.read_pages`) and
-    ``truncate`` (`generate.sample_token`'s) are static hints for the dry run's cost program
-    (`ace_jax.train.dry_run_programs.paged_decode_program`); the engine passes neither."""
+    the slots' shared prompt pages (each read once per step for all its rows). ``read_pages``
+    (`qwen3.PagedKVCache.read_pages`) and ``truncate`` (`generate.sample_token`'s) are static
+    hints for the dry run's cost program (`ace_jax.train.dry_run_programs.paged_decode_program`);
+    the engine passes neither."""
     model = nnx.merge(graphdef, params)
     knobs = knobs._replace(temperature=state.temperature)
 

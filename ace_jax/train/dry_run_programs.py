@@ -17,7 +17,8 @@ from jax.sharding import NamedSharding
 
 from ace_jax.rl import learner
 from ace_jax.rl.rollout_batch import TrainBatch
-from ace_jax.runtime import engine_programs, generate, placement as placement_lib, sampler_layout, sharding, tpu_compile
+from ace_jax.runtime import (engine_programs, generate, placement as placement_lib, sampler_layout, sharding,
+                             tpu_compile)
 from models import attention, configs as model_configs, kernel_mesh, qwen3
 
 

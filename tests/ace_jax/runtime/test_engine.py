@@ -327,10 +327,11 @@ def test_a_sharded_engine_decodes_what_the_static_generator_does(model, temperat
     assert eng.stats["prefill_calls"] == 3
     assert eng._page_refs == {} and all(len(f) == eng._pool_pages // 4 - 1 for f in eng._free_pages)
     assert [sorted(f) for f in eng._free_prefixes] == [[0], [1], [2], [3]]
-    with pytest.raises(ValueError, match="engine.shared_prefixes = 2 does not split over the 4 row shards"):
+    with pytest.raises(ValueError, match="engine.shared_prefixes = 2 does not split over the 4 row"):
         engine.Engine(placed, s, engine.EngineConfig(slots=8, shared_prefixes=2), placement=place)
     with pytest.raises(ValueError, match="engine.num_pages = 30 does not split over the 4 row shards"):
         engine.Engine(placed, s, engine.EngineConfig(slots=8, num_pages=30), placement=place)
-    with pytest.raises(engine.EngineCapacityError, match="needs 5 pages, the pool has 4 in each of its 4 row shards"):
+    with pytest.raises(engine.EngineCapacityError,
+                       match="needs 5 pages, the pool has 4 in each of its 4 row shards"):
         engine.Engine(placed, s, engine.EngineConfig(slots=8, page_size=4, num_pages=20),
                       placement=place).submit([1] * 9, key=jax.random.key(0), max_new_tokens=7)
