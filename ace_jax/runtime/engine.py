@@ -584,8 +584,7 @@ class Engine:
             p = len(req.prompt)
             need = self._prompt_pages(p) + self._sample_pages(p, req.budgets[req.queue[0]])
             room = [(len(self._free_slots(k)), -k) for k in range(self._shards)
-                    if k not in busy and need <= len(self._free_pages[k])]
-            room = [r for r in room if r[0]]
+                    if k not in busy and need <= len(self._free_pages[k]) and self._free_slots(k)]
             if not room:
                 break
             req.shard = -max(room)[1]

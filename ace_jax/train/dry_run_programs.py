@@ -234,13 +234,12 @@ def paged_decode_program(config: ml_collections.ConfigDict, mc: model_configs.Mo
     pool_sh = NamedSharding(mesh, P(None, batch_axes, None, head_axis))
     rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
         shape, dt, sharding=NamedSharding(mesh, P(batch_axes)))
-    keys = jax.ShapeDtypeStruct((n,), key.dtype, sharding=NamedSharding(mesh, P(batch_axes)))
     window = int(knobs.stop_table.shape[1])
     state = engine_programs.SlotState(
         pools=(tuple(with_sharding(x, pool_sh) for x in cache.k),
                tuple(with_sharding(x, pool_sh) for x in cache.v)),
         page_table=rows(cache.page_table.shape, jnp.int32), lengths=rows((n,), jnp.int32),
-        logits=rows((n, mc.vocab_size), jnp.float32), keys=keys, produced=rows((n,), jnp.int32),
+        logits=rows((n, mc.vocab_size), jnp.float32), keys=rows((n,), key.dtype), produced=rows((n,), jnp.int32),
         budget=rows((n,), jnp.int32), done=rows((n,), jnp.bool_), reason=rows((n,), jnp.int32),
         window=rows((n, window), jnp.int32), temperature=rows((n,), jnp.float32))
     entries = n // g

@@ -36,7 +36,7 @@ from typing import Any
 
 from ace_jax.train.dry_run_analytic import GB
 
-__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "paged_decode", "speed_section"]
+__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "average_step", "paged_decode", "speed_section"]
 
 # Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
 CHIPS: dict[str, dict[str, Any]] = {
@@ -84,17 +84,26 @@ def chip_figures(dry) -> dict[str, Any]:
                 hbm_gbps=float(dry.hbm_bw_gbps), ici_gbps=float(dry.ici_gbps), source=source)
 
 
+def average_step(compiled: dict[str, dict], prefix: str, layers: int, fill: dict[str, float],
+                 chip: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rooflines of (the rollout's average decode step, its last step) from the cost programs
+    ``{prefix}decode_step_L1/_L2`` and ``{prefix}decode_last_L1/_L2``, extrapolated to
+    ``layers`` and interpolated to ``fill["mean"]`` (`at_blocks`; ``fill``: key blocks or own
+    pages)."""
+    step, last = (extrapolate(compiled[f"{prefix}{s}_L1"], compiled[f"{prefix}{s}_L2"], layers)
+                  for s in ("decode_step", "decode_last"))
+    return roofline(at_blocks(step, last, fill), chip), roofline(last, chip)
+
+
 def paged_decode(compiled: dict[str, dict], layers: int, pages: dict[str, float],
                  chip: dict[str, float]) -> dict[str, Any] | None:
-    """The paged engine's average decode step (roofline) from the ``paged_decode_*`` cost
-    programs, interpolated to ``pages["mean"]`` own pages as `at_blocks` does for key blocks;
-    None when they are missing or failed."""
+    """The paged engine's average decode step (`average_step` of the ``paged_decode_*`` cost
+    programs at ``pages``, `dry_run_programs.paged_decode_pages`); None when they are missing
+    or failed."""
     names = [f"paged_{s}_L{n}" for s in ("decode_step", "decode_last") for n in (1, 2)]
     if not all(compiled.get(n, {}).get("ok") for n in names):
         return None
-    step, last = (extrapolate(compiled[f"paged_{s}_L1"], compiled[f"paged_{s}_L2"], layers)
-                  for s in ("decode_step", "decode_last"))
-    return roofline(at_blocks(step, last, pages), chip)
+    return average_step(compiled, "paged_", layers, pages, chip)[0]
 
 
 def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers: int, chips: int,
@@ -114,9 +123,7 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     chip = chip_figures(dry)
     n, m, p, g, b = shp["rows"], shp["new_tokens"], shp["prompt_len"], shp["group_size"], shp["prompts"]
     k = shp["microbatches"]
-    step = extrapolate(compiled["decode_step_L1"], compiled["decode_step_L2"], layers)
-    last = extrapolate(compiled["decode_last_L1"], compiled["decode_last_L2"], layers)
-    decode, last = roofline(at_blocks(step, last, key_blocks), chip), roofline(last, chip)
+    decode, last = average_step(compiled, "", layers, key_blocks, chip)
     reshard = roofline(_cost(compiled["reshard"]), chip)
     mb = extrapolate(compiled["learner_microbatch_L1"], compiled["learner_microbatch_L2"], layers)
     learner = roofline({key: k * v for key, v in mb.items()}, chip)
@@ -157,23 +164,23 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
              "  t = max(FLOP / peak, HBM bytes / HBM BW, collective bytes / (ICI / 2)); "
              "leaves out small-collective latency, overlap, kernel efficiency"]
     kb = speed["decode_key_blocks"]
-    for name, note in (("decode", f"the rollout's average step ({kb['mean']:.2f} own key blocks, "
-                                  f"between {kb['decode_step']:.0f} and {kb['decode_last']:.0f}), "
-                                  f"{speed['decode_rows_per_chip']:.0f} rows/chip"),
-                       ("decode_last", "the last step, full cache"),
-                       ("reshard", "learner -> sampler weights, once per RL step"),
-                       ("learner", "the whole step (microbatches x one)")):
+    rows = [("decode", "decode", f"the rollout's average step ({kb['mean']:.2f} own key blocks, "
+                                 f"between {kb['decode_step']:.0f} and {kb['decode_last']:.0f}), "
+                                 f"{speed['decode_rows_per_chip']:.0f} rows/chip"),
+            ("decode_last", "decode_last", "the last step, full cache"),
+            ("reshard", "reshard", "learner -> sampler weights, once per RL step"),
+            ("learner", "learner", "the whole step (microbatches x one)")]
+    if "paged_decode" in speed:
+        pg = speed["paged_decode_own_pages"]
+        rows.append(("paged", "paged_decode",
+                     f"the paged engine's average step, prompt pages once per group, "
+                     f"{pg['mean']:.2f} own pages between {pg['decode_step']:.0f} and "
+                     f"{pg['decode_last']:.0f}; {speed['paged_decode_tok_s_chip']:,.0f} tokens/s per chip"))
+    for label, name, note in rows:
         r = speed[name]
-        lines.append(f"  {name:<11} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
+        lines.append(f"  {label:<11} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
                      f"{r['collective_bytes'] / GB:9.3f} GB coll -> {r['seconds'] * 1e3:10.3f} ms "
                      f"({r['bound']}-bound; {note})")
-    if "paged_decode" in speed:
-        r, pg = speed["paged_decode"], speed["paged_decode_own_pages"]
-        lines.append(f"  {'paged':<11} {r['flops'] / 1e12:9.3f} TFLOP {r['hbm_bytes'] / GB:9.3f} GB HBM "
-                     f"{r['collective_bytes'] / GB:9.3f} GB coll -> {r['seconds'] * 1e3:10.3f} ms "
-                     f"({r['bound']}-bound; the paged engine's average step, prompt pages once per "
-                     f"group, {pg['mean']:.2f} own pages between {pg['decode_step']:.0f} and "
-                     f"{pg['decode_last']:.0f}): {speed['paged_decode_tok_s_chip']:,.0f} tokens/s per chip")
     lines += [
         f"  decode: {speed['decode_tok_s_chip']:,.0f} tokens/s per chip "
         f"(= {speed['decode_rows_per_chip']:.0f} rows / {speed['decode']['seconds'] * 1e3:.3f} ms; "
