@@ -64,9 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
     # scatters; the learner keeps fp32 (docs/tpu.md, Speed)
     c.sampler_mesh.moe_partials = "compute"
     # the paged engine's page: 128 slots (the TPU lane width; the paged kernel DMAs one page per
-    # grid step). engine.kind "auto" runs the static generator here (the paged engine shards
-    # in the learner's layout only); the dry run costs the paged decode step in the sampler's
-    # layout with these pages (docs/tpu.md, Speed).
+    # grid step). engine.kind "auto" runs the static generator here (--config.engine.kind=paged:
+    # the paged engine, in this sampler layout); the dry run costs the paged decode step in the
+    # sampler's layout with these pages (docs/tpu.md, Speed).
     c.engine.page_size = 128
 
     c.rl.num_steps = 400

@@ -34,11 +34,13 @@ its prompt and full budget need when it is admitted (no preemption, no mid-run f
 request that could never fit (context longer than ``pages_per_row`` pages, or more pages than
 the pool) is refused by `Engine.submit` with `EngineCapacityError`.
 
-Sharded (``placement`` with a mesh of several devices, in the learner's layout): the slots, the
-pool's pages and the prefix entries split into R row shards over the mesh's batch axes, as the
-paged ops split them (`models.attention._page_shards`); each shard keeps its own free list (page
-ids in the tables are the shard's own), a request's prompt pages and samples stay in one shard,
-and the prefill runs one prompt per shard (R rows) per call. One device: R = 1.
+Sharded (``placement`` with a mesh of several devices, or a sampler ``layout`` of its own): the
+slots, the pool's pages and the prefix entries split into R row shards over the mesh's batch
+axes, as the paged ops split them (`models.attention._page_shards`); each shard keeps its own
+free list (page ids in the tables are the shard's own), a request's prompt pages and samples
+stay in one shard, and the prefill runs one prompt per shard (R rows) per call. One device:
+R = 1. In a sampler layout of its own (ace30b's: experts kept in place over 'expert', dense
+weights replicated, bf16) the weights are resharded into it by `update_weights`.
 
 Cascade decode (``engine.shared_prefixes`` > 0): a request's full prompt pages become an entry
 of `qwen3.PagedPrefix` while it runs, and a decode step reads them once for all its running
@@ -124,10 +126,10 @@ def default_config() -> ml_collections.ConfigDict:
     shapes (see `EngineConfig`)."""
     d = EngineConfig()
     c = ml_collections.ConfigDict()
-    # "paged": this module's `Engine` (in the learner's layout; sharded: its slots and pages
-    # split per row shard); "static": `generate.Generator` (one batch, one dense cache; it runs
-    # sharded, in the learner's or the sampler's own layout); "auto": paged on one device in
-    # the learner's layout, else static (the sharded engine has not run on a pod yet).
+    # "paged": this module's `Engine`; "static": `generate.Generator` (one batch, one dense
+    # cache). Both run sharded, in the learner's or the sampler's own layout (the engine's
+    # slots and pages split per row shard). "auto": paged on one device, else static (the
+    # sharded engine has not run on a pod yet).
     c.kind = "auto"
     c.slots = d.slots
     c.page_size = d.page_size
@@ -179,18 +181,11 @@ def make_sampler(model: nnx.Module, sampling: generate.SamplingConfig,
     `generate.Generator` (see `default_config`). Both have ``generate(prompts, key)`` and
     ``update_weights(params)``. ``max_context``: used when ``cfg.max_context`` is 0."""
     devices = 1 if placement is None else placement.mesh.size
-    shared = layout is None or layout.shared      # decode in the learner's own layout
-    kind = resolve_kind(cfg.kind, devices)
-    if kind == "paged" and not shared:
-        if cfg.kind == "paged":
-            raise ValueError("engine.kind='paged' decodes in the learner's layout; "
-                             "sampler_mesh.layout='own' needs engine.kind='static' (or 'auto')")
-        kind = "static"
-    if kind == "static":
+    if resolve_kind(cfg.kind, devices) == "static":
         return generate.Generator(model, sampling, placement=placement, layout=layout)
     shapes = {f.name: cfg[f.name] for f in dataclasses.fields(EngineConfig)}
     shapes["max_context"] = cfg.max_context or max_context
-    return Engine(model, sampling, EngineConfig(**shapes), placement=placement)
+    return Engine(model, sampling, EngineConfig(**shapes), placement=placement, layout=layout)
 
 
 NO_ROUTE = 255
@@ -248,23 +243,26 @@ class Engine:
         ``prompt_bucket`` are unused here); ``placement``: the mesh and rules the params are
         placed with (`ace_jax.runtime.placement.Placement`; one device when None): the slots,
         the pool's pages and the shared prefixes are split into row shards over its batch axes
-        (`models.attention._page_shards`), KV heads over 'tensor'. ``layout``: only the
-        learner's own (a `SamplerLayout` with ``shared``); an own sampler layout needs
-        `generate.Generator`."""
-        if layout is not None and not layout.shared:
-            raise NotImplementedError("the paged engine decodes in the learner's layout; use "
-                                      "generate.Generator for sampler_mesh.layout='own'")
-        if layout is not None:
-            placement = layout.placement if placement is None else placement
+        (`models.attention._page_shards`), KV heads over 'tensor'. ``layout``: a
+        `ace_jax.runtime.sampler_layout.SamplerLayout` (instead of ``placement``): decode in its
+        placement with its model config's code paths, the weights resharded into it (cast to
+        its weight dtype) here and by every `update_weights`, as `generate.Generator` does."""
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(rest):
             raise ValueError("the policy holds non-parameter state; Engine expects params only")
         if sampling.eos_ids is None:
             sampling = dataclasses.replace(sampling, eos_ids=generate.model_eos_ids(model.config))
-        self.graphdef, self.params, self.sampling, self.config = graphdef, params, sampling, config
+        mc = model.config
+        self._reshard = lambda p: p
+        if layout is not None and not layout.shared:
+            self._reshard = layout.resharder(params)
+            graphdef, mc, placement = layout.graphdef(graphdef), layout.model_config, layout.placement
+        elif layout is not None and placement is None:
+            placement = layout.placement
+        self.graphdef, self.sampling, self.config = graphdef, sampling, config
+        self.params = self._reshard(params)
         self._structure = jax.tree.structure(params)
         self._knobs = generate.SamplingKnobs.from_config(sampling)
-        mc = model.config
         self.placement = placement if placement is not None and placement.mesh.size > 1 else None
         self._shards, self._pool_pages = _row_shards(self.placement, config, mc.num_key_value_heads)
         cache = qwen3.init_paged_cache(mc, config.slots, num_pages=self._pool_pages,
@@ -316,10 +314,11 @@ class Engine:
 
     # ------------------------------------------------------------------ public surface
     def update_weights(self, params: nnx.State) -> None:
-        """Installs new parameters (same structure; e.g. after a learner step)."""
+        """Installs new parameters (same structure; e.g. after a learner step), resharded
+        into the sampler's layout when it has one of its own."""
         if jax.tree.structure(params) != self._structure:
             raise ValueError("update_weights: the new parameter tree has another structure")
-        self.params = params
+        self.params = self._reshard(params)
         self._layers = self._sliced_layers()
 
     def submit(self, prompt: Sequence[int], *, n: int = 1, key: jax.Array,

@@ -296,9 +296,6 @@ def _check_engine(cfg: ml_collections.ConfigDict, num_devices: Optional[int]) ->
         engine.EngineConfig(**{**shapes, "max_context": e.max_context or 1})
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if kind == "paged" and cfg.sampler_mesh.layout != "shared":
-        raise ConfigError("engine.kind='paged' decodes in the learner's layout: it needs "
-                          "sampler_mesh.layout='shared'")
     ctx = cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens
     if e.max_context and e.max_context < ctx:
         raise ConfigError(f"engine.max_context = {e.max_context} is below rl.max_prompt_tokens + "

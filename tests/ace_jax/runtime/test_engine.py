@@ -258,10 +258,6 @@ def test_kind_resolution_and_the_trainer_factory(model):
     cfg.kind = "static"
     assert isinstance(engine.make_sampler(model, s, cfg, max_context=64, layout=shared),
                       generate.Generator)
-    cfg.kind = "paged"
-    with pytest.raises(ValueError, match="sampler_mesh.layout='own' needs engine.kind='static'"):
-        engine.make_sampler(model, s, cfg, max_context=64,
-                            layout=sampler_layout.SamplerLayout(None, model.config, False))
 
 
 def test_paged_forward_equals_the_uncached_forward(model):
@@ -335,3 +331,54 @@ def test_a_sharded_engine_decodes_what_the_static_generator_does(model, temperat
                        match="needs 5 pages, the pool has 4 in each of its 4 row shards"):
         engine.Engine(placed, s, engine.EngineConfig(slots=8, page_size=4, num_pages=20),
                       placement=place).submit([1] * 9, key=jax.random.key(0), max_new_tokens=7)
+
+
+@pytest.mark.parametrize("temperature,tensor", [(0.0, 1), (1.0, 2)])
+def test_the_engine_decodes_in_the_samplers_own_layout(model, temperature, tensor):
+    """The sampler's own layout on 8 devices, the learner FSDP 2 x expert 4: every chip on
+    'expert' (experts kept in place, dense weights replicated), or ace30b's shape, 'expert' 4 x
+    'tensor' 2 with the experts over both ("expert_tensor") and KV heads over 'tensor'. The
+    trainer's factory gives the engine for engine.kind='paged'; its weights are resharded into
+    the own layout, its 8 slots split into 8 / tensor row shards over 'expert', and its rows
+    equal the static generator's on one device, before and after `update_weights`."""
+    from ace_jax.runtime import placement as pl, sampler_layout, sharding as sh
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 (simulated) devices (tests/conftest.py)")
+    mesh_cfg = sh.default_config()
+    mesh_cfg.fsdp, mesh_cfg.expert = 2, 4
+    learner = pl.Placement.from_config(mesh_cfg)
+    placed = nnx.clone(model)
+    learner.place_params(placed)
+    own = sampler_layout.default_config()
+    own.layout, own.tensor = "own", tensor
+    if tensor > 1:
+        own.moe_parallelism, own.rules.experts = "expert_tensor", "expert,tensor"
+    layout = sampler_layout.SamplerLayout.from_config(own, learner, model.config)
+    cfg = engine.default_config()
+    cfg.update(kind="paged", slots=8, page_size=4, max_context=40, prefill_chunk=8, sync_every=3,
+               shared_prefixes=8, prefix_rows=2)
+    s = _sampling(temperature=temperature)
+    eng = engine.make_sampler(placed, s, cfg, max_context=40, placement=learner, layout=layout)
+    assert isinstance(eng, engine.Engine) and eng._shards == 8 // tensor
+    assert eng.placement is layout.placement and eng.graphdef is not nnx.graphdef(placed)
+    flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(eng.params)}
+    experts = ("expert", "tensor") if tensor > 1 else "expert"
+    assert [v for k, v in flat.items() if "experts" in k]
+    for k, v in flat.items():
+        if "experts" in k:
+            assert tuple(v.sharding.spec)[:2] == (None, experts), (k, v.sharding)
+        elif tensor == 1:                         # dense weights replicated
+            assert v.sharding.spec == jax.sharding.PartitionSpec(), (k, v.sharding)
+    assert eng._state.page_table.sharding.spec[0] in ("expert", ("expert",))
+    pool = tuple(eng._state.pools[0][0].sharding.spec)
+    assert pool[3] == ("tensor" if tensor > 1 else None), pool
+    _assert_same(generate.Generator(model, s).generate(PROMPTS, jax.random.key(3)),
+                 eng.generate(PROMPTS, jax.random.key(3)))
+    scaled = jax.tree.map(lambda x: x * 1.5, nnx.state(placed, nnx.Param))
+    eng.update_weights(scaled)
+    ref = generate.Generator(model, s)
+    ref.update_weights(jax.device_get(scaled))
+    _assert_same(ref.generate(PROMPTS, jax.random.key(4)), eng.generate(PROMPTS, jax.random.key(4)))
+    assert eng._page_refs == {} and all(len(f) == eng._pool_pages // eng._shards - 1
+                                   for f in eng._free_pages)

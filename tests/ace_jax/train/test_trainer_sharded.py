@@ -1,6 +1,7 @@
 """The trainer runs the sharded runtime: on 8 simulated devices with fsdp=4 x expert=2 and with
 data=2 x fsdp=4 the parameters and optimizer state are laid out by the rules, the run equals the
-same run on one device, and kill -9 followed by the same command resumes a sharded run exactly.
+same run on one device (also with the paged engine decoding in the sampler's own layout), and
+kill -9 followed by the same command resumes a sharded run exactly.
 """
 import json
 import os
@@ -37,6 +38,13 @@ MESHES = {  # mesh -> expected specs of the expert weights and of q_proj, and in
                       P(None, ("fsdp", "expert")), 8),
     "data2_fsdp4": (dict(data=2, fsdp=4), P(None, None, "fsdp"), P(None, "fsdp"), 4),
 }
+# run name -> (mesh of MESHES, config keys beyond the module's run)
+RUNS = {**{name: (name, {}) for name in MESHES},
+        # the paged engine in the sampler's own layout (data 2 x expert 4: the model's 4
+        # experts kept in place, dense weights replicated; its 8 slots in 8 row shards), as
+        # ace30b's trainer runs it with engine.kind=paged
+        "own_paged": ("fsdp4_expert2", {"sampler_mesh.layout": "own", "sampler_mesh.data": 2,
+                                        "engine.kind": "paged"})}
 
 
 def _flags(workdir, mesh: dict) -> list[str]:
@@ -106,12 +114,12 @@ def _buffer_states(workdir):
     return info.step, sorted((s.state_id, s.parent_id, s.code) for s in buf.states.values())
 
 
-def _in_process_config(workdir, mesh):
+def _in_process_config(workdir, mesh, extra=None):
     cfg = config_utils.load_config_file(str(REPO / "configs/local.py"))
     cfg.workdir = str(workdir)
     cfg.tasks.ids = TASKS
     cfg.model.overrides.update(OVERRIDES)
-    for key, value in RUN.items():
+    for key, value in {**RUN, **(extra or {})}.items():
         section, name = key.split(".")
         cfg[section][name] = value
     for k, v in mesh.items():
@@ -185,13 +193,22 @@ def one_device(tmp_path_factory):
 
 
 def _run_in_process(workdir, name):
-    """Runs the trainer in this (8-device) process on mesh ``name``; checks the layout of its
-    parameters and optimizer state; returns its results."""
-    mesh, want_experts, want_q, pieces = MESHES[name]
-    t = trainer.Trainer(_in_process_config(workdir, mesh), progress=False)
+    """Runs the trainer in this (8-device) process as run ``name`` of RUNS; checks the layout of
+    its parameters and optimizer state (and of its sampler's); returns its results."""
+    mesh_name, extra = RUNS[name]
+    mesh, want_experts, want_q, pieces = MESHES[mesh_name]
+    t = trainer.Trainer(_in_process_config(workdir, mesh, extra), progress=False)
     try:
         assert dict(t.placement.mesh.shape) == dict(dict(data=1, fsdp=1, tensor=1, expert=1), **mesh)
         t.run()
+        if extra:
+            from ace_jax.runtime import engine
+
+            assert isinstance(t.generator, engine.Engine) and t.generator._shards == 8
+            sampled = {"/".join(map(str, k)): v.get_value()
+                       for k, v in nnx.to_flat_state(t.generator.params)}
+            assert sampled[EXPERTS].sharding.spec == P(None, "expert")
+            assert sampled[Q_PROJ].sharding.spec == P()
         params = {"/".join(map(str, k)): v.get_value() for k, v in nnx.to_flat_state(t.learner.params)}
         assert params[EXPERTS].sharding.spec == want_experts
         assert params[Q_PROJ].sharding.spec == want_q
@@ -237,7 +254,7 @@ def _same_run(got: dict, ref: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(MESHES))
+@pytest.mark.parametrize("name", list(RUNS))
 def test_sharded_trainer_equals_one_device(name, one_device, sharded_runs):
     got = sharded_runs(name)            # in this process, while the reference runs in its own
     _same_run(got, one_device.results())
