@@ -62,7 +62,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from ace_jax.runtime import engine_programs, generate
+from ace_jax.runtime import engine_programs, generate, multihost
 from models import qwen3
 
 
@@ -265,20 +265,24 @@ class Engine:
         self._knobs = generate.SamplingKnobs.from_config(sampling)
         self.placement = placement if placement is not None and placement.mesh.size > 1 else None
         self._shards, self._pool_pages = _row_shards(self.placement, config, mc.num_key_value_heads)
-        cache = qwen3.init_paged_cache(mc, config.slots, num_pages=self._pool_pages,
-                                       page_size=config.page_size,
-                                       pages_per_row=config.pages_per_row)
         s = config.slots
-        self._state = engine_programs.SlotState(
-            pools=(cache.k, cache.v), page_table=cache.page_table, lengths=cache.lengths,
-            logits=jnp.zeros((s, mc.vocab_size), jnp.float32),
-            keys=jax.random.split(jax.random.key(0), s), produced=jnp.zeros((s,), jnp.int32),
-            budget=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
-            reason=jnp.zeros((s,), jnp.int32),
-            window=jnp.full((s, self._knobs.stop_table.shape[1]), -2, jnp.int32),
-            temperature=jnp.zeros((s,), jnp.float32))
-        if self.placement is not None:
-            self._state = jax.device_put(self._state, self._state_shardings(mc))
+
+        def empty_state():
+            cache = qwen3.init_paged_cache(mc, s, num_pages=self._pool_pages,
+                                           page_size=config.page_size,
+                                           pages_per_row=config.pages_per_row)
+            return engine_programs.SlotState(
+                pools=(cache.k, cache.v), page_table=cache.page_table, lengths=cache.lengths,
+                logits=jnp.zeros((s, mc.vocab_size), jnp.float32),
+                keys=jax.random.split(jax.random.key(0), s), produced=jnp.zeros((s,), jnp.int32),
+                budget=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
+                reason=jnp.zeros((s,), jnp.int32),
+                window=jnp.full((s, self._knobs.stop_table.shape[1]), -2, jnp.int32),
+                temperature=jnp.zeros((s,), jnp.float32))
+
+        # made where it lives (each process its own shards of a multi-host mesh)
+        self._state = (empty_state() if self.placement is None else jax.jit(
+            empty_state, out_shardings=self._state_shardings(mc, jax.eval_shape(empty_state)))())
         # per row shard: its pages (ids local to the shard; page 0 of each reserved), slots
         # [k * S / R, (k + 1) * S / R) and prefix entries likewise
         per = self._pool_pages // self._shards
@@ -358,6 +362,7 @@ class Engine:
                 f"(engine.num_pages)")
         if not jax.dtypes.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)     # a raw uint32 key (jax.random.PRNGKey)
+        key = self._put(key)
         rid = self._next_id
         self._next_id += 1
         self._requests[rid] = _Request(prompt, key, budgets, temperature,
@@ -390,7 +395,7 @@ class Engine:
                 self._free_slot(slot)
         if slots.any():
             with self._context():
-                self._state = self._retire(self._state, jnp.asarray(slots))
+                self._state = self._retire(self._state, self._put(slots))
         self._forget_if_done(request)
 
     def step(self) -> list[Completion]:
@@ -403,14 +408,14 @@ class Engine:
                                    "(a bug: submit checks that each request fits)")
             return []
         steps = self.config.sync_every
-        prefix = (jax.tree.map(jnp.asarray, self._prefix) if self.config.shared_prefixes
-                  else None)
+        prefix = self._put(self._prefix) if self.config.shared_prefixes else None
         with self._context():
             self._state, tokens, logprobs, emitted, routes = self._decode(
                 self.graphdef, steps, self.params, self._layers, self._knobs, self._state, prefix)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
-        tokens, logprobs, emitted, done, reason, routes = jax.device_get(
+        tokens, logprobs, emitted, done, reason, routes = jax.tree.map(
+            multihost.host_value,
             (tokens, logprobs, emitted, self._state.done, self._state.reason, routes))
         self.stats["tokens"] += int(emitted.sum())
         finished = []
@@ -493,13 +498,22 @@ class Engine:
         with self._context():
             return self._slice_layers(self.graphdef, self.params)
 
+    def _put(self, tree):
+        """Host values (numpy arrays, PRNG keys) as inputs of the engine's programs: as they are
+        on one device, else replicated over the mesh: global arrays, which every process of a
+        multi-host run builds from the same values (`Placement.replicate`)."""
+        if self.placement is None:
+            return jax.tree.map(jnp.asarray, tree)
+        return self.placement.replicate(tree)
+
     def _context(self):
         """The mesh the programs trace under (the paged ops split per row shard under it)."""
         return contextlib.nullcontext() if self.placement is None else self.placement.context()
 
-    def _state_shardings(self, mc) -> engine_programs.SlotState:
-        """The slots' device state split as the paged ops split it: the pools' pages and the
-        per-slot arrays over the row shards' mesh axes, the pools' KV heads over 'tensor'."""
+    def _state_shardings(self, mc, state) -> engine_programs.SlotState:
+        """The shardings of the slots' device state ``state`` (arrays or abstract), split as
+        the paged ops split it: the pools' pages and the per-slot arrays over the row shards'
+        mesh axes, the pools' KV heads over 'tensor'."""
         from models import kernel_mesh  # local: only a sharded engine needs it
 
         mesh = self.placement.mesh
@@ -507,8 +521,8 @@ class Engine:
         P = jax.sharding.PartitionSpec
         named = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))  # noqa: E731
         pool = named(None, rows, None, heads)
-        out = jax.tree.map(lambda _: named(rows), self._state)
-        return out._replace(pools=jax.tree.map(lambda _: pool, self._state.pools))
+        out = jax.tree.map(lambda _: named(rows), state)
+        return out._replace(pools=jax.tree.map(lambda _: pool, state.pools))
 
     def _shard_of(self, slot: int) -> int:
         return slot // (self.config.slots // self._shards)
@@ -554,20 +568,20 @@ class Engine:
                 n_valid[req.shard] = len(part)
             with self._context():
                 pools, logits, routes = self._prefill(
-                    self.graphdef, self.params, pools, jnp.asarray(ids), jnp.asarray(rows),
-                    jnp.full((self._shards,), start, jnp.int32), jnp.asarray(n_valid))
+                    self.graphdef, self.params, pools, *self._put(
+                        (ids, rows, np.full((self._shards,), start, np.int32), n_valid)))
             self.stats["prefill_calls"] += 1
             for req in reqs:
                 k = int(n_valid[req.shard])
                 if k and start + k == len(req.prompt):   # its last chunk
                     req.logits = logits[req.shard]
                 if k and routes is not None:
-                    chunk_routes[req.shard].append((routes, k))
+                    chunk_routes[req.shard].append((multihost.host_value(routes), k))
         self._state = self._state._replace(pools=pools)
         for req in reqs:
             if chunk_routes[req.shard]:
                 req.prompt_routes = np.concatenate(
-                    [np.asarray(r[req.shard])[:k] for r, k in chunk_routes[req.shard]])
+                    [r[req.shard, :k] for r, k in chunk_routes[req.shard]])
 
     def _bind_waiting(self) -> bool:
         """Gives waiting requests, in submission order, a row shard and their prompt pages, and
@@ -656,11 +670,10 @@ class Engine:
             rows[i, :len(pages)] = pages
             samples[i], keys[i], logits[i] = sample, req.key, req.logits
         with self._context():
-            self._state = self._admit(self._state, jnp.asarray(slot), jnp.asarray(rows),
-                                      jnp.asarray(lengths), jnp.asarray(budgets),
-                                      jnp.asarray(temperatures), tuple(keys),
-                                      jnp.asarray(samples), tuple(logits), jnp.asarray(src),
-                                      jnp.asarray(dst))
+            slot, rows, lengths, budgets, temperatures, samples, src, dst = self._put(
+                (slot, rows, lengths, budgets, temperatures, samples, src, dst))
+            self._state = self._admit(self._state, slot, rows, lengths, budgets, temperatures,
+                                      tuple(keys), samples, tuple(logits), src, dst)
         for sl, rid, *_ in batch:   # a fully admitted request no longer needs its logits
             req = self._requests[rid]
             if not req.queue:

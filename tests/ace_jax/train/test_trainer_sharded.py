@@ -366,6 +366,21 @@ def test_two_processes_run_one_mesh_and_survive_a_lost_peer(sharded_runs, tmp_pa
 
 
 @pytest.mark.slow
+def test_two_processes_run_the_paged_engine_in_the_samplers_own_layout(sharded_runs, tmp_path):
+    """The paged engine on a mesh spanning two processes, as on a 2-host pod: each holds half
+    of its row shards' slots and pages, builds the programs' host inputs from the same values
+    (replicated global arrays) and gathers each decode call's tokens from both. The run equals
+    the 1-process 8-device run of the same config."""
+    workdir = tmp_path / "run"
+    cmd = _cmd(workdir, MESHES["fsdp4_expert2"][0]) + [
+        f"--config.{k}={v}" for k, v in RUNS["own_paged"][1].items()]
+    codes = _wait(_start_two(workdir, tmp_path, _free_port(), cmd=cmd))
+    logs = [(tmp_path / f"proc{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], "\n\n".join(x[-3000:] for x in logs)
+    _same_run(_results(workdir), sharded_runs("own_paged"))
+
+
+@pytest.mark.slow
 def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
         sharded_runs, gcs_emulator, tmp_path, monkeypatch):
     """MLE-Ideator on two processes (one 8-device mesh over both), its weights restored from
