@@ -63,11 +63,23 @@ def get_config() -> ml_collections.ConfigDict:
     # expert's output in bf16 too): half the bytes per layer a decode step writes and reduce-
     # scatters; the learner keeps fp32 (docs/tpu.md, Speed)
     c.sampler_mesh.moe_partials = "compute"
-    # the paged engine's page: 128 slots (the TPU lane width; the paged kernel DMAs one page per
-    # grid step). engine.kind "auto" runs the static generator here (--config.engine.kind=paged:
-    # the paged engine, in this sampler layout); the dry run costs the paged decode step in the
-    # sampler's layout with these pages (docs/tpu.md, Speed).
+    # the rollout engine: the paged engine (continuous batching, one compile for every prompt
+    # length) in this sampler layout; the dry run compiles its decode call and prefill at these
+    # shapes (docs/tpu.md). Pages of 128 slots (the TPU lane width; the paged kernel DMAs one
+    # page per grid step). 512 slots = 64 prompts x G 8, in 16 row shards over 'expert' (32
+    # slots, 4 prompts each); each prompt's full pages read once per step for its 8 samples
+    # (64 shared prefixes). The pool: per shard page 0, 4 prompts of 64 pages (8k), 32 samples
+    # of 32 own pages (4k) and one more prompt's pages, 1,344 pages = 4.2 GB per chip (48
+    # layers x 128 slots x 1 KV head per chip x 128 x K, V in bf16); longer prompts
+    # (--config.rl.max_prompt_tokens) need more (engine.num_pages) or run in waves.
+    c.engine.kind = "paged"
     c.engine.page_size = 128
+    c.engine.slots = 512
+    c.engine.shared_prefixes = 64
+    c.engine.prefix_rows = 8
+    c.engine.num_pages = 16 * 1344
+    c.engine.sync_every = 32           # decode steps per host round trip
+    c.engine.prefill_chunk = 1024      # prompt tokens per prefill call (one prompt per shard)
 
     c.rl.num_steps = 400
     c.rl.batch_states = 64            # B states sampled by the LP sampler per step

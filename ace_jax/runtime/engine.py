@@ -53,6 +53,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import math
 from typing import NamedTuple, Sequence
 
@@ -153,7 +154,7 @@ def resolve_kind(kind: str, num_devices: int) -> str:
     return kind
 
 
-def _row_shards(placement, config: EngineConfig, kv_heads: int) -> tuple[int, int]:
+def row_shards(placement, config: EngineConfig, kv_heads: int) -> tuple[int, int]:
     """(row shards, pool pages) of an engine on ``placement`` (None: one device): the slots
     split over the mesh axes that `models.attention._page_shards` splits the paged ops' rows
     over, and the pool with them (``num_pages`` 0: room for every slot of a shard plus one
@@ -183,9 +184,46 @@ def make_sampler(model: nnx.Module, sampling: generate.SamplingConfig,
     devices = 1 if placement is None else placement.mesh.size
     if resolve_kind(cfg.kind, devices) == "static":
         return generate.Generator(model, sampling, placement=placement, layout=layout)
+    return Engine(model, sampling, engine_config(cfg, max_context), placement=placement,
+                  layout=layout)
+
+
+def engine_config(cfg: ml_collections.ConfigDict, max_context: int) -> EngineConfig:
+    """The `EngineConfig` of the ``engine`` section ``cfg`` (``max_context``: used when
+    ``cfg.max_context`` is 0)."""
     shapes = {f.name: cfg[f.name] for f in dataclasses.fields(EngineConfig)}
     shapes["max_context"] = cfg.max_context or max_context
-    return Engine(model, sampling, EngineConfig(**shapes), placement=placement, layout=layout)
+    return EngineConfig(**shapes)
+
+
+def empty_state(mc, config: EngineConfig, pool_pages: int, window: int
+                ) -> engine_programs.SlotState:
+    """The device state of ``config.slots`` slots with no row, for a model of ``mc``: a pool of
+    ``pool_pages`` pages, stop-sequence windows of ``window`` tokens."""
+    s = config.slots
+    cache = qwen3.init_paged_cache(mc, s, num_pages=pool_pages, page_size=config.page_size,
+                                   pages_per_row=config.pages_per_row)
+    return engine_programs.SlotState(
+        pools=(cache.k, cache.v), page_table=cache.page_table, lengths=cache.lengths,
+        logits=jnp.zeros((s, mc.vocab_size), jnp.float32),
+        keys=jax.random.split(jax.random.key(0), s), produced=jnp.zeros((s,), jnp.int32),
+        budget=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
+        reason=jnp.zeros((s,), jnp.int32), window=jnp.full((s, window), -2, jnp.int32),
+        temperature=jnp.zeros((s,), jnp.float32))
+
+
+def state_shardings(mesh, mc, state: engine_programs.SlotState) -> engine_programs.SlotState:
+    """The shardings of the slots' device state ``state`` (arrays or abstract) on ``mesh``,
+    split as the paged ops split it: the pools' pages and the per-slot arrays over the row
+    shards' mesh axes, the pools' KV heads over 'tensor'."""
+    from models import kernel_mesh  # local: only a sharded engine needs it
+
+    rows, heads = kernel_mesh.mesh_specs(mesh, state.done.shape[0], mc.num_key_value_heads)
+    P = jax.sharding.PartitionSpec
+    named = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))  # noqa: E731
+    pool = named(None, rows, None, heads)
+    out = jax.tree.map(lambda _: named(rows), state)
+    return out._replace(pools=jax.tree.map(lambda _: pool, state.pools))
 
 
 NO_ROUTE = 255
@@ -264,25 +302,13 @@ class Engine:
         self._structure = jax.tree.structure(params)
         self._knobs = generate.SamplingKnobs.from_config(sampling)
         self.placement = placement if placement is not None and placement.mesh.size > 1 else None
-        self._shards, self._pool_pages = _row_shards(self.placement, config, mc.num_key_value_heads)
+        self._shards, self._pool_pages = row_shards(self.placement, config, mc.num_key_value_heads)
         s = config.slots
-
-        def empty_state():
-            cache = qwen3.init_paged_cache(mc, s, num_pages=self._pool_pages,
-                                           page_size=config.page_size,
-                                           pages_per_row=config.pages_per_row)
-            return engine_programs.SlotState(
-                pools=(cache.k, cache.v), page_table=cache.page_table, lengths=cache.lengths,
-                logits=jnp.zeros((s, mc.vocab_size), jnp.float32),
-                keys=jax.random.split(jax.random.key(0), s), produced=jnp.zeros((s,), jnp.int32),
-                budget=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
-                reason=jnp.zeros((s,), jnp.int32),
-                window=jnp.full((s, self._knobs.stop_table.shape[1]), -2, jnp.int32),
-                temperature=jnp.zeros((s,), jnp.float32))
-
+        empty = functools.partial(empty_state, mc, config, self._pool_pages,
+                                  int(self._knobs.stop_table.shape[1]))
         # made where it lives (each process its own shards of a multi-host mesh)
-        self._state = (empty_state() if self.placement is None else jax.jit(
-            empty_state, out_shardings=self._state_shardings(mc, jax.eval_shape(empty_state)))())
+        self._state = (empty() if self.placement is None else jax.jit(empty, out_shardings=(
+            state_shardings(self.placement.mesh, mc, jax.eval_shape(empty))))())
         # per row shard: its pages (ids local to the shard; page 0 of each reserved), slots
         # [k * S / R, (k + 1) * S / R) and prefix entries likewise
         per = self._pool_pages // self._shards
@@ -509,20 +535,6 @@ class Engine:
     def _context(self):
         """The mesh the programs trace under (the paged ops split per row shard under it)."""
         return contextlib.nullcontext() if self.placement is None else self.placement.context()
-
-    def _state_shardings(self, mc, state) -> engine_programs.SlotState:
-        """The shardings of the slots' device state ``state`` (arrays or abstract), split as
-        the paged ops split it: the pools' pages and the per-slot arrays over the row shards'
-        mesh axes, the pools' KV heads over 'tensor'."""
-        from models import kernel_mesh  # local: only a sharded engine needs it
-
-        mesh = self.placement.mesh
-        rows, heads = kernel_mesh.mesh_specs(mesh, self.config.slots, mc.num_key_value_heads)
-        P = jax.sharding.PartitionSpec
-        named = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))  # noqa: E731
-        pool = named(None, rows, None, heads)
-        out = jax.tree.map(lambda _: named(rows), state)
-        return out._replace(pools=jax.tree.map(lambda _: pool, state.pools))
 
     def _shard_of(self, slot: int) -> int:
         return slot // (self.config.slots // self._shards)

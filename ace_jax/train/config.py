@@ -38,7 +38,6 @@ the devices, the context length against the model, ...); it raises
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import Optional
@@ -290,13 +289,12 @@ def _check_engine(cfg: ml_collections.ConfigDict, num_devices: Optional[int]) ->
 
     e = cfg.engine
     n = jax.device_count() if num_devices is None else num_devices
+    ctx = cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens
     try:
-        kind = engine.resolve_kind(e.kind, n)
-        shapes = {f.name: e[f.name] for f in dataclasses.fields(engine.EngineConfig)}
-        engine.EngineConfig(**{**shapes, "max_context": e.max_context or 1})
+        engine.resolve_kind(e.kind, n)
+        engine.engine_config(e, max_context=ctx)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    ctx = cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens
     if e.max_context and e.max_context < ctx:
         raise ConfigError(f"engine.max_context = {e.max_context} is below rl.max_prompt_tokens + "
                           f"sampling.max_new_tokens = {ctx} (0 = exactly that)")

@@ -1,10 +1,11 @@
 """The dry run's programs (``ace_jax.train.dry_run``): THE jitted functions the trainer runs,
-``learner.jit_learner_step`` and ``generate._rollout``, traced, lowered and (with devices)
-COMPILED (``ace_jax.runtime.tpu_compile``) from ``ShapeDtypeStruct`` inputs carrying the trainer's
+``learner.jit_learner_step`` and ``generate._rollout`` (and, where ``engine.kind`` resolves to
+the paged engine, its decode call and prefill), traced, lowered and (with devices) COMPILED (``ace_jax.runtime.tpu_compile``) from ``ShapeDtypeStruct`` inputs carrying the trainer's
 shardings (``lower_programs``); the abstract ``TrainBatch`` they take (``abstract_batch``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any
@@ -17,8 +18,8 @@ from jax.sharding import NamedSharding
 
 from ace_jax.rl import learner
 from ace_jax.rl.rollout_batch import TrainBatch
-from ace_jax.runtime import (engine_programs, generate, placement as placement_lib, sampler_layout, sharding,
-                             tpu_compile)
+from ace_jax.runtime import (engine, engine_programs, generate, placement as placement_lib, sampler_layout,
+                             sharding, tpu_compile)
 from models import attention, configs as model_configs, kernel_mesh, qwen3
 
 
@@ -81,7 +82,54 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
                                                                      platform)
         if compile:
             compiled["generate_rollout"] = _compile(lowered, lowering["generate_rollout"])
+        if engine.resolve_kind(config.engine.kind, splace.mesh.size) == "paged":
+            for name, (info, lowered) in engine_programs_lowered(
+                    config, shp, layout, graphdef, params, platform=platform).items():
+                lowering[name] = info
+                if compile:
+                    compiled[name] = _compile(lowered, info)
     return lowering, compiled
+
+
+def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, int],
+                            layout: sampler_layout.SamplerLayout, graphdef: Any, params: Any, *,
+                            platform: str | None) -> dict[str, tuple[dict, Any]]:
+    """The paged engine's two big programs as the trainer's `engine.Engine` jits them, at the
+    config's ``engine`` shapes in the sampler ``layout``, traced and lowered: ``engine_decode``
+    (`engine_programs.decode`: ``engine.sync_every`` steps of every slot, the whole model, the
+    whole page pool and the shared prefixes) and ``engine_prefill`` (`engine_programs.prefill`:
+    one ``engine.prefill_chunk`` of a prompt per row shard). Their arguments are what the engine
+    holds: the sampler's params and their per-layer slices, the slots' state with the pool, split
+    as `engine.state_shardings` splits it; the host inputs replicated. ``graphdef`` / ``params``:
+    the learner's (abstract). Returns {name: (info, lowered)} (`_trace_and_lower`)."""
+    splace, smc = layout.placement, layout.model_config
+    ecfg = engine.engine_config(config.engine, max_context=shp["prompt_len"] + shp["new_tokens"])
+    shards, pool_pages = engine.row_shards(splace, ecfg, smc.num_key_value_heads)
+    knobs, _ = _knobs_and_key(config, smc, splace)
+    empty = functools.partial(engine.empty_state, smc, ecfg, pool_pages,
+                              int(knobs.stop_table.shape[1]))
+    abstract = jax.eval_shape(empty)
+    state = jax.tree.map(with_sharding, abstract,
+                         engine.state_shardings(splace.mesh, smc, abstract))
+    sgraph, sparams = layout.graphdef(graphdef), layout.abstract_params(params)
+    rep = sharding.replicated(splace.mesh)
+    host = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
+    prefix = None
+    if ecfg.shared_prefixes:
+        prefix = qwen3.PagedPrefix(host((ecfg.shared_prefixes, ecfg.pages_per_row)),
+                                   host((ecfg.shared_prefixes,)),
+                                   host((ecfg.shared_prefixes, ecfg.prefix_rows)))
+    decode = jax.jit(engine_programs.decode, static_argnums=(0, 1), donate_argnums=(5,))
+    prefill = jax.jit(engine_programs.prefill, static_argnums=(0,), donate_argnums=(2,))
+    out = {}
+    with splace.context():
+        out["engine_decode"] = _trace_and_lower(decode, (
+            sgraph, ecfg.sync_every, sparams, layout.abstract_layer_params(sgraph, params), knobs,
+            state, prefix), platform)
+        out["engine_prefill"] = _trace_and_lower(prefill, (
+            sgraph, sparams, state.pools, host((shards, ecfg.prefill_chunk)),
+            host((shards, ecfg.pages_per_row)), host((shards,)), host((shards,))), platform)
+    return out
 
 
 def _knobs_and_key(config, mc, place):

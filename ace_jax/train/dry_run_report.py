@@ -11,6 +11,8 @@ _KNOBS = {
                     "rl.max_prompt_tokens / sampling.max_new_tokens, or add chips",
     "generate_rollout": "lower rl.batch_states (fewer rows, smaller KV cache), shorten "
                         "rl.max_prompt_tokens / sampling.max_new_tokens, or add chips",
+    "engine_decode": "lower engine.num_pages (the page pool) or engine.slots, or add chips",
+    "engine_prefill": "lower engine.prefill_chunk or engine.num_pages, or add chips",
 }
 
 
@@ -39,6 +41,12 @@ def summary(report: dict) -> dict:
             if not c["ok"] and not c["oom"]:
                 out[f"{key}_error"] = c["error"][:300]
         fits = fits and ok
+    engine = [comp[k] for k in ("engine_decode", "engine_prefill") if k in comp]
+    if engine:          # the paged engine's programs (the trainer's sampler), where compiled
+        peak = max(c["peak_bytes"] for c in engine)
+        out["engine_peak_gb"] = round(peak / GB, 3)
+        out["engine_fits"] = all(c["ok"] for c in engine) and peak <= frac * me["hbm_bytes"]
+        fits = fits and out["engine_fits"]
     out["fits"] = fits
     sp = report.get("speed") or {}
     if sp:
@@ -149,8 +157,9 @@ def format_report(report: dict) -> str:
                     f"  {'':<18} PEAK {_gb(r['peak_bytes']).strip()} = "
                     f"{100 * r['peak_bytes'] / hbm:.0f}% of HBM "
                     f"({'fits' if r['peak_bytes'] <= report['max_hbm_fraction'] * hbm else 'DOES NOT FIT'}); "
-                    f"analytic estimate {_gb(analytic[name]).strip()} "
-                    f"({(analytic[name] - r['peak_bytes']) / GB:+.2f} GB); "
+                    + (f"analytic estimate {_gb(analytic[name]).strip()} "
+                       f"({(analytic[name] - r['peak_bytes']) / GB:+.2f} GB); "
+                       if name in analytic else "") +
                     f"{r['flops'] / 1e12:.1f} TFLOP (XLA cost analysis: loop bodies counted once); "
                     f"compiled in {r['compile_s']:.0f} s")
             elif r["oom"]:

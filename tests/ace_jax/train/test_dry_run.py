@@ -38,6 +38,7 @@ def reduced_config(**mesh):
     cfg.optim.microbatches = 4                              # 8 rows per microbatch = 1 per device
     cfg.dry_run.num_chips = 8
     cfg.dry_run.topology = ""                               # the abstract plan (tests below opt in)
+    cfg.engine.kind = "static"          # the paged engine's programs: the test of them opts in
     return cfg
 
 
@@ -111,6 +112,9 @@ def test_full_30b_config_lowers_and_matches_spec():
     report = dry_run.run_dry_run(cfg)
     assert report["lowering"]["learner_step"]["ok"], report["lowering"]
     assert report["lowering"]["generate_rollout"]["ok"], report["lowering"]
+    # ace30b's sampler is the paged engine: its decode call and prefill lower at its shapes
+    assert report["lowering"]["engine_decode"]["ok"], report["lowering"]
+    assert report["lowering"]["engine_prefill"]["ok"], report["lowering"]
     assert report["hardware"]["chips"] == 64
     checks = {c["name"]: c for c in report["checks"]}
     assert set(checks) == set(dry_run.SPEC_REFERENCE["qwen3_30b_a3b"])
@@ -361,3 +365,38 @@ def test_sampler_layout_decode_moves_tokens_not_weights():
     assert per_layer["own"] < expert_weights / 4, per_layer    # 32 rows x H, not the weights
     assert per_layer["shared"] > expert_weights / 2, per_layer  # the gathered weights (7/8 of them)
     assert per_layer["shared"] > 4 * per_layer["own"], per_layer
+
+
+@needs_libtpu
+def test_the_paged_engine_compiled_by_the_tpu_compiler_holds_its_pool():
+    """engine.kind='paged' (the trainer's sampler): the dry run compiles the engine's decode call
+    and prefill at the config's engine shapes in the sampler layout, and the summary's ``fits``
+    covers them. Their arguments are what the engine holds: twice the page pool makes the
+    decode call's arguments grow by at least the extra pages' K / V bytes per chip (16,384
+    more pages per row shard x 2 layers x 8 slots x 2 KV heads x 16 dims x bf16, K and V; the
+    TPU pads the 32-byte rows to tiles, hence the upper bound), and the donated pool is updated
+    in place (aliased by as much). (The pools are large on purpose: the compiler keeps a pool
+    of a few hundred kB in on-chip memory, outside the arguments' HBM bytes.)"""
+    def run(num_pages):
+        cfg = reduced_config()
+        cfg.dry_run.topology = "v5p:2x2x2"
+        cfg.engine.kind = "paged"
+        cfg.engine.update(slots=32, page_size=8, shared_prefixes=8, prefix_rows=4,
+                          num_pages=num_pages, sync_every=4, prefill_chunk=16)
+        return dry_run.run_dry_run(cfg)
+
+    report = run(32768)
+    s = dry_run_report.summary(report)
+    assert s["fits"] and s["engine_fits"] and 0 < s["engine_peak_gb"] < 2, s
+    comp = report["compiled"]
+    assert comp["engine_decode"]["ok"] and comp["engine_prefill"]["ok"], comp
+    assert comp["engine_decode"]["mosaic_kernels"] >= 1     # the Pallas paged-attention kernel
+    text = dry_run_report.format_report(report)
+    assert "engine_decode" in text and "engine_prefill" in text
+    bigger = run(65536)["compiled"]["engine_decode"]
+    grew = bigger["argument_bytes"] - comp["engine_decode"]["argument_bytes"]
+    extra = 32768 // 2 * L * 8 * NKV * D * 2 * 2
+    assert extra <= grew <= 16 * extra, (grew, extra)
+    assert bigger["alias_bytes"] - comp["engine_decode"]["alias_bytes"] == grew
+    report["max_hbm_fraction"] = 1e-6                  # a budget nothing fits in
+    assert not dry_run_report.summary(report)["engine_fits"]
