@@ -68,10 +68,12 @@ def get_config() -> ml_collections.ConfigDict:
     # shapes (docs/tpu.md). Pages of 128 slots (the TPU lane width; the paged kernel DMAs one
     # page per grid step). 512 slots = 64 prompts x G 8, in 16 row shards over 'expert' (32
     # slots, 4 prompts each); each prompt's full pages read once per step for its 8 samples
-    # (64 shared prefixes). The pool: per shard page 0, 4 prompts of 64 pages (8k), 32 samples
-    # of 32 own pages (4k) and one more prompt's pages, 1,344 pages = 4.2 GB per chip (48
-    # layers x 128 slots x 1 KV head per chip x 128 x K, V in bf16); longer prompts
-    # (--config.rl.max_prompt_tokens) need more (engine.num_pages) or run in waves.
+    # (64 shared prefixes). The pool, per shard: page 0, 4 requests of at most 328 pages (a
+    # prompt of at most 64 pages, 8k; 8 samples of at most 33 own pages: 4k plus the copy of
+    # the prompt's last partial page) and 31 to spare (a new request binds sooner as samples
+    # end), 1,344 pages = 4.2 GB per chip (48 layers x 128 slots x 1 KV head per chip x 128 x
+    # K, V in bf16). Longer prompts need more pages or run fewer requests at once: at 28k,
+    # --config.engine.num_pages=31744 (1,984 per shard, 6.2 GB per chip; docs/tpu.md).
     c.engine.kind = "paged"
     c.engine.page_size = 128
     c.engine.slots = 512
