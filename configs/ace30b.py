@@ -25,7 +25,23 @@ import ml_collections
 from ace_jax.train import config as run_config, dry_run
 
 
-def get_config() -> ml_collections.ConfigDict:
+ARGS = ("", "rehearsal")
+
+#: The rehearsal's model (scripts/pod_rehearsal.sh): Qwen3-MoE's architecture at toy width, the
+#: real Qwen3 vocabulary (its tokenizer is the one in the HF folder), as many KV heads as the
+#: sampler's tensor axis (one per device, as the pod) and 8 experts for expert x tensor = 2 x 4.
+REHEARSAL_MODEL = dict(vocab_size=151936, hidden_size=64, intermediate_size=128,
+                       moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                       max_position_embeddings=4096, tie_word_embeddings=False)
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    """The pod's config; ``configs/ace30b.py:rehearsal``: the same run with only the model's size,
+    the batch and the step counts shrunk, for scripts/pod_rehearsal.sh (2 hosts of 4 CPU devices
+    on one machine)."""
+    if (arg or "") not in ARGS:
+        raise ValueError(f"configs/ace30b.py:{arg}: unknown setting; valid: {', '.join(ARGS[1:])}")
     c = run_config.default_config()
     c.name = "ace30b"
     c.workdir = "gs://YOUR_BUCKET/runs/ace30b"   # checkpoints, buffer, metrics (TensorBoard)
@@ -153,4 +169,41 @@ def get_config() -> ml_collections.ConfigDict:
     # each program must stay under 90% of a chip's HBM.
     c.dry_run.topology = "v5p:4x4x4"
     c.dry_run.max_hbm_fraction = 0.9
+    if arg == "rehearsal":
+        _rehearsal(c)
     return c
+
+
+def _rehearsal(c: ml_collections.ConfigDict) -> None:
+    """What the rehearsal shrinks: the model (``REHEARSAL_MODEL``, read from the HF folder in the
+    bucket like the real one), the batch (8 states x G 8 = one group per device of 8, as on the
+    pod), the lengths, the engine's pool to match, the sandbox workers per host, the step counts
+    and the lost-host timeout. Everything else is the pod's: the paged engine in the sampler's own
+    layout, expert-parallel MoE, MLE-bench tasks from gs://, a gs:// workdir, the bwrap sandbox
+    with the Kaggle stack."""
+    c.name = "ace30b-rehearsal"
+    c.model.preset = "tiny_moe"        # what the dry run builds; the run reads config.json
+    c.model.overrides.update(REHEARSAL_MODEL)
+    c.model.runtime.update(dict(dtype="float32", param_dtype="float32"))
+    c.model.overrides.update(dict(dtype="float32", param_dtype="float32"))
+    c.rl.num_steps = 4
+    c.rl.batch_states, c.rl.group_size = 8, 8
+    c.rl.max_prompt_tokens = 2048
+    c.sampling.max_new_tokens = 32
+    c.sampling.prompt_bucket = 512
+    c.optim.warmup_steps, c.optim.decay_steps = 1, 4
+    # 8 row shards of 8 slots ('expert' 2 x ... : the engine's row shards over the sampler's batch
+    # axes); per shard: page 0, a request of at most 16 prompt pages + 8 samples of 2 own pages.
+    c.engine.slots = 64
+    c.engine.shared_prefixes = 8
+    c.engine.num_pages = 2 * 64
+    c.engine.sync_every = 8
+    c.engine.prefill_chunk = 512
+    c.buffer.capacity = 256
+    c.lp.explore_steps, c.lp.anneal_steps = 1, 4
+    c.sandbox.num_workers = 2
+    c.sandbox.max_idle_warm = 4
+    c.checkpoint.save_interval_steps = 1
+    c.mesh.heartbeat_timeout_s = 20     # a lost host ends the others in 20 s, not JAX's 100
+    c.dry_run.num_chips = 8
+    c.dry_run.topology = "v5p:2x2x2"

@@ -38,8 +38,10 @@ def run_buffer_config(workdir: Union[str, os.PathLike]) -> ml_collections.Config
 
 def run_tasks(ids: Sequence[str], run_cfg: Optional[dict[str, Any]] = None, *,
               cache_dir: str = "", task_seed: int = 0, exec_time_limit_s: float = 0.0) -> list:
-    """The offline tasks to evaluate on (``env.tasks.load_tasks``), prepared into the cache if
-    missing; what is not given comes from the run's config.
+    """The tasks to evaluate on (``env.tasks.load_tasks``): the run's task source (the offline
+    suite, prepared into the cache if missing, or the run's MLE-bench competitions from its
+    ``tasks.data_dir``, staged from gs:// when remote); what is not given comes from the run's
+    config.
 
     Args:
       ids: task ids; empty: the run's ``tasks.ids``, else the whole offline suite.
@@ -57,7 +59,8 @@ def run_tasks(ids: Sequence[str], run_cfg: Optional[dict[str, Any]] = None, *,
     limit = exec_time_limit_s or float(run_sandbox.get("max_time_limit_s")
                                        or run_tasks_cfg.get("time_limit_s") or 0.0)  # older runs
     return tasks_lib.load_tasks(list(ids) or list(run_tasks_cfg.get("ids") or []),
-                                source="offline",
+                                source=run_tasks_cfg.get("source") or "offline",
+                                data_dir=run_tasks_cfg.get("data_dir") or "",
                                 cache_dir=cache_dir or run_tasks_cfg.get("cache_dir")
                                 or "cache/tasks",
                                 seed=task_seed, time_limit_s=limit)
