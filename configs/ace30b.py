@@ -30,9 +30,9 @@ ARGS = ("", "rehearsal")
 #: The rehearsal's model (scripts/pod_rehearsal.sh): Qwen3-MoE's architecture at toy width, the
 #: real Qwen3 vocabulary (its tokenizer is the one in the HF folder), as many KV heads as the
 #: sampler's tensor axis (one per device, as the pod) and 8 experts for expert x tensor = 2 x 4.
-REHEARSAL_MODEL = dict(vocab_size=151936, hidden_size=64, intermediate_size=128,
-                       moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=8,
-                       num_key_value_heads=4, head_dim=32, num_experts=8, num_experts_per_tok=2,
+REHEARSAL_MODEL = dict(vocab_size=151936, hidden_size=128, intermediate_size=256,
+                       moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=128, num_experts=8, num_experts_per_tok=2,
                        max_position_embeddings=4096, tie_word_embeddings=False)
 
 
@@ -126,15 +126,34 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.buffer.store.url = "gs://YOUR_BUCKET/runs/ace30b/buffer"
     c.lp.explore_steps = 40
     c.lp.anneal_steps = 300
+    # The buffer starts with one draft state per competition, fewer than the 64 states of a batch
+    # (MLE-bench Lite has 22): the first steps draw states with replacement, then the executions'
+    # children fill the buffer (found by the pod rehearsal: without it step 0 stops).
+    c.lp.allow_repeats = True
 
-    # sandbox: time / memory limits come from each task.
+    # sandbox: the Kaggle stack's own venv (`setup` builds it with scripts/build_sandbox_env.sh;
+    # relative to the checkout, where every worker runs), bwrap (MLE-bench tasks are refused by
+    # the process backend: their private answers lie on the host).
     c.sandbox.backend = "bwrap"       # process | bwrap | docker
-    c.sandbox.num_workers = 32        # per host (a v5p host has 208 vCPUs and 4 chips)
+    c.sandbox.python = ".sandbox-venv/bin/python"
+    # Time: MLE-bench tasks allow 3,600 s per execution; a step's executions must end before its
+    # rollouts count (the pipeline overlaps one step), and the host runs its 32 rollouts per step
+    # (512 / 16 hosts) in 2 waves of 16 workers, so 600 s caps a step's sandbox time at ~20 min
+    # (most scripts end in well under a minute) and leaves a script room for a real model fit.
+    c.sandbox.max_time_limit_s = 600.0
+    # Memory, per v5p host (448 GB of RAM, 208 vCPUs): each execution's process tree gets its
+    # task's budget (16 GiB for MLE-bench tasks) in a memory cgroup; the pool checks at start that
+    # 16 workers x (16 GiB + 2 GiB /tmp tmpfs + 2 GiB working dir on /dev/shm) + 64 idle warm
+    # interpreters x 256 MiB = 336 GiB fit in the host's RAM less 64 GiB for the trainer (its
+    # host-side weights, buffers and the OS), else it stops with the numbers.
+    c.sandbox.num_workers = 16        # per host; x threads 8 = 128 of the 208 vCPUs
+    c.sandbox.max_memory_mb = 16384   # = MLE-bench tasks' own budget; the worst case is known now
+    c.sandbox.reserve_gb = 64.0
     # Warm interpreters (sandbox.preload="auto": numpy, pandas, sklearn) kept idle per task,
     # ~200 MB each: enough for every worker to find one of its task's.
     c.sandbox.max_idle_warm = 64
-    c.sandbox.backend_options.threads = 4
-    c.sandbox.backend_options.disk_mb = 20480
+    c.sandbox.backend_options.threads = 8
+    c.sandbox.backend_options.disk_mb = 2048
     c.sandbox.backend_options.submission_max_mb = 1024
 
     c.agent.description = "full"      # the competition's markdown page
@@ -143,10 +162,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.sft.enabled = False             # warm start = the instruct model itself
 
     c.tasks.source = "mlebench"       # prepared competitions (`mlebench prepare`), see docs/tpu.md
-    c.tasks.ids = ()                  # () = every prepared competition under data_dir
-    # placeholder: the prepared competitions on GCS; each host copies those of tasks.ids (all
-    # of them when ids is ()) into tasks.cache_dir/mlebench once (ace_jax.env.tasks)
-    c.tasks.data_dir = "gs://YOUR_BUCKET/mlebench/mlebench-data"
+    # the competitions staged into the bucket by launch/stage_mlebench.py (docs/tpu.md, section 4);
+    # each host fetches only these, public and private files separately, into tasks.cache_dir
+    # (a bucket is never downloaded whole: ids=() with a gs:// data_dir is refused)
+    c.tasks.ids = ("spooky-author-identification", "random-acts-of-pizza")
+    c.tasks.data_dir = "gs://YOUR_BUCKET/mlebench"
 
     c.checkpoint.directory = "gs://YOUR_BUCKET/runs/ace30b/checkpoints"
     c.checkpoint.keep = 3
@@ -182,6 +202,7 @@ def _rehearsal(c: ml_collections.ConfigDict) -> None:
     layout, expert-parallel MoE, MLE-bench tasks from gs://, a gs:// workdir, the bwrap sandbox
     with the Kaggle stack."""
     c.name = "ace30b-rehearsal"
+    c.tasks.ids = ("spooky-author-identification", "tabular-playground-series-dec-2021")
     c.model.preset = "tiny_moe"        # what the dry run builds; the run reads config.json
     c.model.overrides.update(REHEARSAL_MODEL)
     c.model.runtime.update(dict(dtype="float32", param_dtype="float32"))
@@ -201,8 +222,13 @@ def _rehearsal(c: ml_collections.ConfigDict) -> None:
     c.engine.prefill_chunk = 512
     c.buffer.capacity = 256
     c.lp.explore_steps, c.lp.anneal_steps = 1, 4
+    # 2 hosts share this machine's 24 GB: 2 workers each, 2 GiB per execution (the rehearsal's
+    # competitions are a few hundred rows), 8 GB kept for each host's trainer
     c.sandbox.num_workers = 2
     c.sandbox.max_idle_warm = 4
+    c.sandbox.max_memory_mb = 2048
+    c.sandbox.reserve_gb = 8.0
+    c.sandbox.backend_options.disk_mb = 512
     c.checkpoint.save_interval_steps = 1
     c.mesh.heartbeat_timeout_s = 20     # a lost host ends the others in 20 s, not JAX's 100
     c.dry_run.num_chips = 8

@@ -37,6 +37,20 @@ QWEN3_SPLIT_REGEX = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# The files of an HF model folder that ``load_tokenizer`` may read (glob patterns, relative to the
+# folder): what ``transformers``' ``AutoTokenizer.from_pretrained`` opens (the tokenizer itself,
+# its config, special / added tokens, BPE vocab + merges or a sentencepiece / tiktoken model, the
+# chat template(s)), plus the small ``config.json`` (the model type, read when
+# ``tokenizer_config.json`` names no tokenizer class) and ``generation_config.json`` (eos / pad
+# ids). Never the weights: ``runtime.storage.local_copy(url, files=TOKENIZER_FILES)`` copies the
+# tokenizer of a 61 GB folder of safetensors in a few MB.
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "tiktoken.model", "chat_template.jinja",
+    "chat_template.json", "additional_chat_templates/*.jinja", "config.json",
+    "generation_config.json",
+)
+
 TOKENIZER_ENV_VAR = "ACE_QWEN3_TOKENIZER_DIR"
 DEFAULT_TOKENIZER_CACHE = pathlib.Path("cache") / "qwen3-tokenizer"
 

@@ -1,7 +1,8 @@
 """Runs the agent's script inside the sandbox: started fresh, or forked from a warm interpreter.
 
-This file is executed by the sandbox's own interpreter (standard library only; it imports nothing
-of this project), in one of two ways::
+This file is executed by the sandbox's own interpreter (``sandbox.python``: the trainer's, or a
+venv of its own with the Kaggle stack, ``scripts/build_sandbox_env.sh``), so it uses the standard
+library only and imports nothing of this project or the trainer's packages, in one of two ways::
 
     python -s -P -u runner.py run solution.py                    # cold: one interpreter per script
     python -s -P -u runner.py zygote FD numpy,pandas,sklearn...  # warm: PID 1 of a bwrap sandbox

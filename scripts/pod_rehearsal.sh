@@ -70,6 +70,7 @@ export BUCKET=ace-rehearsal CONFIG=configs/ace30b.py:rehearsal
 COMPETITIONS="spooky-author-identification,tabular-playground-series-dec-2021"
 TASK_IDS="('${COMPETITIONS//,/\',\'}')"
 MLEBENCH_DATA="${root}/mlebench-data"
+EVAL_TASK=spooky-author-identification
 
 # --- what the user puts in the bucket (docs/tpu.md section 3) --------------------------------------
 phase data
@@ -80,7 +81,10 @@ fi
 if python -c 'import mlebench' 2>/dev/null; then
   python scripts/rehearsal.py competitions --raw "${root}/raw" --data "${MLEBENCH_DATA}" --ids "${COMPETITIONS}"
 else
-  echo "mlebench is not importable (set MLEBENCH_SRC): the competitions come from the test fixture" >&2
+  echo "mlebench is not importable (set MLEBENCH_SRC): two competitions of the test fixture" \
+       "stand in (hand-written config.yaml; mlebench_prepared: false)" >&2
+  COMPETITIONS="fixture-text-a,fixture-text-b"
+  TASK_IDS="('fixture-text-a','fixture-text-b')" EVAL_TASK=fixture-text-a
   python -m tests.sandbox.mlebench_competition "${MLEBENCH_DATA}" "${COMPETITIONS}"
 fi
 python launch/stage_mlebench.py --data_dir=$MLEBENCH_DATA --competitions=$COMPETITIONS --dest=gs://$BUCKET/mlebench  # runbook
@@ -136,7 +140,7 @@ wait_exit 0 300; wait_exit 1 300
 phase_end resume
 
 phase evaluate
-scripts/tpu_pod_run.sh exec -- python launch/evaluate.py --policy=run:gs://$BUCKET/runs/ace30b --tasks=spooky-author-identification --seeds=0 --max_steps=1 --no_progress --out=gs://$BUCKET/evals/ace30b  # runbook
+scripts/tpu_pod_run.sh exec -- python launch/evaluate.py --policy=run:gs://$BUCKET/runs/ace30b --tasks=$EVAL_TASK --seeds=0 --max_steps=1 --no_progress --out=gs://$BUCKET/evals/ace30b  # runbook
 phase_end evaluate
 
 phase export

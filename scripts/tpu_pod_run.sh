@@ -7,7 +7,8 @@
 #   scripts/tpu_pod_run.sh launch -- CMD ARGS... # start CMD detached (nohup) on all workers, log per worker
 #   scripts/tpu_pod_run.sh status                # is the launched run alive on each worker?
 #   scripts/tpu_pod_run.sh logs [WORKER] [N]     # last N (default 50) log lines of one worker (default 0)
-#   scripts/tpu_pod_run.sh stop                  # SIGTERM the launched run's process group everywhere
+#   scripts/tpu_pod_run.sh stop                  # SIGTERM the launched run's process group everywhere,
+#                                                # wait for it to end (SIGKILL after STOP_TIMEOUT s, 120)
 #
 # Examples:
 #   scripts/tpu_pod_run.sh exec -- python launch/tpu_train.py --config=configs/ace30b.py --dry_run
@@ -187,6 +188,12 @@ tail -n 2 logs/${RUN_NAME}-worker\${WORKER_ID}.log 2>/dev/null || true"
 pid=logs/${RUN_NAME}-worker\${WORKER_ID}.pid
 if [ -f \${pid} ] && kill -0 \$(cat \${pid}) 2>/dev/null; then
   kill -TERM -- -\$(cat \${pid}) && echo \"worker \${WORKER_ID}: sent SIGTERM to the run\"
+  for _ in \$(seq ${STOP_TIMEOUT:-120}); do kill -0 \$(cat \${pid}) 2>/dev/null || break; sleep 1; done
+  if kill -0 \$(cat \${pid}) 2>/dev/null; then
+    kill -KILL -- -\$(cat \${pid}); echo \"worker \${WORKER_ID}: still running after ${STOP_TIMEOUT:-120} s: killed\"
+  else
+    echo \"worker \${WORKER_ID}: stopped\"
+  fi
 else
   echo \"worker \${WORKER_ID}: not running\"
 fi"

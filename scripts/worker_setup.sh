@@ -8,7 +8,8 @@
 #                 PATH; else uv, installed from PyPI into ~/.local, installs CPython 3.11)
 #   VENV_SEED     an existing venv with requirements.txt installed: .venv becomes a link to it
 #                 (local rehearsal workers share one disk; a pod's hosts never set this)
-#   SANDBOX_VENV  where the sandbox's venv goes (default: .sandbox-venv in the checkout)
+#   SANDBOX_VENV  where the sandbox's venv goes (default: .sandbox-venv in the checkout; elsewhere,
+#                 .sandbox-venv becomes a link to it)
 #   WHEELHOUSE    wheels for the sandbox's venv (installed offline from them when given)
 #   TRANSPORT     "local": CPU workers of this machine, so no jax[tpu]
 set -euo pipefail
@@ -56,8 +57,14 @@ if [[ -z "${VENV_SEED:-}" ]]; then
 fi
 
 # The sandbox's interpreter and the Kaggle stack (requirements-sandbox.txt).
+# configs/ace30b.py runs executions with .sandbox-venv/bin/python (sandbox.python): a SANDBOX_VENV
+# elsewhere is linked there.
 sandbox_venv="${SANDBOX_VENV:-${PWD}/.sandbox-venv}"
 bash scripts/build_sandbox_env.sh "${sandbox_venv}" ${WHEELHOUSE:+--wheelhouse "${WHEELHOUSE}"}
+if [[ "$(realpath -m "${sandbox_venv}")" != "$(realpath -m .sandbox-venv)" ]]; then
+  [[ -e .sandbox-venv && ! -L .sandbox-venv ]] && rm -rf .sandbox-venv
+  ln -sfn "${sandbox_venv}" .sandbox-venv
+fi
 
 python -c 'import sys, jax; print("worker setup:", sys.version.split()[0], "jax", jax.__version__, jax.local_device_count(), "local", jax.devices()[0].device_kind, "devices")'
 echo "worker setup: sandbox python ${sandbox_venv}/bin/python"

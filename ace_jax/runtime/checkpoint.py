@@ -30,6 +30,14 @@ the saved tree with the target: a different structure, shape or dtype raises
 `restore_latest` walks the steps newest first, logs and skips corrupt ones, returns None when
 there is no checkpoint at all, and raises `CheckpointCorruptError` when every one is corrupt;
 corrupt steps newer than the one restored are renamed `<step>.corrupt` so they can be re-saved.
+
+Several processes (a multi-host run): every process makes the same calls (Orbax's own barriers
+are collective). The processes meet at a barrier of their own before the manager is created
+(`multihost.barrier`, with its long timeout: they arrive minutes apart, while Orbax's own
+barriers give up after 300 s when they go through the distributed client); deleting or renaming
+step folders (`delete_after`, `restore_latest`'s quarantine) is done by process 0 alone, between
+barriers. A peer lost during any of these raises `multihost.PeerLostError`, never a corrupt
+checkpoint.
 """
 from __future__ import annotations
 
@@ -46,6 +54,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from ace_jax.runtime import multihost
 
 logger = logging.getLogger(__name__)
 
@@ -173,14 +183,30 @@ class Checkpointer:
         self.directory = epath.Path(directory if "://" in str(directory)
                                     else os.path.abspath(directory))
         self.save_interval_steps = int(save_interval_steps)
+        if use_ocdbt and str(directory).startswith("gs://") and os.environ.get(
+                "STORAGE_EMULATOR_HOST"):
+            # Only against a GCS emulator (the pod rehearsal, tests): it sends no object
+            # generation with a read, which OCDBT's conditional manifest writes need; real GCS
+            # does, so a pod keeps OCDBT.
+            logging.warning("checkpoints in %s go to a GCS emulator (STORAGE_EMULATOR_HOST): "
+                            "Orbax's OCDBT layout is off", directory)
+            use_ocdbt = False
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=1, create=True,
             enable_async_checkpointing=async_save)
         handlers = {item: ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt)
                     for item in ARRAY_ITEMS}
         handlers["meta"] = ocp.JsonCheckpointHandler()
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_handlers=handlers)
+        # The hosts of a run get here minutes apart (each loads its slices of the weights and
+        # stages its tasks first), and the manager's first act is a barrier of Orbax's (the
+        # directory's creation), whose timeout is 300 s (orbax multihost.coordination_timeout,
+        # when its barriers go through the distributed client; else a device collective). Meet
+        # first at a barrier of our own that waits up to `multihost.BARRIER_TIMEOUT_S`, so
+        # Orbax's finds every host there.
+        multihost.barrier("before-checkpoint-manager")
+        with multihost.lost_peer_guard(f"creating the checkpoint manager of {self.directory}"):
+            self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                  item_handlers=handlers)
 
     @classmethod
     def from_config(cls, cfg: ml_collections.ConfigDict) -> "Checkpointer":
@@ -206,15 +232,18 @@ class Checkpointer:
             opt_state=ocp.args.StandardSave(state.opt_state),
             rng=ocp.args.StandardSave({"key_data": key_data}),
             meta=ocp.args.JsonSave(meta))
-        return bool(self._manager.save(int(state.step), args=args, force=force))
+        with multihost.lost_peer_guard(f"saving checkpoint step {int(state.step)}"):
+            return bool(self._manager.save(int(state.step), args=args, force=force))
 
     def wait_until_finished(self) -> None:
-        self._manager.wait_until_finished()
+        with multihost.lost_peer_guard(f"finishing a checkpoint save in {self.directory}"):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Wait for pending saves, then release the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        with multihost.lost_peer_guard(f"closing the checkpoints of {self.directory}"):
+            self._manager.wait_until_finished()
+            self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -237,14 +266,22 @@ class Checkpointer:
 
     def delete_after(self, step: int) -> list[int]:
         """Deletes every checkpoint newer than `step` (e.g. one whose companion buffer commit
-        never landed), so those steps can be saved again; returns the deleted steps."""
+        never landed), so those steps can be saved again; returns the deleted steps.
+
+        Several processes: every one lists the steps, then they meet at a barrier (no folder
+        is deleted while a host still lists or reads it); process 0 alone deletes the unfinished
+        step folders (Orbax's `delete` of a finished step is collective, and also deletes on
+        process 0 only); a last barrier holds every host until the folders are gone."""
         newer = [s for s in self.all_steps() if s > step]
         finished = set(self._manager.all_steps())
-        for s in newer:
-            if s in finished:
-                self._manager.delete(s)
-            else:   # an unfinished save on an object store (written in place: nothing renames)
-                (self.directory / str(s)).rmtree()
+        multihost.barrier("checkpoint-delete-after-listed")
+        with multihost.lost_peer_guard(f"deleting checkpoint steps {newer} of {self.directory}"):
+            for s in newer:
+                if s in finished:
+                    self._manager.delete(s)
+                elif jax.process_index() == 0:   # an unfinished save on an object store
+                    (self.directory / str(s)).rmtree()   # (written in place: nothing renames)
+        multihost.barrier("checkpoint-delete-after-deleted")
         self._manager.reload()
         return newer
 
@@ -272,6 +309,7 @@ class Checkpointer:
         try:
             restored = self._manager.restore(step, args=args)
         except Exception as e:  # tensorstore / orbax raise many types for unreadable data
+            multihost.raise_if_peer_lost(e, f"restoring checkpoint step {step}")
             raise CheckpointCorruptError(step, f"reading array data failed: "
                                                f"{type(e).__name__}: {_short(e)}") from e
         rng = restored["rng"]["key_data"]
@@ -294,6 +332,7 @@ class Checkpointer:
         try:
             out = self._manager.restore(step, args=args)["params"]
         except Exception as e:  # tensorstore / orbax raise many types for unreadable data
+            multihost.raise_if_peer_lost(e, f"restoring the parameters of checkpoint step {step}")
             raise CheckpointCorruptError(step, f"reading array data failed: "
                                                f"{type(e).__name__}: {_short(e)}") from e
         # with sharded targets each host reads only its slices: this says how much it read
@@ -334,6 +373,7 @@ class Checkpointer:
         return None
 
     def _quarantine(self, steps: list[int]) -> None:
+        multihost.barrier("checkpoint-quarantine-read")   # every host is done reading them
         if jax.process_index() == 0:
             for step in steps:
                 src = self.directory / str(step)
@@ -344,9 +384,7 @@ class Checkpointer:
                     dst = self.directory / f"{step}.corrupt-{k}"
                 src.rename(dst)
                 logger.warning("moved corrupt checkpoint step %d to %s", step, dst)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-            multihost_utils.sync_global_devices("ace_jax.runtime.checkpoint.quarantine")
+        multihost.barrier("checkpoint-quarantine-renamed")
         self._manager.reload()
 
     # ------------------------------------------------------------------ validation

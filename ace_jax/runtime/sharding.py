@@ -182,20 +182,43 @@ def is_multi_process_env(environ: Mapping[str, str] | None = None) -> bool:
     return int(env.get("SLURM_NTASKS", "1") or 1) > 1
 
 
-GOOGLE_PCI_VENDOR = "0x1ae0"   # the PCI vendor id of TPU chips (what libtpu looks for)
+GOOGLE_PCI_VENDOR = "0x1ae0"   # Google's PCI vendor id: TPU chips, but also gVNIC and NVMe
+# The PCI device ids of TPU chips, as JAX's own check (jax/_src/hardware_utils.py) lists them:
+# v2/v3, an unnamed one, v4, v5p, v5e, v6e, TPU7x. Google's other devices (gVNIC 0x0042, the
+# persistent-disk NVMe controller 0x001f) are on every plain GCE VM and are not TPU chips.
+TPU_PCI_DEVICE_IDS = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f",
+                                "0x0076"})
+
+
+def _tpu_device_ids() -> frozenset[str]:
+    """`TPU_PCI_DEVICE_IDS`, plus those of chips newer than this file that the installed JAX
+    knows (a private table, read when present)."""
+    try:
+        from jax._src import hardware_utils
+
+        return TPU_PCI_DEVICE_IDS | frozenset(
+            str(k).lower() for k in getattr(hardware_utils, "_TPU_PCI_DEVICE_IDS", {}))
+    except Exception:  # noqa: BLE001 - the private table moved: the list above still holds
+        return TPU_PCI_DEVICE_IDS
 
 
 def tpu_chips_present(pci_root: str = "/sys/bus/pci/devices") -> bool:
     """Whether this machine has TPU chips on its PCI bus: a Cloud TPU VM (no backend is
-    touched, so it is safe before ``jax.distributed.initialize``)."""
+    touched, so it is safe before ``jax.distributed.initialize``). A device counts when its
+    vendor is Google's and its device id is a TPU chip's (`TPU_PCI_DEVICE_IDS`): a plain GCE
+    VM, whose gVNIC and NVMe devices are Google's too, has none."""
     try:
         names = os.listdir(pci_root)
     except OSError:
         return False
+    ids = _tpu_device_ids()
     for name in names:
         try:
             with open(os.path.join(pci_root, name, "vendor")) as f:
-                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
+                if f.read().strip().lower() != GOOGLE_PCI_VENDOR:
+                    continue
+            with open(os.path.join(pci_root, name, "device")) as f:
+                if f.read().strip().lower() in ids:
                     return True
         except OSError:
             continue
@@ -224,12 +247,20 @@ def maybe_initialize_distributed(cfg: ml_collections.ConfigDict, *,
     if jax.distributed.is_initialized():
         return False
     kwargs: dict[str, Any] = {}
+    env = os.environ if environ is None else environ
     if cfg.coordinator_address:
         kwargs["coordinator_address"] = cfg.coordinator_address
+    # JAX reads JAX_COORDINATOR_ADDRESS itself; the process count and index come from the config,
+    # else from JAX_NUM_PROCESSES / JAX_PROCESS_ID (what scripts/tpu_pod_run.sh's local workers
+    # set), else from JAX's cluster detection (a TPU VM's metadata).
     if cfg.num_processes > 0:
         kwargs["num_processes"] = int(cfg.num_processes)
+    elif env.get("JAX_NUM_PROCESSES"):
+        kwargs["num_processes"] = int(env["JAX_NUM_PROCESSES"])
     if cfg.process_id >= 0:
         kwargs["process_id"] = int(cfg.process_id)
+    elif env.get("JAX_PROCESS_ID"):
+        kwargs["process_id"] = int(env["JAX_PROCESS_ID"])
     if cfg.get("heartbeat_timeout_s", 0) > 0:
         kwargs["heartbeat_timeout_seconds"] = int(cfg.heartbeat_timeout_s)
     # CPU devices of different processes talk through gloo (TPU and GPU ignore this setting):

@@ -132,13 +132,15 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str, tasks: Sequence
     """The run's tokenizer: ``model.tokenizer_path`` (local or gs://), else the one of
     ``model.init_from_run``, else a byte-level BPE trained (once, by process 0) on the tasks'
     prompts, their seed scripts and ``extra_texts()`` into ``<workdir>/tokenizer`` (local or
-    gs://). A gs:// tokenizer is read from a local copy (``runtime.storage.local_copy``)."""
+    gs://). A gs:// tokenizer is read from a local copy (``runtime.storage.local_copy``) of
+    its tokenizer files alone (``models.tokenizer.TOKENIZER_FILES``): ``model.tokenizer_path``
+    may be an HF model folder, whose weights are not downloaded."""
     path = cfg.model.get("tokenizer_path", "") or ""
     init_run = cfg.model.get("init_from_run", "") or ""
     if not path and init_run:
         path = storage.join(init_run, "tokenizer")
     if path:
-        return tok_lib.load_tokenizer(storage.local_copy(path))
+        return tok_lib.load_tokenizer(storage.local_copy(path, files=tok_lib.TOKENIZER_FILES))
     path = storage.join(workdir, "tokenizer")
     if jax.process_index() == 0 and not storage.exists(storage.join(path, "tokenizer.json")):
         from sandbox import seed_corpus
@@ -151,7 +153,7 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str, tasks: Sequence
             if local != path:
                 storage.upload_dir(local, path)
     multihost.barrier("tokenizer")   # the others read what process 0 wrote
-    return tok_lib.load_tokenizer(storage.local_copy(path))
+    return tok_lib.load_tokenizer(storage.local_copy(path, files=tok_lib.TOKENIZER_FILES))
 
 
 def build_model(cfg: ml_collections.ConfigDict, tokenizer, placement):

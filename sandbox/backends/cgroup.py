@@ -1,4 +1,5 @@
-"""A per-execution ``pids`` cgroup: the fork-bomb limit that also binds root, and a kill-all.
+"""A per-execution cgroup: ``pids`` (the fork-bomb limit that also binds root, and a kill-all)
+and, where the host lets us, ``memory`` (the memory limit of the whole process tree).
 
 RLIMIT_NPROC counts processes per real uid and the kernel does not enforce it for uid 0 (even
 inside a user namespace that root created: the outside uid is still 0). The host here runs as
@@ -12,6 +13,21 @@ must be able to delegate ``+pids`` to a child; on v2 ``cgroup.kill`` is used whe
 ``detect()`` says why it cannot be used otherwise; callers then fall back to RLIMIT_NPROC
 (binding only for non-root) and document the gap.
 
+Memory: RLIMIT_AS bounds each process, not the tree: a script that forks 4 children of 1 GB under
+a 2 GB budget gets 4 GB of RAM. So each execution's cgroup also gets the ``memory`` controller
+(``MemoryHierarchy``), limited to the execution's memory budget: cgroup v1
+``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` at the same value where swap is
+accounted: no swap), in a directory of the same name in the v1 memory hierarchy (under this
+process's own memory cgroup, as here); cgroup v2 ``memory.max`` and ``memory.swap.max = 0`` in the
+execution's one cgroup. Past the limit the kernel reclaims the tree's page cache, then its OOM
+killer kills a process of the tree (the largest); ``PidsCgroup.oom_kills`` counts those kills
+(v1 ``memory.oom_control``, v2 ``memory.events``: ``oom_kill``), which the backends report as a
+memory error. Files the tree writes to a tmpfs (bwrap's /tmp, a working dir on /dev/shm) are
+charged to it too. Where no memory cgroup can be made (no writable memory hierarchy; on v2 a
+cgroup that holds processes cannot enable ``memory`` for its children, the no-internal-process
+rule, unless it is the root) ``PidsCgroupParent.memory_reason`` says why, the backend logs it once,
+and only RLIMIT_AS per process holds.
+
 Cost: moving a process into a cgroup (writing its pid to ``cgroup.procs``) write-locks the
 cgroup threadgroup rwsem, which waits for an RCU grace period (~6-15 ms here) unless another move
 happened a few ms before: in a pool, on every execution. Moving only the calling thread (writing
@@ -23,10 +39,12 @@ may run the script (it waits at the backend's gate). On v2 (no thread-level move
 cgroups) the started process is moved instead, as before. Making and removing a cgroup per
 execution cost another ~0.5 ms, so ``PidsCgroupParent.acquire`` / ``release`` reuse a cgroup
 once nothing is charged to it any more: each execution still starts in an empty cgroup of its own.
+With a (v1) memory cgroup the thread steps into it too: ~0.12 ms more per execution here.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import pathlib
@@ -39,9 +57,22 @@ from typing import Any, Callable, Optional
 
 _DEFAULT_PARENT = "ace_sandbox"
 
+# Per version: (limit file, swap file and its value, events file with the "oom_kill" counter).
+_MEMORY_FILES = {
+    "v1": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.oom_control"),
+    "v2": ("memory.max", "memory.swap.max", "memory.events"),
+}
+
 
 def _pids_mount() -> tuple[Optional[pathlib.Path], str, str]:
     """(mount point, version 'v1'|'v2', reason) of the hierarchy that carries ``pids``."""
+    return _controller_mount("pids")
+
+
+def _controller_mount(controller: str) -> tuple[Optional[pathlib.Path], str, str]:
+    """(mount point, version 'v1'|'v2', reason) of the hierarchy that carries ``controller``:
+    a v1 hierarchy of that controller, else the v2 one (whether v2 offers the controller is
+    checked by the caller, in its cgroup's ``cgroup.controllers``)."""
     try:
         mountinfo = pathlib.Path("/proc/self/mountinfo").read_text()
     except OSError as e:
@@ -54,17 +85,17 @@ def _pids_mount() -> tuple[Optional[pathlib.Path], str, str]:
             continue
         fstype, options = post_fields[0], post_fields[2].split(",")
         mount_root, mount_point = fields[3], fields[4]
-        if fstype == "cgroup" and "pids" in options and mount_root == "/":
+        if fstype == "cgroup" and controller in options and mount_root == "/":
             return pathlib.Path(mount_point), "v1", ""
         if fstype == "cgroup2" and mount_root == "/":
             v2 = pathlib.Path(mount_point)
     if v2 is not None:
         return v2, "v2", ""
-    return None, "", "no cgroup 'pids' hierarchy is mounted"
+    return None, "", f"no cgroup '{controller}' hierarchy is mounted"
 
 
-def _cgroup_of(proc_file: str, version: str) -> Optional[str]:
-    """The cgroup path, in the hierarchy that carries ``pids``, listed in ``proc_file``
+def _cgroup_of(proc_file: str, version: str, controller: str = "pids") -> Optional[str]:
+    """The cgroup path, in the hierarchy that carries ``controller``, listed in ``proc_file``
     (``/proc/self/cgroup``: the process; ``/proc/thread-self/cgroup``: the calling thread)."""
     try:
         lines = pathlib.Path(proc_file).read_text().splitlines()
@@ -73,24 +104,24 @@ def _cgroup_of(proc_file: str, version: str) -> Optional[str]:
     for line in lines:
         hier, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if version == "v1" and "pids" in controllers.split(","):
+        if version == "v1" and controller in controllers.split(","):
             return path
         if version == "v2" and hier == "0" and controllers == "":
             return path
     return None
 
 
-def _own_cgroup(version: str) -> Optional[str]:
-    return _cgroup_of("/proc/self/cgroup", version)
+def _own_cgroup(version: str, controller: str = "pids") -> Optional[str]:
+    return _cgroup_of("/proc/self/cgroup", version, controller)
 
 
 class CgroupMoveError(OSError):
     """The calling thread could not step into a cgroup (``run_inside``); nothing was started."""
 
 
-def _thread_cgroup(version: str) -> Optional[str]:
-    """The calling thread's cgroup path in the hierarchy that carries ``pids``."""
-    return _cgroup_of("/proc/thread-self/cgroup", version)
+def _thread_cgroup(version: str, controller: str = "pids") -> Optional[str]:
+    """The calling thread's cgroup path in the hierarchy that carries ``controller``."""
+    return _cgroup_of("/proc/thread-self/cgroup", version, controller)
 
 
 def _move_current_thread(cgroup_dir: pathlib.Path) -> None:
@@ -99,19 +130,126 @@ def _move_current_thread(cgroup_dir: pathlib.Path) -> None:
         f.write("0")
 
 
-class PidsCgroup:
-    """One execution's cgroup. Create with ``PidsCgroupParent.create``; always ``remove()`` it."""
+@dataclasses.dataclass(frozen=True)
+class MemoryHierarchy:
+    """Where the memory cgroups of executions are made (see the module docstring).
 
-    def __init__(self, path: pathlib.Path, version: str, mount: Optional[pathlib.Path] = None):
+    Attributes:
+      parent: the directory they are made in: v1 ``<memory mount>/<own memory cgroup>/ace_sandbox``
+        (an execution's is ``parent / <its pids cgroup's name>``); v2 the pids parent itself (one
+        hierarchy: an execution's memory cgroup is its pids cgroup).
+      version: "v1" or "v2".
+      mount: root of the v1 memory hierarchy (a host thread steps back there if its own memory
+        cgroup is gone); None on v2.
+    """
+
+    parent: pathlib.Path
+    version: str
+    mount: Optional[pathlib.Path] = None
+
+    def dir_of(self, pids_path: pathlib.Path) -> pathlib.Path:
+        """The memory cgroup of the execution whose pids cgroup is ``pids_path``."""
+        return self.parent / pids_path.name if self.version == "v1" else pids_path
+
+
+def detect_memory(pids_parent: pathlib.Path, pids_version: str,
+                  parent_name: str = _DEFAULT_PARENT) -> tuple[Optional[MemoryHierarchy], str]:
+    """(hierarchy, "") if per-execution memory cgroups can be made beside the pids cgroups under
+    ``pids_parent``, else (None, the reason). Makes (v1) or enables (v2) the parent and makes and
+    removes one probe cgroup with a limit written."""
+    mount, version, reason = _controller_mount("memory")
+    if mount is None:
+        return None, reason
+    if version == "v2":
+        if pids_version != "v2":
+            return None, "the memory controller is on cgroup v2 but pids on v1 (mixed hierarchies)"
+        return _detect_memory_v2(pids_parent)
+    own = _own_cgroup("v1", "memory")
+    if own is None:
+        return None, "cannot find this process's v1 memory cgroup in /proc/self/cgroup"
+    hierarchy = MemoryHierarchy(mount / own.lstrip("/") / parent_name, "v1", mount)
+    try:
+        hierarchy.parent.mkdir(exist_ok=True)
+    except OSError as e:
+        return None, f"cannot create a memory cgroup under {hierarchy.parent}: {e.strerror or e}"
+    return hierarchy, _probe_memory(hierarchy)
+
+
+def _detect_memory_v2(parent: pathlib.Path) -> tuple[Optional[MemoryHierarchy], str]:
+    """v2: enables ``+memory`` for the children of ``parent`` (and of its parent, our cgroup)."""
+    base = parent.parent
+    try:
+        if "memory" not in (base / "cgroup.controllers").read_text().split():
+            return None, f"the memory controller is not available in {base} (cgroup v2)"
+        for d in (base, parent):
+            if "memory" not in (d / "cgroup.subtree_control").read_text().split():
+                (d / "cgroup.subtree_control").write_text("+memory")
+    except OSError as e:
+        return None, (f"cannot enable the memory controller below {base} (cgroup v2): "
+                      f"{e.strerror or e}; a cgroup that holds processes (this one) cannot give "
+                      "its children the memory controller unless it is the root cgroup: run the "
+                      "trainer as root in the root cgroup, or in a cgroup of its own whose parent "
+                      "delegates memory")
+    hierarchy = MemoryHierarchy(parent, "v2")
+    return hierarchy, _probe_memory(hierarchy)
+
+
+def _probe_memory(hierarchy: MemoryHierarchy) -> str:
+    """"" if a memory cgroup with a limit can be made under ``hierarchy.parent``, else why not."""
+    probe = hierarchy.parent / f"probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+        try:
+            (probe / _MEMORY_FILES[hierarchy.version][0]).write_text(str(1 << 30))
+        finally:
+            os.rmdir(probe)
+    except OSError as e:
+        return f"cannot limit a memory cgroup under {hierarchy.parent}: {e.strerror or e}"
+    return ""
+
+
+def _counter(path: pathlib.Path, key: str) -> int:
+    """The value of line ``key N`` of a flat-keyed cgroup file (0 if absent or unreadable)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class PidsCgroup:
+    """One execution's cgroup. Create with ``PidsCgroupParent.create``; always ``remove()`` it.
+
+    ``memory``: where its memory cgroup lives (None: no memory cgroup; see the module docstring).
+    """
+
+    def __init__(self, path: pathlib.Path, version: str, mount: Optional[pathlib.Path] = None,
+                 memory: Optional[MemoryHierarchy] = None):
         self.path = path
         self.version = version
         self.mount = mount  # root of the pids hierarchy (needed by run_inside)
+        self.memory = memory
+        self.memory_dir = memory.dir_of(path) if memory is not None else None
         self._max: Optional[int] = None
+        self._memory_max: Optional[int] = None  # bytes
         self._hits_before = 0  # pids.events "max" when the current execution began
+        self._oom_before = 0   # the memory cgroup's oom_kill count then
 
     @property
     def procs_file(self) -> str:
         return os.fspath(self.path / "cgroup.procs")
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` a process is moved in by: the pids cgroup's and (v1) the memory
+        cgroup's."""
+        files = [self.procs_file]
+        if self.memory_dir is not None and self.memory_dir != self.path:
+            files.append(os.fspath(self.memory_dir / "cgroup.procs"))
+        return files
 
     def pids(self) -> list[int]:
         """Processes in the cgroup; never this host process (a thread of it steps in to spawn)."""
@@ -136,10 +274,48 @@ class PidsCgroup:
         (self.path / "pids.max").write_text(str(int(pids_max)))
         self._max = int(pids_max)
 
+    def set_memory_max(self, memory_bytes: int) -> None:
+        """Limits the tree's memory to ``memory_bytes`` (RAM; no swap where swap is accounted).
+
+        Raises ValueError without a memory cgroup or for a non-positive size, OSError when the
+        kernel refuses the value.
+        """
+        if self.memory_dir is None:
+            raise ValueError(f"{self.path} has no memory cgroup")
+        if memory_bytes <= 0:
+            raise ValueError(f"memory_bytes must be positive, got {memory_bytes}")
+        limit_file, swap_file, _ = _MEMORY_FILES[self.memory.version]
+        limit, swap = self.memory_dir / limit_file, self.memory_dir / swap_file
+        value = str(int(memory_bytes))
+        if self.memory.version == "v2":
+            limit.write_text(value)
+            if swap.exists():
+                swap.write_text("0")
+        elif not swap.exists():
+            limit.write_text(value)
+        elif self._memory_max is not None and memory_bytes > self._memory_max:
+            swap.write_text(value)  # v1: memsw >= limit at every step; raise memsw first
+            limit.write_text(value)
+        else:
+            limit.write_text(value)
+            swap.write_text(value)
+        self._memory_max = int(memory_bytes)
+
+    def oom_kills(self) -> int:
+        """Processes the memory limit's OOM killer killed since ``begin_execution`` (0 without
+        a memory cgroup)."""
+        return self._oom_count() - self._oom_before
+
+    def _oom_count(self) -> int:
+        if self.memory_dir is None:
+            return 0
+        return _counter(self.memory_dir / _MEMORY_FILES[self.memory.version][2], "oom_kill")
+
     @property
     def can_run_inside(self) -> bool:
-        """Whether ``run_inside`` can be tried (cgroup v1 with a known mount point)."""
-        return self.version == "v1" and self.mount is not None
+        """Whether ``run_inside`` can be tried (cgroup v1 with known mount points)."""
+        return self.version == "v1" and self.mount is not None and (
+            self.memory_dir is None or self.memory.mount is not None)
 
     def run_inside(self, fn: Callable[[], Any]) -> Any:
         """Calls ``fn()`` with the calling thread inside the cgroup, so that what it starts is
@@ -148,7 +324,9 @@ class PidsCgroup:
         Only the thread moves (no threadgroup lock: no grace-period wait), so no process is
         moved. ``pids.max`` is raised by one for the thread meanwhile and restored before
         returning; ``fn`` must not let a started process run untrusted code before that (hold it
-        at a gate).
+        at a gate). With a (v1) memory cgroup the thread steps into it as well: what it starts
+        is charged there once it has its own address space (the pages of the host stay charged
+        to the host's cgroup, whose process owns them).
 
         Raises CgroupMoveError if the thread cannot step in (nothing changed and ``fn`` not
         called: the caller can start the process outside and move it); whatever ``fn`` raises;
@@ -160,8 +338,10 @@ class PidsCgroup:
         if home is None or self._max is None:
             raise CgroupMoveError(errno.ENOENT, "this thread's pids cgroup or the limit is unknown")
         home_dir = self.mount / home.lstrip("/")
-        if not os.access(home_dir / "tasks", os.W_OK):  # could step in but not back
-            raise CgroupMoveError(errno.EACCES, f"cannot move a thread back into {home_dir}")
+        memory_home = self._memory_home()
+        for d in (home_dir, memory_home):
+            if d is not None and not os.access(d / "tasks", os.W_OK):  # could step in, not back
+                raise CgroupMoveError(errno.EACCES, f"cannot move a thread back into {d}")
         limit = self._max
         try:
             self.set_max(limit + 1)
@@ -170,15 +350,36 @@ class PidsCgroup:
             with contextlib.suppress(OSError):
                 self.set_max(limit)
             raise CgroupMoveError(e.errno, f"cannot step into {self.path}: {e.strerror}") from e
+        if memory_home is not None:
+            try:
+                _move_current_thread(self.memory_dir)
+            except OSError as e:
+                self._step_out(home_dir)
+                self.set_max(limit)
+                raise CgroupMoveError(
+                    e.errno, f"cannot step into {self.memory_dir}: {e.strerror}") from e
         try:
             return fn()
         finally:
-            self._step_out(home_dir)
-            self.set_max(limit)
+            try:
+                if memory_home is not None:
+                    self._step_out(memory_home, self.memory.mount)
+            finally:
+                self._step_out(home_dir)
+                self.set_max(limit)
 
-    def _step_out(self, home_dir: pathlib.Path) -> None:
+    def _memory_home(self) -> Optional[pathlib.Path]:
+        """The calling thread's own v1 memory cgroup dir (None without a memory cgroup)."""
+        if self.memory_dir is None:
+            return None
+        home = _thread_cgroup("v1", "memory")
+        if home is None:
+            raise CgroupMoveError(errno.ENOENT, "this thread's memory cgroup is unknown")
+        return self.memory.mount / home.lstrip("/")
+
+    def _step_out(self, home_dir: pathlib.Path, root: Optional[pathlib.Path] = None) -> None:
         errors = []
-        for target in (home_dir, self.mount):
+        for target in (home_dir, root or self.mount):
             try:
                 _move_current_thread(target)
                 return
@@ -197,8 +398,10 @@ class PidsCgroup:
         return 0
 
     def begin_execution(self) -> None:
-        """Marks the start of an execution: ``limit_hits`` counts from here (a reused cgroup)."""
+        """Marks the start of an execution: ``limit_hits`` and ``oom_kills`` count from here (a
+        reused cgroup)."""
         self._hits_before = self._events_max()
+        self._oom_before = self._oom_count()
 
     def limit_hits(self) -> int:
         """How many fork()/clone() calls the pid limit refused since ``begin_execution``."""
@@ -245,19 +448,31 @@ class PidsCgroup:
             delay = min(delay * 2, 0.005)
 
     def remove(self, timeout_s: float = 5.0) -> None:
-        """Kills what is left and removes the cgroup directory."""
+        """Kills what is left and removes the cgroup directory (and its v1 memory cgroup)."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.kill_all(timeout_s=max(0.1, deadline - time.monotonic()))
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+        self.kill_all(timeout_s=max(0.1, deadline - time.monotonic()))
+        if self.memory_dir is not None and self.memory_dir != self.path:
+            _rmdir_when_empty(self.memory_dir, deadline)
+        _rmdir_when_empty(self.path, deadline, before=lambda: self.kill_all(
+            timeout_s=max(0.1, deadline - time.monotonic())))
+
+
+def _rmdir_when_empty(path: pathlib.Path, deadline: float,
+                      before: Optional[Callable[[], Any]] = None) -> None:
+    """Removes the cgroup dir ``path``, retrying while it is busy (a killed task not yet gone)
+    until ``deadline`` (time.monotonic()); ``before`` runs before each try. Gone already: done."""
+    while True:
+        try:
+            if before is not None:
+                before()
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _remove_all(cgroups: list) -> None:
@@ -278,6 +493,10 @@ class PidsCgroupParent:
     cgroups of an owner that died (``remove_owner``); "" gives a random token with no lock file
     (cgroups nobody else will sweep).
 
+    ``memory``: where the executions' memory cgroups go (None: none can be made here, and
+    ``memory_reason`` says why); ``acquire(pids_max, memory_mb)`` then also limits the tree's
+    memory.
+
     ``acquire`` / ``release`` hand out one cgroup per running execution and keep emptied ones
     for the next: making and removing a cgroup costs ~0.5 ms per execution here (mkdir, rmdir,
     and the kernel's offlining of the old one), reusing an empty one a few reads and at most
@@ -287,22 +506,28 @@ class PidsCgroupParent:
     """
 
     def __init__(self, path: pathlib.Path, version: str, mount: Optional[pathlib.Path] = None,
-                 max_idle: int = 16, owner: str = ""):
+                 max_idle: int = 16, owner: str = "",
+                 memory: Optional[MemoryHierarchy] = None, memory_reason: str = ""):
         self.path = path
         self.owner = owner or uuid.uuid4().hex[:16]
         self.version = version
         self.mount = mount
+        self.memory = memory
+        self.memory_reason = "" if memory is not None else (
+            memory_reason or "no memory hierarchy was given")
         self.max_idle = max_idle
         self._idle: list[PidsCgroup] = []
         self._lock = threading.Lock()
         weakref.finalize(self, _remove_all, self._idle)  # a parent dropped without close()
 
     @classmethod
-    def detect(cls, parent_name: str = _DEFAULT_PARENT, owner: str = ""
+    def detect(cls, parent_name: str = _DEFAULT_PARENT, owner: str = "", memory: bool = True
                ) -> tuple[Optional["PidsCgroupParent"], str]:
         """Returns (parent, "") if per-execution pids cgroups can be made here, else (None, reason).
 
-        ``owner``: the token its cgroups are named by (see the class docstring).
+        ``owner``: the token its cgroups are named by (see the class docstring). ``memory``: also
+        look for a memory hierarchy (``detect_memory``); whether one was found is
+        ``parent.memory`` (``parent.memory_reason`` says why not), not a reason to fail.
         """
         mount, version, reason = _pids_mount()
         if mount is None:
@@ -332,31 +557,48 @@ class PidsCgroupParent:
             return None, f"cannot create a pids cgroup under {parent}: {e.strerror or e}"
         if not ok:
             return None, f"{parent} has no pids.max (pids controller not enabled)"
-        return cls(parent, version, mount, owner=owner), ""
+        hierarchy, memory_reason = (detect_memory(parent, version, parent_name) if memory
+                                    else (None, "not asked for (memory=False)"))
+        if memory_reason:
+            hierarchy = None
+        return cls(parent, version, mount, owner=owner, memory=hierarchy,
+                   memory_reason=memory_reason), ""
 
-    def create(self, pids_max: int) -> PidsCgroup:
-        """A fresh child cgroup with ``pids.max = pids_max``."""
+    def create(self, pids_max: int, memory_mb: Optional[int] = None) -> PidsCgroup:
+        """A fresh child cgroup with ``pids.max = pids_max`` and, with a memory hierarchy and a
+        ``memory_mb``, a memory limit of ``memory_mb`` MiB for the tree."""
         if pids_max <= 0:
             raise ValueError(f"pids_max must be positive, got {pids_max}")
         path = self.path / f"run-{self.owner}-{uuid.uuid4().hex[:12]}"
         path.mkdir()
-        cgroup = PidsCgroup(path, self.version, self.mount)
+        cgroup = PidsCgroup(path, self.version, self.mount, self.memory)
         try:
+            if cgroup.memory_dir is not None and cgroup.memory_dir != path:
+                cgroup.memory_dir.mkdir()
             cgroup.set_max(pids_max)
-        except OSError:
-            os.rmdir(path)
+            self._limit_memory(cgroup, memory_mb)
+        except (OSError, ValueError):
+            _remove_all([cgroup])
             raise
         return cgroup
 
-    def acquire(self, pids_max: int) -> PidsCgroup:
-        """An empty cgroup with ``pids.max = pids_max`` for one execution: an idle one, else new."""
+    def _limit_memory(self, cgroup: PidsCgroup, memory_mb: Optional[int]) -> None:
+        if cgroup.memory_dir is not None and memory_mb is not None:
+            if cgroup._memory_max != int(memory_mb) << 20:
+                cgroup.set_memory_max(int(memory_mb) << 20)
+
+    def acquire(self, pids_max: int, memory_mb: Optional[int] = None) -> PidsCgroup:
+        """An empty cgroup with ``pids.max = pids_max`` (and a memory limit of ``memory_mb`` MiB
+        where there is a memory hierarchy) for one execution: an idle one, else new."""
         with self._lock:
             cgroup = self._idle.pop() if self._idle else None
         if cgroup is None:
-            cgroup = self.create(pids_max)
-        elif cgroup._max != int(pids_max):
+            cgroup = self.create(pids_max, memory_mb)
+        else:
             try:
-                cgroup.set_max(pids_max)
+                if cgroup._max != int(pids_max):
+                    cgroup.set_max(pids_max)
+                self._limit_memory(cgroup, memory_mb)
             except (OSError, ValueError):
                 _remove_all([cgroup])
                 raise
@@ -397,5 +639,21 @@ class PidsCgroupParent:
             return True  # no parent dir: none of its cgroups is left
         for path in paths:
             with contextlib.suppress(OSError, TimeoutError):
-                PidsCgroup(path, self.version, self.mount).remove(timeout_s=timeout_s)
-        return not any(p.exists() for p in paths)
+                PidsCgroup(path, self.version, self.mount, self.memory).remove(timeout_s=timeout_s)
+        left = [p for p in paths if p.exists()]
+        if self.memory is not None and self.memory.version == "v1":
+            left += self._remove_owner_memory(prefix, timeout_s)
+        return not left
+
+    def _remove_owner_memory(self, prefix: str, timeout_s: float) -> list[pathlib.Path]:
+        """Removes the v1 memory cgroups named ``prefix*`` (their processes were killed with the
+        pids cgroups); returns those left."""
+        try:
+            paths = [pathlib.Path(e.path) for e in os.scandir(self.memory.parent)
+                     if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        for path in paths:
+            with contextlib.suppress(OSError):
+                _rmdir_when_empty(path, time.monotonic() + timeout_s)
+        return [p for p in paths if p.exists()]

@@ -5,7 +5,9 @@ Layout of a run (``<root_dir>/run-<owner>-XXXX``, deleted afterwards unless ``ke
 cgroups of a host that died mid-execution, see ``sandbox.backends.owner``)::
 
     solution.py      the agent's code, run by ``sandbox/runner.py`` (``python -s -P -u runner.py run
-                     solution.py``, the host interpreter; it seeds the RNGs, see sandbox.runner)
+                     solution.py``, with the ``python`` interpreter: the trainer's by default, or
+                     the sandbox's own environment, ``sandbox.backends.interpreter``; it seeds the
+                     RNGs, see sandbox.runner)
     input/           a read-only copy of ``task.public_dir``
     working/         scratch space
     submission/      where ./submission/submission.csv must be written
@@ -17,6 +19,10 @@ What it enforces:
     marker, plus ``extra_env``);
   * rlimits, set with ``prlimit`` while the child waits at a gate before exec (see ``_spawn``):
     RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (one file), RLIMIT_CORE=0, RLIMIT_NOFILE;
+  * the memory of the whole process tree: the same per-execution cgroup, with the memory
+    controller where the host has a usable one (``sandbox.backends.cgroup``; a tree past its
+    budget is OOM-killed and reported as a memory error); else (logged once) RLIMIT_AS per
+    process is all that holds, and a tree of N processes may use N times the budget;
   * the process count: a per-execution cgroup ``pids.max`` when the host allows it
     (``sandbox.backends.cgroup``; on cgroup v1 the script is born in it: the host thread steps
     into the cgroup to start it, much cheaper than moving a process), else RLIMIT_NPROC, which
@@ -37,7 +43,9 @@ What it does NOT enforce (use the bwrap backend, the default isolation, for thes
     ``task.hidden_paths`` (e.g. the sklearn dataset the task was built from) and private answers;
   * the host's own processes: a script running as the host uid can signal its parent (the pool)
     or any other process of that uid; as root it can write anywhere, including outside the workdir.
-  Run it only on code you trust, or with bwrap.
+  Run it only on code you trust, or with bwrap. Tasks that say they need isolation
+  (``task.requires_isolation``: MLE-bench's, whose private answers lie on the host) are refused
+  (``IsolationRequiredError``) unless ``allow_unisolated=True``.
 """
 from __future__ import annotations
 
@@ -46,19 +54,22 @@ import pathlib
 import resource
 import selectors
 import signal
+import logging
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from typing import Any, Iterable, Mapping, Optional
 
-from sandbox.backends import base
+from sandbox.backends import base, interpreter
 from sandbox.backends.cgroup import CgroupMoveError, PidsCgroup, PidsCgroupParent
 from sandbox.backends.owner import OwnerLock, sweep_dead_owners
 from sandbox.backends import supervise as supervise_lib
 from sandbox.backends.supervise import MARKER_ENV
+
+log = logging.getLogger("sandbox.backends")
+_WARNED: set = set()  # reasons already logged (once per process)
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS")
@@ -99,29 +110,34 @@ class ProcessBackend(base.Backend):
       keep: keep working dirs after the run (for debugging); the path is in ``RawExecution.workdir``.
       limits: defaults for everything but time/memory, which come from each task.
       threads: value of OMP/OPENBLAS/MKL/... thread-count variables in the sandbox.
-      use_cgroup: "auto" (a pids cgroup when the host allows it), True (require it), False.
+      use_cgroup: "auto" (a pids cgroup when the host allows it, with the memory controller
+        where the host allows that too), True (require the pids cgroup), False (neither).
       output_head_bytes, output_tail_bytes: how much of each stream is kept.
       submission_max_mb: a larger submission.csv is refused (not copied out).
       extra_env: more environment variables for the script.
-      python: the interpreter (default: this one, so the venv's packages are available).
+      python: the interpreter of the executions (default: this one, the trainer's); e.g. the
+        ``bin/python`` of the sandbox's own venv (``scripts/build_sandbox_env.sh``). Python >= 3.11.
       disk_poll_s: how often the working dir size is checked.
+      allow_unisolated: run tasks that require isolation (``task.requires_isolation``) anyway.
 
     Raises:
-      SandboxUnavailableError: the interpreter is not executable, ``root_dir`` cannot hold the
-        working dirs, or ``use_cgroup=True`` and no pids cgroup can be made.
+      SandboxConfigError: ``python`` does not exist or is not a Python >= 3.11.
+      SandboxUnavailableError: ``root_dir`` cannot hold the working dirs, or ``use_cgroup=True``
+        and no pids cgroup can be made.
 
     Working dirs and cgroups are named by ``owner.token`` (an ``OwnerLock`` on ``root_dir``, held
     until ``close()``); what dead owners left there is removed when a backend is made.
     """
 
     name = "process"
+    isolated = False
 
     def __init__(self, *, root_dir: Optional[os.PathLike] = None, keep: bool = False,
                  limits: Optional[base.Limits] = None, threads: int = 1,
                  use_cgroup: Any = "auto", output_head_bytes: int = 4096,
                  output_tail_bytes: int = 4096, submission_max_mb: int = 256,
                  extra_env: Optional[Mapping[str, str]] = None, python: Optional[str] = None,
-                 disk_poll_s: float = 0.25):
+                 disk_poll_s: float = 0.25, allow_unisolated: bool = False):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if use_cgroup not in ("auto", True, False):
@@ -134,9 +150,9 @@ class ProcessBackend(base.Backend):
         self.output_head_bytes, self.output_tail_bytes = output_head_bytes, output_tail_bytes
         self.submission_max_bytes = int(submission_max_mb) << 20
         self.extra_env = dict(extra_env or {})
-        self.python = python or sys.executable
-        if not os.access(self.python, os.X_OK):
-            raise base.SandboxUnavailableError(f"interpreter {self.python} is not executable")
+        self.interpreter = interpreter.probe(python)
+        self.python = self.interpreter.executable
+        self.allow_unisolated = bool(allow_unisolated)
         self.disk_poll_s = disk_poll_s
         self.owner = owner_lock(self.root_dir)
         self.cgroup_parent: Optional[PidsCgroupParent] = None
@@ -148,7 +164,26 @@ class ProcessBackend(base.Backend):
                 self.owner.release()
                 raise base.SandboxUnavailableError(
                     f"use_cgroup=True but no pids cgroup can be made: {self.cgroup_reason}")
+        if use_cgroup and self.memory_cgroup_reason:
+            _warn_once(f"sandbox: no per-execution memory cgroup ({self.memory_cgroup_reason}); "
+                       "each process's memory is bounded by RLIMIT_AS only, so a script's "
+                       "process tree may use a multiple of its task's memory limit")
         sweep_dead_owners(self.root_dir, self._remove_dead_owner)  # hosts killed mid-execution
+
+    @property
+    def memory_cgroup_reason(self) -> str:
+        """Why the executions' process trees have no memory cgroup ("" when they have one)."""
+        if self.cgroup_parent is None:
+            return f"no pids cgroup either: {self.cgroup_reason}"
+        return self.cgroup_parent.memory_reason
+
+    def ram_per_execution_mb(self, memory_mb: int) -> dict[str, int]:
+        """The memory budget, plus the working dir's ``disk_mb`` when ``root_dir`` is on a RAM
+        file system (/dev/shm, ``default_root_dir``'s first choice). MiB."""
+        parts = super().ram_per_execution_mb(memory_mb)
+        if base.ram_backed(self.root_dir):
+            parts[f"working dir in RAM ({self.root_dir})"] = int(self.limits.disk_mb)
+        return parts
 
     # ----------------------------------------------------------------------------------------
     # Hooks the bwrap backend overrides (it is this backend plus a command prefix).
@@ -216,13 +251,14 @@ class ProcessBackend(base.Backend):
 
     def execute(self, task: Any, code: str, *,
                 cancel: Optional[threading.Event] = None) -> base.RawExecution:
+        self.check_task(task)
         limits = base.task_limits(task, self.limits)
         workdir = base.prepare_workdir(self.root_dir, code, self.owner.token)
         cgroup: Optional[PidsCgroup] = None
         try:
             self._prepare_input(task, workdir)
             if self.cgroup_parent is not None:
-                cgroup = self.cgroup_parent.acquire(limits.pids_max)
+                cgroup = self.cgroup_parent.acquire(limits.pids_max, limits.memory_mb)
             raw = self._run(task, workdir, limits, cgroup, cancel)
             if raw.exit_code is not None and not (raw.timed_out or raw.cancelled or raw.error):
                 raw.submission, raw.submission_error = base.collect_submission(
@@ -334,10 +370,11 @@ class ProcessBackend(base.Backend):
             for res, value in self._rlimits(limits, cgroup):
                 resource.prlimit(target, res, value)
         if cgroup is not None and move:
-            for pid in dict.fromkeys((started, target)):
-                if pid is not None:
-                    with open(cgroup.procs_file, "w") as f:
-                        f.write(str(pid))
+            for procs_file in cgroup.procs_files:
+                for pid in dict.fromkeys((started, target)):
+                    if pid is not None:
+                        with open(procs_file, "w") as f:
+                            f.write(str(pid))
 
     def _run(self, task: Any, workdir: pathlib.Path, limits: base.Limits,
              cgroup: Optional[PidsCgroup], cancel: Optional[threading.Event]) -> base.RawExecution:
@@ -438,10 +475,7 @@ class ProcessBackend(base.Backend):
             and cpu_s >= supervise_lib.cpu_limit_s(limits))
         if status is not None and not kill_reason:
             raw.error = self._setup_failure(setup_status, raw)
-        hits = cgroup.limit_hits() if cgroup is not None else 0
-        if hits:
-            raw.notes.append(
-                f"pid limit ({limits.pids_max}) refused {hits} new processes or threads")
+        supervise_lib.note_cgroup_limits(raw, cgroup, limits)
         return raw
 
     # Whether leftovers are also searched by the run marker in /proc/*/environ (a few ms per
@@ -483,3 +517,10 @@ class ProcessBackend(base.Backend):
             self._signal_tree(pgid, cgroup, marker, signal.SIGKILL, extra=alive)
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
+
+
+def _warn_once(message: str) -> None:
+    """Logs ``message`` as a warning the first time it is seen in this process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)

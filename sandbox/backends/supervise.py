@@ -57,6 +57,24 @@ def supervise(sel: selectors.BaseSelector, streams: dict, ended, *, start: float
                 return "disk"
 
 
+def note_cgroup_limits(raw: base.RawExecution, cgroup: Optional[PidsCgroup],
+                       limits: base.Limits) -> None:
+    """Adds to ``raw`` what the execution's cgroup limits did: the forks the pid limit refused
+    (a note) and the processes the memory limit's OOM killer ended. An OOM kill is the outcome
+    (``raw.oom_killed``: status oom) when the script did not exit 0; a script that survived the
+    loss of a child and exited 0 keeps its result, with a note."""
+    if cgroup is None:
+        return
+    hits = cgroup.limit_hits()
+    if hits:
+        raw.notes.append(f"pid limit ({limits.pids_max}) refused {hits} new processes or threads")
+    kills = cgroup.oom_kills()
+    if kills:
+        raw.notes.append(f"memory limit ({limits.memory_mb} MiB for the whole process tree) "
+                         f"killed {kills} process(es)")
+        raw.oom_killed = raw.exit_code != 0
+
+
 def cpu_limit_s(limits: base.Limits) -> int:
     """The soft RLIMIT_CPU in CPU-seconds (the hard one is a second more)."""
     return int(math.ceil(limits.time_s * limits.cpu_factor)) + 1

@@ -23,7 +23,9 @@ What differs from a cold execution:
     ``sandbox.runner``);
   * the script is not PID 1 (the zygote is): SIGXCPU and SIGALRM behave as usual;
   * the peak memory includes the preloaded modules (~200 MB) even when the script imports none
-    of them, and RLIMIT_AS applies to that address space too.
+    of them, and RLIMIT_AS applies to that address space too; the memory cgroup (the script is
+    moved into it) counts only the pages the script itself makes or copies: those it shares
+    with the zygote stay charged to the zygote.
 
 A zygote that dies, fails to empty its sandbox or answers out of turn is discarded; a zygote
 that cannot be made at all (a broken preload, bwrap refusing) makes that execution cold.
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0   # importing the preload under a loaded host can take a minute
 REPLY_TIMEOUT_S = 30.0    # a wipe or a fork is answered within ms; longer is a hang
+WARM_INTERPRETER_MB = 256  # RAM an idle warm interpreter holds, MiB (~200 with DEFAULT_PRELOAD)
 DEFAULT_PRELOAD = ("numpy", "pandas", "scipy.stats", "sklearn.ensemble", "sklearn.linear_model",
                    "sklearn.model_selection", "sklearn.metrics", "sklearn.preprocessing",
                    "sklearn.neighbors", "sklearn.svm", "sklearn.tree", "sklearn.pipeline",
@@ -257,7 +260,7 @@ class WarmInterpreters:
             for sub in ("working", "submission"):
                 (z.workspace / sub).mkdir(exist_ok=True)
             if self.backend.cgroup_parent is not None:
-                cgroup = self.backend.cgroup_parent.acquire(limits.pids_max)
+                cgroup = self.backend.cgroup_parent.acquire(limits.pids_max, limits.memory_mb)
             raw = self._run(z, limits, cgroup, cancel)
             if raw.exit_code is not None and not (raw.timed_out or raw.cancelled or raw.error):
                 raw.submission, raw.submission_error = base.collect_submission(
@@ -360,10 +363,7 @@ class WarmInterpreters:
             raw.cpu_limit_hit = raw.exit_code == -signal.SIGXCPU or (
                 raw.exit_code == -signal.SIGKILL and not kill_reason
                 and raw.cpu_s >= supervise_lib.cpu_limit_s(limits))
-        hits = cgroup.limit_hits() if cgroup is not None else 0
-        if hits:
-            raw.notes.append(
-                f"pid limit ({limits.pids_max}) refused {hits} new processes or threads")
+        supervise_lib.note_cgroup_limits(raw, cgroup, limits)
         return raw
 
     def busy(self) -> list[Zygote]:

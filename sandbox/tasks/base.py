@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import json
 import pathlib
-from typing import Any, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import pandas as pd
 
@@ -61,7 +61,13 @@ class Task:
         valid submission is compared with.
       seed: the seed the task was prepared with.
       source: a short note on the data source (host-side documentation, not shown to the agent).
+      requires_isolation: (class attribute, not a field: task.json and its checksums are
+        unchanged) True when the task's hidden files (e.g. MLE-bench's private answers) must be
+        kept from generated code by an isolating sandbox backend; False here, True for
+        ``sandbox.tasks.mlebench.MLEBenchTask``.
     """
+
+    requires_isolation: ClassVar[bool] = False
 
     task_id: str
     description: str

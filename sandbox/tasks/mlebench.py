@@ -9,9 +9,12 @@ MLE-bench keeps two trees per competition ``<id>``:
     ``grader.grade_fn`` = ``"module.path:function"``), ``description.md``, ``leaderboard.csv``
     (Kaggle's final private leaderboard, a ``score`` column, best first; stored with Git LFS).
 
-``find_competition_dir`` says which competition dir is used (the installed ``mlebench`` package's
-copy when importable, else ``<data_dir>/<id>/``); the loaded task records it as
-``MLEBenchTask.competition_dir``.
+``find_competition_dir`` says which competition dir is used: ``<data_dir>/<id>/`` when it holds
+``config.yaml`` (the files ``launch/stage_mlebench.py`` stages beside the data, copied from
+MLE-bench: they belong to the mlebench version that prepared the data), else the installed
+``mlebench`` package's copy when importable, else ``<data_dir>/<id>/``; the loaded task records it
+as ``MLEBenchTask.competition_dir``. So a host loads staged competitions with or without
+``mlebench``.
 
 Grading: the answers' rows are split (seeded) into a dev half and a final half, like the offline
 suite. A submission must cover every answer id, and it is validated whole (columns, ids,
@@ -21,7 +24,11 @@ Whatever MLE-bench scores as None (its ``InvalidSubmissionError`` or any other e
 grader on the whole file) is our ``InvalidSubmissionError``. The score comes from MLE-bench's own
 grade function (``grader.grade_fn``) when it can be imported; otherwise from our metric of the
 same name when we have one (``GRADER_ALIASES``); otherwise loading fails with
-``UnsupportedGraderError``.
+``UnsupportedGraderError``. The task records which (``MLEBenchTask.grader_source``: ``"mlebench"``
+or ``"ours:<metric>"``).
+
+Isolation: an MLE-bench task's private answers sit on the host (``prepared/private``), so it needs
+a sandbox backend that hides them and the network (``Task.requires_isolation`` is True).
 
 Leaderboard: a missing ``leaderboard.csv`` gives a task without a reference leaderboard (it trains
 and evaluates; medals and HumanRank are not available). A Git LFS pointer in its place, or a file
@@ -32,9 +39,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import logging
 import os
 import pathlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
 import pandas as pd
@@ -42,9 +50,12 @@ import pandas as pd
 from sandbox import grading
 from sandbox.tasks import base
 
+log = logging.getLogger("sandbox.tasks.mlebench")
+
 #: MLE-bench grader names -> our metric names.
 GRADER_ALIASES = {
     "accuracy": "accuracy", "multi-class-accuracy": "accuracy", "classification-accuracy": "accuracy",
+    "multi-class-classification-accuracy": "accuracy",
     "auc-roc": "auc", "roc-auc": "auc", "auc": "auc", "column-wise-roc-auc": "auc",
     "mean-column-wise-roc-auc": "auc",
     "multi-class-log-loss": "log_loss", "log-loss": "log_loss", "logloss": "log_loss",
@@ -94,10 +105,14 @@ def _import_grade_fn(spec: str) -> Optional[Callable[[pd.DataFrame, pd.DataFrame
 def find_competition_dir(competition_id: str, data_dir: "os.PathLike | str") -> pathlib.Path:
     """The folder with ``config.yaml`` / ``description.md`` / ``leaderboard.csv`` of a competition.
 
-    The installed ``mlebench`` package's ``competitions/<id>/`` when that package is importable
-    and has the folder; else ``<data_dir>/<id>/`` (hand-made tasks and tests). The path may not
-    exist; ``load_mlebench_task`` names the missing file.
+    ``<data_dir>/<id>/`` when it holds ``config.yaml`` (staged beside the data by
+    ``launch/stage_mlebench.py``, or hand-made); else the installed ``mlebench`` package's
+    ``competitions/<id>/`` when that package is importable and has the folder; else
+    ``<data_dir>/<id>/``. The path may not exist; ``load_mlebench_task`` names the missing file.
     """
+    beside = pathlib.Path(data_dir) / competition_id
+    if (beside / "config.yaml").is_file():
+        return beside
     spec = importlib.util.find_spec("mlebench")
     if spec is not None and spec.submodule_search_locations:
         d = pathlib.Path(list(spec.submodule_search_locations)[0]) / "competitions" / competition_id
@@ -170,7 +185,11 @@ class MLEBenchTask(base.Task):
         (``find_competition_dir``).
       baseline_error: why the sample submission did not grade ("" when it did; then
         ``baseline_score`` is None).
+      grader_source: which grader scores it: ``"mlebench"`` (``grade_fn``) or ``"ours:<metric>"``.
+      requires_isolation: True (class attribute): the private answers are on the host.
     """
+
+    requires_isolation: ClassVar[bool] = True
 
     answers_file: Optional[pathlib.Path] = None
     grader_name: str = ""
@@ -178,6 +197,7 @@ class MLEBenchTask(base.Task):
     dev_ids: frozenset = frozenset()
     competition_dir: Optional[pathlib.Path] = None
     baseline_error: str = ""
+    grader_source: str = ""
 
     def __post_init__(self):
         if self.competition_dir is not None:
@@ -285,6 +305,24 @@ class MLEBenchTask(base.Task):
         return self._run_grade_fn(rows, answers, whole=False)
 
 
+def _known_labels(answers: pd.DataFrame, train_csv: pathlib.Path,
+                  target_columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The labels a submission may hold when our metric grades: those of the answers and of the
+    training file's column(s) of the same name (``public/train.csv``, when it has them), so a
+    class the test rows happen to lack is a wrong prediction, not an invalid submission (as
+    MLE-bench's graders score it). Canonical strings, sorted."""
+    seen = {grading.canonical_label(v) for c in target_columns for v in answers[c].dropna()}
+    if train_csv.exists():
+        try:
+            cols = [c for c in target_columns if c in pd.read_csv(train_csv, nrows=0).columns]
+            if cols:
+                train = pd.read_csv(train_csv, usecols=cols)
+                seen |= {grading.canonical_label(v) for c in cols for v in train[c].dropna()}
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            pass   # not a plain CSV: the answers' labels alone
+    return tuple(sorted(seen))
+
+
 def load_mlebench_task(
     competition_id: str,
     data_dir: "os.PathLike | str",
@@ -323,12 +361,19 @@ def load_mlebench_task(
         competition_id, data_dir)
     for p in (public / "sample_submission.csv", private / "test.csv", comp / "config.yaml"):
         if not p.exists():
-            raise FileNotFoundError(f"MLE-bench competition {competition_id!r}: missing {p}")
+            hint = ("; stage the competition with `python launch/stage_mlebench.py` (it puts "
+                    "MLE-bench's config.yaml beside the data) or install mlebench"
+                    if p.name == "config.yaml" else "")
+            raise FileNotFoundError(f"MLE-bench competition {competition_id!r}: missing {p}{hint}")
     cfg = _read_yaml(comp / "config.yaml")
     grader = cfg.get("grader") or {}
     grader_name = str(grader.get("name", ""))
     grade_fn = _import_grade_fn(str(grader.get("grade_fn", ""))) if use_mlebench_grader else None
     metric = GRADER_ALIASES.get(grader_name.lower())
+    if (grade_fn is None and use_mlebench_grader and metric is not None
+            and importlib.util.find_spec("mlebench") is not None):
+        log.warning("%s: mlebench is installed but its grade_fn %r does not import; scoring with "
+                    "our metric %r", competition_id, grader.get("grade_fn"), metric)
     if grade_fn is None and metric is None:
         raise UnsupportedGraderError(
             f"competition {competition_id!r} uses grader {grader_name!r}: install mlebench so its "
@@ -364,8 +409,7 @@ def load_mlebench_task(
 
     labels = None
     if grade_fn is None and grading.get_metric(metric).kind == "label":
-        labels = tuple(sorted({grading.canonical_label(v)
-                               for c in target_columns for v in answers[c].dropna()}))
+        labels = _known_labels(answers, public / "train.csv", target_columns)
     task = MLEBenchTask(
         task_id=competition_id, description=description, public_dir=public.resolve(),
         private_dir=private.resolve(), metric=metric or grader_name, lower_is_better=lower,
@@ -376,7 +420,8 @@ def load_mlebench_task(
         seed=seed,
         source=f"MLE-bench prepared competition at {prepared}; competition folder {comp}",
         answers_file=private / "test.csv", grader_name=grader_name, grade_fn=grade_fn,
-        dev_ids=dev_ids, competition_dir=comp)
+        dev_ids=dev_ids, competition_dir=comp,
+        grader_source="mlebench" if grade_fn is not None else f"ours:{metric}")
     try:
         task.baseline_score = task.grade(public / "sample_submission.csv", "dev")
     except grading.InvalidSubmissionError as e:

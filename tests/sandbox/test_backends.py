@@ -9,6 +9,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import types
@@ -22,7 +23,7 @@ from sandbox.backends import (Limits, SandboxSetupError, SandboxUnavailableError
 from sandbox.backends import base
 from sandbox.backends.base import remove_owner_workdirs, task_limits
 from sandbox.backends.bwrap import (RUNNER_IN_SANDBOX, BwrapBackend, bwrap_available, etc_snapshot,
-                                    find_bwrap)
+                                    find_bwrap, python_binds)
 from sandbox.backends.cgroup import PidsCgroupParent
 from sandbox.backends.process import ProcessBackend
 from sandbox.backends.supervise import MARKER_ENV
@@ -182,6 +183,39 @@ def test_bwrap_masks_hidden_paths_inside_binds(fake_task, tmp_path):
         assert raw.exit_code == 0 and raw.stdout.strip() == "''"
     finally:
         inner.unlink()
+
+
+def test_another_interpreter_binds_its_venv_not_the_trainers(fake_task, tmp_path):
+    """With ``python`` another venv (the sandbox's own), bwrap binds that venv and its base
+    installation, not the trainer's venv; a hidden path in the trainer's site-packages (sklearn's
+    packaged data) is masked at the same place in that venv's site-packages."""
+    prefix = tmp_path / "sandbox-venv"
+    venv.EnvBuilder(symlinks=True, with_pip=False).create(prefix)
+    python = prefix / "bin" / "python"
+    binds = python_binds(os.fspath(python))
+    assert os.fspath(prefix) in binds and sys.base_prefix in binds
+    if sys.prefix != sys.base_prefix:  # the trainer runs in a venv of its own
+        assert not any(b == sys.prefix or b.startswith(sys.prefix + "/") for b in binds), binds
+    reason = bwrap_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    sk_data = fake_task.hidden_paths[1]  # the trainer's sklearn/datasets/data
+    site = pathlib.Path(sysconfig.get_paths()["purelib"])
+    copy = prefix / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
+        "site-packages" / os.path.relpath(sk_data, site)
+    copy.mkdir(parents=True)
+    (copy / "digits.csv.gz").write_bytes(b"the same packaged rows")
+    backend = BwrapBackend(root_dir=tmp_path / "runs", python=os.fspath(python))
+    try:
+        assert ["--tmpfs", os.fspath(copy), "--remount-ro", os.fspath(copy)] == \
+            backend.mask_args(fake_task)
+        probe = (f"import os, sys\nprint(sys.prefix, os.path.exists({sys.prefix!r}), "
+                 f"os.listdir({os.fspath(copy)!r}))\n")
+        raw = backend.execute(fake_task, probe)
+        assert raw.exit_code == 0, raw.stderr
+        assert raw.stdout.split(" ", 1) == [os.fspath(prefix), "False []\n"], raw.stdout
+    finally:
+        backend.close()
 
 
 def test_bwrap_setup_failure_is_sandbox_error(fake_task, tmp_path):

@@ -281,7 +281,11 @@ def test_the_pool_reports_invalid_submissions_and_carries_on(tmp_path, spooky_gr
         (buggy, good, "dev"),                                                     # grader bug
         (task, good, "test"),                                                     # valid
     ]
-    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3) as pool:
+    # an MLE-bench task requires isolation (its answers are on the host); this test is about
+    # grading, not isolation, so it accepts the process backend explicitly
+    assert task.requires_isolation
+    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3,
+                     allow_unisolated=True) as pool:
         non_numeric, nan, not_one, bug, ok = pool.map(jobs)
         again = pool.run(task, good, split="dev")
     for r, match in ((non_numeric, f"non-numeric values in column 'EAP', e.g. 'abc' .*{final[0]}"),

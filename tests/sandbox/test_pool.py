@@ -7,6 +7,9 @@ import json
 import math
 import os
 import pathlib
+import shutil
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -14,12 +17,15 @@ import uuid
 import pytest
 
 from sandbox import metric_parse
-from sandbox.backends import Backend, RawExecution, make_backend
+from sandbox.backends import (Backend, IsolationRequiredError, RawExecution, SandboxConfigError,
+                              make_backend)
 from sandbox.backends.base import BoundedCapture, collect_submission
-from sandbox.pool import (SandboxPool, classify, default_config, last_exception_line,
+from sandbox.backends.warm import WARM_INTERPRETER_MB
+from sandbox.pool import (MemoryBudget, SandboxBudgetError, SandboxPool, classify, default_config,
+                          execute_and_grade, host_memory_mb, last_exception_line,
                           with_sandbox_facts)
 from sandbox.result import ExecutionResult, Status
-from tests.sandbox.conftest import GOOD_CODE, processes_with
+from tests.sandbox.conftest import GOOD_CODE, FakeTask, bwrap_skip_reason, processes_with
 
 
 @pytest.fixture(scope="module")
@@ -356,3 +362,174 @@ def test_collect_submission_refuses_symlinks_and_oversize(tmp_path):
     path, why = collect_submission(tmp_path, max_bytes=1 << 20)
     assert why == "" and path.read_text().startswith("id,y\n1,2")
     os.unlink(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sandbox's interpreter (sandbox.python)
+
+
+def test_the_configured_interpreter_runs_the_executions(fake_task, tmp_path):
+    cfg = default_config()
+    cfg.backend, cfg.num_workers, cfg.python = "process", 1, sys.executable
+    cfg.backend_options.root_dir = str(tmp_path)
+    with SandboxPool.from_config(cfg) as pool:
+        assert pool.backend.python == sys.executable
+        r = pool.run(fake_task, "import sys\nprint(sys.executable)\n")
+        assert r.stdout.strip() == sys.executable, (r.status, r.stderr)
+
+
+@pytest.mark.parametrize("python,message", [
+    ("/nonexistent/bin/python", "does not exist"),
+    ("relative/venv/bin/python", "does not exist"),
+    ("/etc/hostname", "not an executable file|did not run as a Python interpreter"),
+])
+def test_a_missing_interpreter_is_refused_at_construction(python, message, tmp_path):
+    with pytest.raises(SandboxConfigError, match=message) as e:
+        SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", python=python)
+    assert "scripts/build_sandbox_env.sh" in str(e.value)
+    if not python.startswith("/"):  # taken from the current directory, and shown resolved
+        assert os.path.abspath(python) in str(e.value)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_an_interpreter_older_than_3_11_is_refused(tmp_path):
+    # Answers the probe as a Python 3.8 would (a real old interpreter may not be installed).
+    old = tmp_path / "python3.8"
+    old.write_text('#!/bin/sh\necho \'{"version": [3, 8, 18], "prefix": "/x", "base_prefix": '
+                   '"/x", "exec_prefix": "/x", "base_exec_prefix": "/x", "site_dirs": []}\'\n')
+    old.chmod(0o755)
+    with pytest.raises(SandboxConfigError, match=r"Python 3\.8\.18; the sandbox needs >= 3\.11"):
+        SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", python=str(old))
+
+
+def test_a_host_interpreter_with_docker_is_refused():
+    with pytest.raises(SandboxConfigError, match="docker backend runs the image's own"):
+        SandboxPool("docker", num_workers=1, python=sys.executable)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sandbox's memory stays within the host's RAM less the trainer's
+
+
+def test_the_budget_error_names_the_numbers_and_the_knobs():
+    budget = MemoryBudget(num_workers=32, per_execution={"memory": 16384, "/tmp tmpfs": 20480},
+                          resident={"64 idle warm interpreters": 64 * 256},
+                          host_mb=458752, reserve_mb=8192)
+    assert budget.total_mb == 32 * (16384 + 20480) + 64 * 256
+    with pytest.raises(SandboxBudgetError) as e:
+        budget.check()
+    text = str(e.value)
+    for needle in (f"{budget.total_mb} MiB", "32 workers (sandbox.num_workers)",
+                   "16384 MiB memory", "20480 MiB /tmp tmpfs", "450560 MiB this host leaves it",
+                   "sandbox.reserve_gb=8 GiB", "sandbox.max_memory_mb", "backend_options.disk_mb",
+                   "sandbox.max_idle_warm"):
+        assert needle in text, (needle, text)
+
+
+def test_ace30b_sandbox_fits_a_v5p_host():
+    """configs/ace30b.py's sandbox on a v5p host (448 GB of RAM; the kernel keeps ~2% of it):
+    bwrap's /tmp tmpfs and a working dir on /dev/shm counted, MLE-bench's 16 GiB per task."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ace30b", pathlib.Path(__file__).resolve().parents[2] / "configs" / "ace30b.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sb = module.get_config().sandbox
+    assert sb.backend == "bwrap" and sb.max_time_limit_s > 0 and sb.max_memory_mb > 0
+    disk = sb.backend_options.disk_mb
+    budget = MemoryBudget(sb.num_workers, {"memory": sb.max_memory_mb, "/tmp tmpfs": disk,
+                                           "working dir in RAM": disk},
+                          {"warm": sb.max_idle_warm * WARM_INTERPRETER_MB},
+                          host_mb=int(448e9 * 0.98) >> 20, reserve_mb=int(sb.reserve_gb * 1024))
+    budget.check()
+    assert sb.num_workers * sb.backend_options.threads <= 208  # vCPUs of a v5p host
+
+
+def test_a_pool_over_the_host_budget_is_refused_at_construction(fake_task, tmp_path):
+    host = host_memory_mb()
+    with pytest.raises(SandboxBudgetError, match="sandbox.num_workers"):
+        SandboxPool("process", num_workers=2, root_dir=tmp_path / "runs", max_memory_mb=host)
+    assert not list((tmp_path / "runs").iterdir())  # the refused pool closed its backend
+    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", max_memory_mb=1024,
+                     reserve_gb=0) as pool:  # a cap within the budget: built, and it applies
+        big = dataclasses.replace(fake_task, memory_limit_mb=host)
+        assert pool.backend.limits.max_memory_mb == 1024
+        r = pool.run(big, "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0])\n")
+        assert int(r.stdout) == 1024 << 20, (r.status, r.stdout, r.stderr)
+
+
+def test_a_task_over_the_budget_is_refused_before_it_runs(fake_task, tmp_path):
+    big = dataclasses.replace(fake_task, task_id="big", memory_limit_mb=host_memory_mb())
+    cfg = default_config()
+    cfg.backend, cfg.num_workers = "process", 1
+    cfg.backend_options.root_dir = str(tmp_path / "runs")
+    with pytest.raises(SandboxBudgetError, match="sandbox.max_memory_mb"):
+        SandboxPool.from_config(cfg, tasks=[fake_task, big])
+    assert not list((tmp_path / "runs").iterdir())
+    with SandboxPool.from_config(cfg, tasks=[fake_task]) as pool:
+        with pytest.raises(SandboxBudgetError):
+            pool.check_tasks([big])
+        with pytest.raises(SandboxBudgetError):  # and at its first submission
+            pool.submit(big, GOOD_CODE)
+        assert pool.run(fake_task, GOOD_CODE).status is Status.OK  # the pool carries on
+
+
+def test_the_budget_counts_what_holds_ram(tmp_path):
+    with SandboxPool("process", num_workers=2, root_dir=tmp_path, disk_mb=64) as pool:
+        parts = pool.memory_budget(1000).per_execution
+        assert parts == {"memory": 1000}  # a working dir on disk holds no RAM
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        shm = pathlib.Path(tempfile.mkdtemp(prefix="ace-budget-", dir="/dev/shm"))
+        try:
+            with SandboxPool("process", num_workers=2, root_dir=shm, disk_mb=64) as pool:
+                parts = pool.memory_budget(1000).per_execution
+                assert parts == {"memory": 1000, f"working dir in RAM ({shm})": 64}, parts
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
+    if bwrap_skip_reason():
+        return
+    with SandboxPool("bwrap", num_workers=2, root_dir=tmp_path, disk_mb=64,
+                     preload=("numpy",), max_idle_warm=3) as pool:
+        budget = pool.memory_budget(1000)
+        assert budget.per_execution == {"memory": 1000, "/tmp tmpfs": 64}
+        assert budget.resident == {"3 idle warm interpreters": 3 * WARM_INTERPRETER_MB}
+        assert budget.total_mb == 2 * 1064 + 3 * WARM_INTERPRETER_MB
+
+
+@pytest.mark.parametrize("cap,error", [(-1, ValueError), (1.5, TypeError), ("8", TypeError)])
+def test_a_bad_memory_cap_is_refused(cap, error, tmp_path):
+    with pytest.raises(error, match="max_memory_mb"):
+        SandboxPool("process", num_workers=1, root_dir=tmp_path, max_memory_mb=cap)
+
+
+# ---------------------------------------------------------------------------------------------
+# tasks that require isolation (MLE-bench's) and the process backend
+
+
+@dataclasses.dataclass(frozen=True)
+class IsolatedTask(FakeTask):
+    """The fake task, marked as MLE-bench's tasks are (its private answers lie on the host)."""
+
+    requires_isolation: bool = True
+
+
+def test_the_process_backend_refuses_a_task_that_requires_isolation(fake_task, tmp_path):
+    isolated = IsolatedTask(**dataclasses.asdict(fake_task))
+    cfg = default_config()
+    cfg.backend, cfg.num_workers = "process", 1
+    cfg.backend_options.root_dir = str(tmp_path / "runs")
+    with pytest.raises(IsolationRequiredError) as e:
+        SandboxPool.from_config(cfg, tasks=[fake_task, isolated])
+    for needle in ("prepared/private", "network", "apparmor_restrict_unprivileged_userns=0",
+                   "sandbox.backend=bwrap", "sandbox.allow_unisolated=True"):
+        assert needle in str(e.value), needle
+    with SandboxPool.from_config(cfg) as pool:
+        with pytest.raises(IsolationRequiredError):
+            pool.submit(isolated, GOOD_CODE)
+        with pytest.raises(IsolationRequiredError):  # the backend itself refuses it too
+            execute_and_grade(pool.backend, isolated, GOOD_CODE)
+        assert pool.run(fake_task, GOOD_CODE).status is Status.OK  # the pool carries on
+    cfg.allow_unisolated = True
+    with SandboxPool.from_config(cfg, tasks=[isolated]) as pool:  # allowed explicitly
+        assert pool.run(isolated, GOOD_CODE).status is Status.OK

@@ -78,15 +78,18 @@ def test_mlebench_tasks_from_a_bucket_are_staged_once_each(gcs_emulator, monkeyp
     assert task.public_dir == staged / "prepared" / "public"
     assert str(staged / "prepared" / "private") in task.hidden_paths
     assert task.description.startswith("# Toy authors") and len(task.leaderboard) == 10
-    marker = (staged / ".complete").stat().st_mtime_ns
+    marker = (staged / "prepared" / "public" / ".complete").stat().st_mtime_ns
     tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url, cache_dir=str(cache))
-    assert (staged / ".complete").stat().st_mtime_ns == marker        # reused
+    assert (staged / "prepared" / "public" / ".complete").stat().st_mtime_ns == marker  # reused
     storage.write_text(storage.join(url, "toy-a", "description.md"), "# Changed\n")
     [task] = tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url,
                                   cache_dir=str(cache))
     assert task.description == "# Changed\n"
     with pytest.raises(tasks_lib.TaskLoadError, match="holds no competition 'toy-c'"):
         tasks_lib.load_tasks(["toy-c"], source="mlebench", data_dir=url, cache_dir=str(cache))
-    # every competition under the URL when no id is given
-    got = tasks_lib.load_tasks(source="mlebench", data_dir=url, cache_dir=str(cache))
+    # no competition named with a bucket: refused (a bucket is never downloaded whole)
+    with pytest.raises(tasks_lib.TaskLoadError, match="name the competitions"):
+        tasks_lib.load_tasks(source="mlebench", data_dir=url, cache_dir=str(cache))
+    got = tasks_lib.load_tasks(["toy-a", "toy-b"], source="mlebench", data_dir=url,
+                               cache_dir=str(cache))
     assert [t.task_id for t in got] == ["toy-a", "toy-b"]

@@ -61,7 +61,8 @@ def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
     assert buf.stats.headroom[buf.slot_of[root]] == 1.0
 
     good = AGENT_CODE.format(overrides={})
-    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3) as pool:
+    with SandboxPool("process", num_workers=1, root_dir=tmp_path / "runs", grace_s=0.3,
+                     allow_unisolated=True) as pool:
         ep = runner.run_episode(FixedPolicy(good), task, pool, seed=0, max_steps=1)
     out = ep.outcome
     assert out.valid and out.test_score == pytest.approx(base, rel=1e-9)

@@ -223,6 +223,29 @@ def test_all_corrupt_raises(tmp_path):
             mgr.restore_latest(init_state(7))
 
 
+def test_a_lost_peer_while_restoring_is_not_a_corrupt_checkpoint(tmp_path, monkeypatch):
+    """Multi-process: a collective that fails because another process died, while a step is
+    read, raises PeerLostError; the step is neither skipped nor quarantined as corrupt."""
+    from ace_jax.runtime import multihost
+
+    class JaxRuntimeError(RuntimeError):
+        pass
+
+    saved_steps(tmp_path, steps=(1, 2))
+    with ck.Checkpointer(str(tmp_path), keep=5) as mgr:
+        monkeypatch.setattr(multihost, "is_multi_process", lambda: True)
+        monkeypatch.setattr(multihost, "barrier", lambda *a, **k: None)
+
+        def lost(*a, **k):
+            raise JaxRuntimeError("UNKNOWN: Gloo AllGather failed: Connection closed by peer")
+
+        monkeypatch.setattr(mgr._manager, "restore", lost)
+        with pytest.raises(multihost.PeerLostError, match="restoring checkpoint step 2 failed"):
+            mgr.restore_latest(init_state(7))
+        monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]
+
+
 # ------------------------------------------------------------------ mismatches and bad input
 
 def test_restore_into_other_model_size_names_first_mismatching_leaf(tmp_path):

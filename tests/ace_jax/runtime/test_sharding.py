@@ -103,14 +103,46 @@ def test_maybe_initialize_distributed(_restore_cpu_collectives):
         sh.maybe_initialize_distributed(cfg, environ={})
 
 
-def test_tpu_chips_are_found_by_their_pci_vendor(tmp_path):
-    for name, vendor in (("0000:00:04.0", "0x1af4"), ("0000:00:05.0", "0x1ae0")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "vendor").write_text(vendor + "\n")
-    assert sh.tpu_chips_present(str(tmp_path))
-    (tmp_path / "0000:00:05.0" / "vendor").write_text("0x8086\n")
-    assert not sh.tpu_chips_present(str(tmp_path))
+def _pci_tree(root, devices):
+    """A fake /sys/bus/pci/devices: {slot: (vendor, device)}."""
+    for slot, (vendor, device) in devices.items():
+        (root / slot).mkdir(parents=True)
+        (root / slot / "vendor").write_text(vendor + "\n")
+        (root / slot / "device").write_text(device + "\n")
+    return str(root)
+
+
+GVNIC, GOOGLE_NVME = ("0x1ae0", "0x0042"), ("0x1ae0", "0x001f")
+
+
+def test_tpu_chips_are_found_by_their_pci_vendor_and_device(tmp_path):
+    # a plain GCE VM: Google's gVNIC and NVMe, a virtio device; no TPU chip, no distributed init
+    vm = _pci_tree(tmp_path / "vm", {"0000:00:04.0": ("0x1af4", "0x1004"),
+                                     "0000:00:05.0": GVNIC, "0000:00:06.0": GOOGLE_NVME})
+    assert not sh.tpu_chips_present(vm)
+    calls = []
+    cfg = sh.default_config()
+    assert not sh.maybe_initialize_distributed(
+        cfg, environ={}, initialize=lambda **k: calls.append(k),
+        on_tpu_vm=lambda: sh.tpu_chips_present(vm))
+    assert calls == []
+    # a v5p TPU VM: the same gVNIC plus four v5p chips
+    tpu = _pci_tree(tmp_path / "tpu", {"0000:00:05.0": GVNIC, **{
+        f"0000:00:0{i}.0": ("0x1ae0", "0x0062") for i in range(6, 10)}})
+    assert sh.tpu_chips_present(tpu)
+    for device in ("0x0027", "0x005e", "0x0063", "0x006f"):   # v3, v4, v5e, v6e
+        assert sh.tpu_chips_present(_pci_tree(tmp_path / device, {"0000:00:04.0": ("0x1ae0",
+                                                                                   device)}))
+    assert not sh.tpu_chips_present(_pci_tree(tmp_path / "other", {"0000:00:04.0": ("0x8086",
+                                                                                    "0x0062")}))
     assert not sh.tpu_chips_present(str(tmp_path / "missing"))
+    # a device without a readable id file is skipped, not fatal
+    (tmp_path / "broken" / "0000:00:04.0").mkdir(parents=True)
+    (tmp_path / "broken" / "0000:00:04.0" / "vendor").write_text("0x1ae0\n")
+    assert not sh.tpu_chips_present(str(tmp_path / "broken"))
+    # the list holds every chip of the installed JAX's own table (a private one: when present)
+    from jax._src import hardware_utils
+    assert set(getattr(hardware_utils, "_TPU_PCI_DEVICE_IDS", {})) <= sh.TPU_PCI_DEVICE_IDS
 
 
 # ------------------------------------------------------------------ pspecs
