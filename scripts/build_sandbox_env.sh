@@ -13,9 +13,10 @@
 #   --python      the interpreter to base the venv on (default: $PYTHON, else `python3` on PATH:
 #                 run it with the trainer's venv active to get the trainer's Python). >= 3.11:
 #                 the sandbox runs scripts with `python -P`.
-#   --torch-index PyTorch's CPU wheel index, added when reachable (default
-#                 https://download.pytorch.org/whl/cpu; `none`: never). PyPI has only the CUDA
-#                 build of torch for Linux x86_64; see requirements-sandbox.txt.
+#   --torch-index PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu), added when
+#                 reachable (default `none`: only the configured indexes; scripts/worker_setup.sh
+#                 passes it on a pod). PyPI has only the CUDA build of torch for Linux x86_64;
+#                 see requirements-sandbox.txt.
 #
 # Idempotent: DEST/.ace-sandbox-stamp holds the sha256 of requirements-sandbox.txt and the Python
 # version; when they match, the script says so and returns at once. Concurrent calls wait for each
@@ -35,7 +36,7 @@ log() { echo "build_sandbox_env: $*" >&2; }
 usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 parse_args() {
-  DEST="" WHEELHOUSE="" PY="${PYTHON:-}" TORCH_INDEX="https://download.pytorch.org/whl/cpu"
+  DEST="" WHEELHOUSE="" PY="${PYTHON:-}" TORCH_INDEX="none"
   while [ $# -gt 0 ]; do
     case "$1" in
       --wheelhouse) WHEELHOUSE="${2:?--wheelhouse needs a folder}"; shift 2 ;;

@@ -7,7 +7,7 @@
 # in for Qwen3-30B-A3B) and MLE-bench competitions prepared by MLE-bench's own code.
 #
 #   bash scripts/pod_rehearsal.sh            # the whole sequence (~15-25 min on 2 cores)
-#   bash scripts/pod_rehearsal.sh --reduced  # CI: no dry run, no lost host, 2 steps + 1 resumed
+#   bash scripts/pod_rehearsal.sh --reduced  # CI: no dry run, no lost host (stop after 2 steps)
 #
 # Sequence: the bucket's data -> setup every worker -> the sandbox's Kaggle stack on every worker
 # -> dry run -> launch and run RL steps -> kill -9 one host mid-step (the other must stop with
@@ -122,8 +122,10 @@ if [[ "${reduced}" == 0 ]]; then
   phase lost_host
   sleep 5   # into the next step
   kill -9 -- "-$(cat "$(pidfile 1)")"
-  wait_exit 0 180
-  grep -i "lost\|another process of this run" "${root}/worker0/ace-jax/logs/ace30b-worker0.log" | tail -3
+  wait_exit 0 180   # the survivor must stop by itself (mesh.heartbeat_timeout_s is 20 s here)
+  # our PeerLostError when Python notices first, else JAX's own fatal error (docs/tpu.md, section 8)
+  grep -m1 -E "Another process of this run died|another task died" \
+    "${root}/worker0/ace-jax/logs/ace30b-worker0.log" > "${root}/lost_host.txt"
   phase_end lost_host
 else
   RUN_NAME=ace30b scripts/tpu_pod_run.sh stop  # runbook
@@ -133,7 +135,7 @@ fi
 phase resume
 RUN_NAME=ace30b scripts/tpu_pod_run.sh stop  # runbook
 RUN_NAME=ace30b scripts/tpu_pod_run.sh launch -- $RUN  # runbook
-last=$(( reduced ? 3 : 4 ))
+last=4
 python scripts/rehearsal.py wait --workdir "${workdir}" --step "${last}" --timeout 1500 \
   --alive "$(pidfile 0)"
 wait_exit 0 300; wait_exit 1 300
@@ -150,4 +152,4 @@ phase_end export
 python scripts/rehearsal.py summary --root "${root}" --workdir "${workdir}" \
   --export "gs://${BUCKET}/exports/ace30b" --hosts 2 --phases "${phases}" \
   --tasks_url "gs://${BUCKET}/mlebench" --ids "${COMPETITIONS}" \
-  --kaggle_log "${root}/kaggle_stack.log"
+  --kaggle_log "${root}/kaggle_stack.log" --lost_host "${root}/lost_host.txt"

@@ -115,12 +115,12 @@ def _metrics(workdir: str) -> list[dict]:
 
 
 def rl_steps(workdir: str) -> int:
-    """The last RL step the run logged (0: none)."""
-    return max((int(m["step"]) for m in _metrics(workdir) if "reward/mean" in m), default=0)
+    """How many RL steps the run has logged (its steps count from 0)."""
+    return 1 + max((int(m["step"]) for m in _metrics(workdir) if "reward/mean" in m), default=-1)
 
 
 def wait_for_step(workdir: str, step: int, timeout_s: float, alive: str = "") -> None:
-    """Returns once the run in ``workdir`` has logged RL step ``step``; exits non-zero after
+    """Returns once the run in ``workdir`` has logged ``step`` RL steps; exits non-zero after
     ``timeout_s`` or when the pid file ``alive`` names a process that has ended."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -145,8 +145,22 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
+def _fetched(home: str) -> dict:
+    """What one host fetched into its caches: ``storage.local_copy``'s folders (the tokenizer,
+    evaluation's run files) and the staged competitions."""
+    storage_cache = os.path.join(home, ".cache", "ace_jax", "storage")
+    copies = [os.path.join(storage_cache, d) for d in
+              (os.listdir(storage_cache) if os.path.isdir(storage_cache) else ())]
+    tasks_cache = os.path.join(home, "ace-jax", "cache", "tasks", "mlebench")
+    return dict(
+        tokenizer_bytes=max((_tree_bytes(d) for d in copies
+                             if os.path.exists(os.path.join(d, "tokenizer.json"))), default=0),
+        bytes=sum(_tree_bytes(d) for d in copies) + _tree_bytes(tasks_cache),
+        task_ids=sorted(os.listdir(tasks_cache)) if os.path.isdir(tasks_cache) else [])
+
+
 def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
-            tasks_url: str, ids: list[str], kaggle_log: str) -> dict:
+            tasks_url: str, ids: list[str], kaggle_log: str, lost_host: str) -> dict:
     """The rehearsal's outcome, read from what it left: the bucket, each worker's home and logs."""
     from ace_jax.runtime import storage
 
@@ -155,21 +169,12 @@ def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
     for cid in ids:
         path = storage.join(tasks_url, cid, "STAGED.json")
         manifests.append(json.loads(storage.read_text(path)) if storage.exists(path) else {})
-    per_host = []
-    for i in range(hosts):
-        home = os.path.join(root, f"worker{i}")
-        storage_cache = os.path.join(home, ".cache", "ace_jax", "storage")
-        tasks_cache = os.path.join(home, "ace-jax", "cache", "tasks", "mlebench")
-        tok = [os.path.join(storage_cache, d) for d in
-               (os.listdir(storage_cache) if os.path.isdir(storage_cache) else ())]
-        per_host.append(dict(
-            tokenizer_bytes=sum(_tree_bytes(d) for d in tok),
-            task_bytes=_tree_bytes(tasks_cache),
-            task_ids=sorted(os.listdir(tasks_cache)) if os.path.isdir(tasks_cache) else []))
-    logs = [pathlib.Path(root, f"worker{i}", "ace-jax", "logs", "ace30b-worker%d.log" % i)
-            for i in range(hosts)]
-    coordinator = logs[0].read_text(errors="replace") if logs[0].exists() else ""
+    fetched = [_fetched(os.path.join(root, f"worker{i}")) for i in range(hosts)]
+    log0 = pathlib.Path(root, "worker0", "ace-jax", "logs", "ace30b-worker0.log")
+    coordinator = log0.read_text(errors="replace") if log0.exists() else ""
     kaggle = pathlib.Path(kaggle_log).read_text(errors="replace") if os.path.exists(kaggle_log) else ""
+    lost = pathlib.Path(lost_host).read_text().strip() if os.path.exists(lost_host) else ""
+    steps = [int(m["step"]) for m in _metrics(workdir) if "reward/mean" in m]
     exported = storage.exists(storage.join(export, "config.json")) and any(
         n.endswith(".safetensors") for n in storage.listdir(export))
     seconds = {}
@@ -178,13 +183,15 @@ def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
         seconds[name] = round(float(t1) - float(t0), 1)
     return dict(
         hosts=hosts, rl_steps=rl_steps(workdir),
+        steps_logged_once=steps == list(range(len(steps))),
         resumed="resumed at iteration" in coordinator,
+        lost_host_message=lost[-200:] or None,
         tasks=len([m for m in manifests if m]),
         mlebench_prepared=bool(manifests) and all(m.get("mlebench_prepared") for m in manifests),
         engine=run_cfg.get("engine", {}).get("kind"),
-        tokenizer_bytes_per_host=max(h["tokenizer_bytes"] for h in per_host),
-        task_bytes_per_host=[h["task_bytes"] for h in per_host],
-        tasks_staged_per_host=[h["task_ids"] for h in per_host],
+        tokenizer_bytes_per_host=max(f["tokenizer_bytes"] for f in fetched),
+        fetched_bytes_per_host=[f["bytes"] for f in fetched],
+        tasks_fetched_per_host=[f["task_ids"] for f in fetched],
         kaggle_stack=kaggle.count("KAGGLE_STACK ") >= hosts and "Traceback" not in kaggle,
         exported=exported, seconds=seconds)
 
@@ -211,6 +218,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("summary")
     for k in ("root", "workdir", "export", "phases", "tasks_url", "ids", "kaggle_log"):
         s.add_argument("--" + k, required=True)
+    s.add_argument("--lost_host", default="")
     s.add_argument("--hosts", type=int, required=True)
     a = ap.parse_args(argv)
     if a.cmd == "emulator":
@@ -223,7 +231,7 @@ def main(argv=None) -> int:
         wait_for_step(a.workdir, a.step, a.timeout, a.alive)
     elif a.cmd == "summary":
         print(json.dumps(summary(a.root, a.workdir, a.export, a.hosts, a.phases, a.tasks_url,
-                                 a.ids.split(","), a.kaggle_log)))
+                                 a.ids.split(","), a.kaggle_log, a.lost_host)))
     return 0
 
 

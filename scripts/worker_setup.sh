@@ -60,7 +60,10 @@ fi
 # configs/ace30b.py runs executions with .sandbox-venv/bin/python (sandbox.python): a SANDBOX_VENV
 # elsewhere is linked there.
 sandbox_venv="${SANDBOX_VENV:-${PWD}/.sandbox-venv}"
-bash scripts/build_sandbox_env.sh "${sandbox_venv}" ${WHEELHOUSE:+--wheelhouse "${WHEELHOUSE}"}
+torch_index=none   # local workers: this machine's torch==2.13.0+cpu; a pod: PyTorch's CPU index
+[[ "${TRANSPORT:-gcloud}" != local ]] && torch_index=https://download.pytorch.org/whl/cpu
+bash scripts/build_sandbox_env.sh "${sandbox_venv}" --torch-index "${torch_index}" \
+  ${WHEELHOUSE:+--wheelhouse "${WHEELHOUSE}"}
 if [[ "$(realpath -m "${sandbox_venv}")" != "$(realpath -m .sandbox-venv)" ]]; then
   [[ -e .sandbox-venv && ! -L .sandbox-venv ]] && rm -rf .sandbox-venv
   ln -sfn "${sandbox_venv}" .sandbox-venv

@@ -540,8 +540,9 @@ class Trainer:
         # Metrics lines exist for the RL steps already learned on; later lines are dropped.
         finished = self.next_step - 1 - len(self.in_flight)
         self.metrics.resume(finished)
-        log.info("resumed at iteration %d (buffer commit %d, %d states, %d steps in flight)",
-                 step, info.seq, len(self.buffer), len(self.in_flight))
+        if self.is_writer:   # on the terminal as the GRPO mode is: a relaunch says it resumed
+            print(f"resumed at iteration {step} (buffer commit {info.seq}, {len(self.buffer)} "
+                  f"states, {len(self.in_flight)} steps in flight)", file=sys.stderr, flush=True)
         return True
 
     def _install(self, state: ckpt_lib.TrainState) -> None:
