@@ -7,6 +7,15 @@
   python launch/evaluate.py --policy=openai:http://127.0.0.1:8000/v1#qwen3 ...
   python launch/evaluate.py ... --ideator=openai:http://host/v1#big-model   # MLE-Ideator advisor
 
+On a pod (a ``run:`` policy too large for one chip): start the same command on every host. Every
+host loads the run onto the run's own mesh (each reading only its shards of the checkpoint: a
+collective), process 0 runs the evaluation (tasks, sandbox, reports) and samples, and every
+engine call it makes is replayed by the other hosts (``JaxPolicy`` ``multihost="leader"``,
+``ace_jax.policy.policy.follow``), which do nothing else and exit when it ends.
+``--distributed`` / ``--coordinator_address`` / ``--num_processes`` / ``--process_id`` set up
+``jax.distributed`` as the trainer's ``mesh.*`` keys do (auto: on a TPU VM, or when the
+environment names several processes).
+
 Writes to --out: results.json, report.md, per_task.png, best_dev.png, seed_solutions.jsonl and
 episodes/<task>__seed<k>.jsonl (one line per step), and prints the table. A gs:// --out is
 written locally: each episode's log is copied there as the episode ends, the rest when the
@@ -51,6 +60,13 @@ _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache_dir", None, "XLA's persistent compilation cache (ace_jax/runtime/"
     "compile_cache.py): a restart reuses what an earlier process compiled. Default "
     "~/.cache/ace_jax/xla, the training runs' default; '' = off.")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "always", "never"], "jax.distributed for a pod (every host "
+    "runs this command): auto = on a TPU VM or when the environment names several processes.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", "", "jax.distributed coordinator "
+                                   "host:port (default: detected).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes (0: detected).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process (-1: detected).")
 
 
 def _ints(text: str, name: str) -> list:
@@ -85,6 +101,15 @@ def main(argv):
     from ace_jax.runtime import compile_cache, storage
 
     compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
+    policy_lib.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                              _PROCESS_ID.value)   # before anything touches a JAX backend
+    sampling = dict(max_new_tokens=_MAX_NEW.value, temperature=_TEMP.value,
+                    max_prompt_tokens=_MAX_PROMPT.value, multihost="leader")
+    import jax
+
+    if jax.process_index() != 0:   # a pod's other hosts: load the same policies, lend the chips
+        _follow(sampling)
+        return
     try:
         kind, args = policy_lib.parse_policy_spec(_POLICY.value)
         run_cfg = policy_lib.read_run_config(args["workdir"]) if kind == "run" else {}
@@ -101,8 +126,6 @@ def main(argv):
                                      exec_time_limit_s=_EXEC_LIMIT.value)
     except tasks_lib.TaskLoadError as e:
         raise app.UsageError(str(e)) from None
-    sampling = dict(max_new_tokens=_MAX_NEW.value, temperature=_TEMP.value,
-                    max_prompt_tokens=_MAX_PROMPT.value)
     try:
         policy = policy_lib.policy_from_spec(_POLICY.value, **sampling)
         advisor = run_config.advisor_from_spec(_IDEATOR.value, **sampling) \
@@ -113,7 +136,11 @@ def main(argv):
     # uploaded when the evaluation ends
     out = tempfile.mkdtemp(prefix="ace_jax_eval_") if storage.is_url(_OUT.value) else _OUT.value
     on_episode = _episode_uploader(out, _OUT.value) if out != _OUT.value else None
-    pool = _make_pool(_BACKEND.value, _WORKERS.value)
+    try:
+        pool = _make_pool(_BACKEND.value, _WORKERS.value)
+    except BaseException:
+        policy_lib.release_followers()
+        raise
     try:
         result = harness.evaluate(
             policy, tasks, pool, seeds=seeds, max_steps=_MAX_STEPS.value,
@@ -124,6 +151,7 @@ def main(argv):
             on_episode=on_episode)
     finally:
         pool.close()
+        policy_lib.release_followers()   # a pod's other hosts return from follow()
     result.config.update(policy_spec=_POLICY.value, ideator_spec=_IDEATOR.value or None,
                          backend=_BACKEND.value, task_seed=_TASK_SEED.value)
     paths = reports.write_reports(result, out)
@@ -134,6 +162,19 @@ def main(argv):
     print(reports.format_table(result))
     for name, path in sorted(paths.items()):
         print(f"{name}: {path}")
+
+
+def _follow(sampling: dict) -> None:
+    """A pod host other than process 0: builds the same policies as process 0 (collective
+    loads), then replays process 0's engine calls until it has finished."""
+    from ace_jax.eval import run_config
+    from ace_jax.policy import policy as policy_lib
+
+    policy_lib.policy_from_spec(_POLICY.value, **sampling)
+    if _IDEATOR.value:
+        run_config.advisor_from_spec(_IDEATOR.value, **sampling)
+    calls = policy_lib.follow()
+    logging.info("process 0 has finished: replayed %d engine calls", calls)
 
 
 def _episode_uploader(local_out: str, url: str):

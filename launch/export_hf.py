@@ -6,6 +6,8 @@
 
 The directory loads with ``transformers.AutoModelForCausalLM.from_pretrained``, vLLM, and
 ``launch/serve.py --hf=<out>``. An existing non-empty ``--out`` is refused unless ``--overwrite``.
+It runs on a CPU host and streams (one block of one parameter in memory at a time, no device
+used); the last line reports the tensors' size and the export's peak host memory.
 """
 import sys
 
@@ -30,6 +32,7 @@ def main(argv):
     from ace_jax.runtime import checkpoint
     from models import hf_mapping
 
+    export.return_freed_memory()   # the blocks' buffers leave the resident memory when freed
     try:
         dtype = {} if _DTYPE.value is None else {"dtype": _DTYPE.value}
         result = export.export_run(_RUN.value, _OUT.value, step=_STEP.value,
@@ -38,8 +41,13 @@ def main(argv):
     except (export.PolicyError, checkpoint.CheckpointError, hf_mapping.CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)
+    mb = 1e6
     print(f"exported step {result.step} of {_RUN.value} to {result.out_dir}: "
           f"{', '.join(result.files)}", flush=True)
+    print(f"tensors {result.tensor_bytes / mb:.1f} MB in {result.seconds:.1f} s; peak host memory: "
+          f"{result.peak_rss_bytes / mb:.1f} MB above the start (getrusage max RSS), "
+          f"{result.peak_buffer_bytes / mb:.1f} MB of buffers held at once, largest block read "
+          f"{result.largest_block_bytes / mb:.1f} MB", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,14 @@ or ``curl -d '{"messages": [{"role": "user", "content": "hi"}]}' URL/v1/chat/com
 ``--port=0`` picks a free port; the first line printed is ``serving <model> at <url>``.
 Ctrl-C or SIGTERM stops it cleanly. Only warnings and errors are logged; ``--verbosity=0`` shows
 INFO logs too (Orbax, requests at ``--verbosity=1``).
+
+A run is loaded onto its own mesh when there are several devices (``JaxPolicy.from_run``). On a
+pod, start the same command on every host: each loads its shards of the run (a collective),
+process 0 serves HTTP and every engine call it makes (admitting a request, a decode step, a
+cancel) is replayed by the other hosts (``multihost="leader"``, ``policy.follow``), which print
+``following process 0`` and exit when it stops. ``--distributed`` and friends set up
+``jax.distributed`` as the trainer's ``mesh.*`` keys do. An ``--hf`` model is loaded whole on
+each host's first device and served by process 0 alone.
 """
 import signal
 import sys
@@ -41,6 +49,13 @@ _DECODE_CHUNK_TOKENS = flags.DEFINE_integer(
     "smaller streams more smoothly, larger syncs the host less often.", lower_bound=1)
 _MODEL_NAME = flags.DEFINE_string("model_name", None, "Model id reported by the API "
                                   "(default: the run or directory name).")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "always", "never"], "jax.distributed for a pod (every host "
+    "runs this command): auto = on a TPU VM or when the environment names several processes.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", "", "jax.distributed coordinator "
+                                   "host:port (default: detected).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes (0: detected).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process (-1: detected).")
 _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache_dir", None, "XLA's persistent compilation cache (ace_jax/runtime/"
     "compile_cache.py): a restart reuses what an earlier process compiled. Default "
@@ -59,8 +74,10 @@ def main(argv):
 
     logs.configure_logging()
     compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
+    policy_lib.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                              _PROCESS_ID.value)   # before anything touches a JAX backend
     kwargs = dict(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
-                  max_prompt_tokens=_MAX_PROMPT_TOKENS.value)
+                  max_prompt_tokens=_MAX_PROMPT_TOKENS.value, multihost="leader")
     if _MODEL_NAME.value:
         kwargs["name"] = _MODEL_NAME.value
     try:
@@ -71,6 +88,21 @@ def main(argv):
     except Exception as e:  # noqa: BLE001 - any load failure ends the command with its reason
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)
+    import jax
+
+    if jax.process_index() != 0:   # a pod's other hosts replay process 0's engine calls
+        print(f"following process 0 (process {jax.process_index()} of "
+              f"{jax.process_count()})", flush=True)
+        calls = policy_lib.follow()
+        print(f"stopped after {calls} engine calls", flush=True)
+        return
+    try:
+        _serve(policy, serving)
+    finally:
+        policy_lib.release_followers()
+
+
+def _serve(policy, serving) -> None:
     server, thread, url = serving.start_server(
         policy, _HOST.value, _PORT.value, batch_window_ms=_BATCH_WINDOW_MS.value,
         max_batch_size=_MAX_BATCH_SIZE.value, max_new_tokens=_MAX_NEW_TOKENS.value,

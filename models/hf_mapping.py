@@ -75,6 +75,10 @@ __all__ = [
     "load_hf_params_sharded",
     "load_hf_model",
     "export_hf",
+    "HFTensor",
+    "export_plan",
+    "hf_tensor",
+    "hf_config_dict",
 ]
 
 
@@ -587,6 +591,48 @@ def _flax_to_hf_unchecked(flat: Mapping[str, Any], config: ModelConfig, dtype: A
         yield key, x
 
 
+@dataclasses.dataclass(frozen=True)
+class HFTensor:
+    """One HF tensor of an export and where its numbers are in the Flax parameters.
+
+    ``index`` indexes the stacked leading axes of ``flax`` (``()`` global, ``(layer,)`` per
+    layer, ``(layer, expert)`` per expert; layer = index within the group); ``transform`` turns
+    that Flax slice into the HF tensor of ``shape``.
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    flax: str
+    index: tuple[int, ...]
+    transform: str
+
+
+def export_plan(config: ModelConfig) -> dict[str, list[HFTensor]]:
+    """Flat Flax name -> the HF tensors made from it (per-expert Hub layout), parameter by
+    parameter: the order in which a streaming export reads each stacked parameter once and writes
+    its tensors (`export_hf` writes the same keys layer by layer). Same keys and shapes as
+    `hf_param_shapes`."""
+    out: dict[str, list[HFTensor]] = {}
+    order = list(flax_param_shapes(config))
+    for key, shape, (rule, name, index) in _hf_plan(config):
+        out.setdefault(name, []).append(HFTensor(key, tuple(shape), name, tuple(index), rule.transform))
+    return {name: out[name] for name in order if name in out}
+
+
+def hf_tensor(item: HFTensor, flax_slice: np.ndarray, config: ModelConfig, dtype: Any = None) -> np.ndarray:
+    """The HF tensor ``item`` (C-contiguous, cast to ``dtype``; None keeps the slice's) from its Flax
+    slice (the stacked parameter at ``item.index``)."""
+    x = np.ascontiguousarray(_cast(TRANSFORMS[item.transform].to_hf(np.asarray(flax_slice), _dims(config)), dtype))
+    if x.shape != item.shape:
+        raise CheckpointMismatchError(f"tensor {item.key!r}: {x.shape} from {item.flax!r}, expected {item.shape}")
+    return x
+
+
+def hf_config_dict(config: ModelConfig, dtype: Any = None) -> dict[str, Any]:
+    """The ``config.json`` `export_hf` writes for ``config`` stored in ``dtype``."""
+    return _hf_config_for_export(config, None if dtype is None else _np_dtype(dtype))
+
+
 # --------------------------------------------------------------------------------------------------
 # Files
 
@@ -695,13 +741,16 @@ def _byte_runs(shape: tuple[int, ...], block: tuple[Range, ...], itemsize: int) 
 def _merge_runs(starts: np.ndarray, length: int, max_gap: int) -> list[tuple[int, int, list[int]]]:
     """Ascending runs ``[s, s + length)`` -> byte ranges ``(start, end, [run starts])``: a run
     that begins at most ``max_gap`` bytes after the current range ends extends it."""
-    ranges: list[tuple[int, int, list[int]]] = []
+    # Linear in the runs: a range's run list grows in place (a row-sharded vocabulary matrix
+    # is ~150k runs merged into one range; copying the list at each run was quadratic: hours).
+    ranges: list[list] = []
     for s in starts.tolist():
         if ranges and s - ranges[-1][1] <= max_gap:
-            ranges[-1] = (ranges[-1][0], s + length, ranges[-1][2] + [s])
+            ranges[-1][1] = s + length
+            ranges[-1][2].append(s)
         else:
-            ranges.append((s, s + length, [s]))
-    return ranges
+            ranges.append([s, s + length, [s]])
+    return [(a, b, runs) for a, b, runs in ranges]
 
 
 class SafetensorsReader:

@@ -2,6 +2,7 @@
 transformers with the same logits and tokenizer, and round-trips through JaxPolicy.from_hf."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -165,6 +166,10 @@ def test_cli(exported, tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "exported step 1" in p.stdout
+    # the last line: the tensors' size and the streaming export's peak host memory
+    assert re.search(r"tensors [\d.]+ MB in [\d.]+ s; peak host memory: [\d.]+ MB above the "
+                     r"start \(getrusage max RSS\), [\d.]+ MB of buffers held at once, largest "
+                     r"block read [\d.]+ MB", p.stdout.strip().splitlines()[-1]), p.stdout[-500:]
     assert (tmp_path / "cli" / "model.safetensors.index.json").is_file()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "not empty" in p.stderr

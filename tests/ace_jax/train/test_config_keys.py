@@ -72,8 +72,10 @@ def test_every_leaf_key_has_a_reader():
     unread = sorted(k for k, r in table.items() if not r and k not in elsewhere)
     assert len(table) > 200
     assert not unread, f"config keys nothing reads: {unread}"
-    for prefix in READ_ELSEWHERE:   # each exception still covers a key
-        assert any(k.startswith(prefix) for k in elsewhere), f"READ_ELSEWHERE[{prefix!r}]: stale"
+    # each exception still names a key of the schema (a key it covers may also match the name
+    # pattern somewhere by chance, e.g. mesh.data and a dict's "data" entry in a file about meshes)
+    for prefix in READ_ELSEWHERE:
+        assert any(k.startswith(prefix) for k in table), f"READ_ELSEWHERE[{prefix!r}]: stale"
 
 
 def _defaults_by_section(c) -> dict:
