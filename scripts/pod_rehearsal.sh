@@ -110,12 +110,29 @@ wait_exit() {  # until worker $1's run has ended (at most $2 s)
   echo "worker $1's run (pid ${pid}) still runs after $2 s" >&2; return 1
 }
 
+wait_steps() {  # until the run has logged $1 RL steps
+  python scripts/rehearsal.py wait --workdir "${workdir}" --step "$1" --timeout 1500 \
+    --alive "$(pidfile 0)" && return 0
+  # CPU hosts only: a gloo collective between the two processes times out when one reaches a
+  # program's first collective much later than the other (2 loaded cores). Relaunched once, as a
+  # user would relaunch, and counted in the JSON (launch_retries). A TPU pod has no gloo.
+  local w
+  for w in 0 1; do   # this launch's part of the log (launch appends a "=== date commit" line)
+    awk '/^=== /{n=NR} {l[NR]=$0} END{for(i=n;i<=NR;i++) print l[i]}' \
+      "${root}/worker${w}/ace-jax/logs/ace30b-worker${w}.log"
+  done | grep -q "Gloo context initialization failed" || return 1
+  echo "launch_retry" >> "${root}/retries.txt"
+  wait_exit 0 180; wait_exit 1 180
+  RUN_NAME=ace30b scripts/tpu_pod_run.sh launch -- $RUN
+  python scripts/rehearsal.py wait --workdir "${workdir}" --step "$1" --timeout 1500 \
+    --alive "$(pidfile 0)"
+}
+
 phase launch
 first_steps=$(( reduced ? 2 : 1 ))
 RUN_NAME=ace30b scripts/tpu_pod_run.sh launch -- $RUN  # runbook
 RUN_NAME=ace30b scripts/tpu_pod_run.sh status  # runbook
-python scripts/rehearsal.py wait --workdir "${workdir}" --step "${first_steps}" --timeout 1500 \
-  --alive "$(pidfile 0)"
+wait_steps "${first_steps}"
 phase_end launch
 
 if [[ "${reduced}" == 0 ]]; then
@@ -136,8 +153,7 @@ phase resume
 RUN_NAME=ace30b scripts/tpu_pod_run.sh stop  # runbook
 RUN_NAME=ace30b scripts/tpu_pod_run.sh launch -- $RUN  # runbook
 last=4
-python scripts/rehearsal.py wait --workdir "${workdir}" --step "${last}" --timeout 1500 \
-  --alive "$(pidfile 0)"
+wait_steps "${last}"
 wait_exit 0 300; wait_exit 1 300
 phase_end resume
 
@@ -152,4 +168,5 @@ phase_end export
 python scripts/rehearsal.py summary --root "${root}" --workdir "${workdir}" \
   --export "gs://${BUCKET}/exports/ace30b" --hosts 2 --phases "${phases}" \
   --tasks_url "gs://${BUCKET}/mlebench" --ids "${COMPETITIONS}" \
-  --kaggle_log "${root}/kaggle_stack.log" --lost_host "${root}/lost_host.txt"
+  --kaggle_log "${root}/kaggle_stack.log" --lost_host "${root}/lost_host.txt" \
+  --retries "${root}/retries.txt"

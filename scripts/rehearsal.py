@@ -160,7 +160,8 @@ def _fetched(home: str) -> dict:
 
 
 def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
-            tasks_url: str, ids: list[str], kaggle_log: str, lost_host: str) -> dict:
+            tasks_url: str, ids: list[str], kaggle_log: str, lost_host: str,
+            retries: str = "") -> dict:
     """The rehearsal's outcome, read from what it left: the bucket, each worker's home and logs."""
     from ace_jax.runtime import storage
 
@@ -185,7 +186,7 @@ def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
         hosts=hosts, rl_steps=rl_steps(workdir),
         steps_logged_once=steps == list(range(len(steps))),
         resumed="resumed at iteration" in coordinator,
-        lost_host_message=lost[-200:] or None,
+        lost_host_message=lost[:300] or None,
         tasks=len([m for m in manifests if m]),
         mlebench_prepared=bool(manifests) and all(m.get("mlebench_prepared") for m in manifests),
         engine=run_cfg.get("engine", {}).get("kind"),
@@ -193,7 +194,9 @@ def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
         fetched_bytes_per_host=[f["bytes"] for f in fetched],
         tasks_fetched_per_host=[f["task_ids"] for f in fetched],
         kaggle_stack=kaggle.count("KAGGLE_STACK ") >= hosts and "Traceback" not in kaggle,
-        exported=exported, seconds=seconds)
+        exported=exported, seconds=seconds,
+        launch_retries=(len(pathlib.Path(retries).read_text().split())
+                        if retries and os.path.exists(retries) else 0))
 
 
 def main(argv=None) -> int:
@@ -219,6 +222,7 @@ def main(argv=None) -> int:
     for k in ("root", "workdir", "export", "phases", "tasks_url", "ids", "kaggle_log"):
         s.add_argument("--" + k, required=True)
     s.add_argument("--lost_host", default="")
+    s.add_argument("--retries", default="")
     s.add_argument("--hosts", type=int, required=True)
     a = ap.parse_args(argv)
     if a.cmd == "emulator":
@@ -231,7 +235,7 @@ def main(argv=None) -> int:
         wait_for_step(a.workdir, a.step, a.timeout, a.alive)
     elif a.cmd == "summary":
         print(json.dumps(summary(a.root, a.workdir, a.export, a.hosts, a.phases, a.tasks_url,
-                                 a.ids.split(","), a.kaggle_log, a.lost_host)))
+                                 a.ids.split(","), a.kaggle_log, a.lost_host, a.retries)))
     return 0
 
 

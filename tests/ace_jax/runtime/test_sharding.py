@@ -103,6 +103,22 @@ def test_maybe_initialize_distributed(_restore_cpu_collectives):
         sh.maybe_initialize_distributed(cfg, environ={})
 
 
+def test_process_count_and_index_from_the_environment(_restore_cpu_collectives):
+    """scripts/tpu_pod_run.sh's local workers set JAX_COORDINATOR_ADDRESS (JAX reads it itself),
+    JAX_NUM_PROCESSES and JAX_PROCESS_ID; the config's own values win over them."""
+    calls = []
+    cfg = sh.default_config()
+    env = {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1", "JAX_NUM_PROCESSES": "2",
+           "JAX_PROCESS_ID": "1"}
+    assert sh.maybe_initialize_distributed(cfg, environ=env, initialize=lambda **k: calls.append(k),
+                                           on_tpu_vm=lambda: False)
+    assert calls.pop() == dict(num_processes=2, process_id=1)
+    cfg.num_processes, cfg.process_id = 4, 3
+    assert sh.maybe_initialize_distributed(cfg, environ=env, initialize=lambda **k: calls.append(k),
+                                           on_tpu_vm=lambda: False)
+    assert calls.pop() == dict(num_processes=4, process_id=3)
+
+
 def _pci_tree(root, devices):
     """A fake /sys/bus/pci/devices: {slot: (vendor, device)}."""
     for slot, (vendor, device) in devices.items():
