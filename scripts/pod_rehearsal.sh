@@ -62,7 +62,8 @@ export SANDBOX_VENV="${SANDBOX_VENV:-${repo}/.sandbox-venv}"
 # The repository as it is now (uncommitted files included), as a commit the workers clone.
 snapshot="$(cd "${repo}" && tmp_index="$(mktemp)" && cp .git/index "${tmp_index}" \
   && GIT_INDEX_FILE="${tmp_index}" git add -A && tree="$(GIT_INDEX_FILE="${tmp_index}" git write-tree)" \
-  && rm -f "${tmp_index}" && git commit-tree "${tree}" -p HEAD -m "pod rehearsal snapshot")"
+  && rm -f "${tmp_index}" && git -c user.name=pod-rehearsal -c user.email=pod-rehearsal@localhost \
+     commit-tree "${tree}" -p HEAD -m "pod rehearsal snapshot")"
 git init -q --bare "${root}/origin.git"
 git -C "${repo}" push -q "${root}/origin.git" "${snapshot}:refs/heads/rehearsal"
 export REPO_URL="${root}/origin.git" BRANCH=rehearsal

@@ -416,6 +416,8 @@ def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
            "--config.rl.num_steps=2", "--config.rl.batch_states=1", "--config.rl.group_size=4",
            "--config.sampling.max_new_tokens=24", "--config.ideator.implementer_max_new_tokens=24",
            "--config.sandbox.backend=process", "--config.sandbox.allow_unisolated=True",
+           # MLE-bench tasks ask 16 GiB per execution: 2 processes x 2 workers here get 2 GiB
+           "--config.sandbox.max_memory_mb=2048",
            *[f"--config.mesh.{k}={v}" for k, v in MESHES["fsdp4_expert2"][0].items()]]
     procs = _start_two(workdir, tmp_path, _free_port(), cmd=cmd, env=env)
     codes = _wait(procs)
