@@ -29,18 +29,28 @@ MODEL_OVERRIDES = dict(hidden_size=32, intermediate_size=64, moe_intermediate_si
                        max_position_embeddings=2048)
 
 
-def make_tiny_run(workdir: str, *, step: int = 1, seed: int = 0, vocab_size: int = 300):
-    """Writes a tiny run directory; returns (model, tokenizer) as saved."""
+def write_run_files(workdir: str, overrides: dict, *, vocab_size: int = 300,
+                    mesh: dict | None = None):
+    """A run directory's ``tokenizer/`` (a BPE trained on ``CORPUS``) and ``config.json``
+    (configs/local.py with the tiny_moe preset, ``overrides`` and ``mesh``); returns the
+    tokenizer."""
     os.makedirs(workdir, exist_ok=True)
     tok_dir = os.path.join(workdir, "tokenizer")
     tok_lib.train_bpe_tokenizer(CORPUS, vocab_size, tok_dir)
-    tokenizer = tok_lib.load_tokenizer(tok_dir)
     cfg = config_utils.load_config_file("configs/local.py")
     cfg.workdir = workdir
     cfg.model.preset = "tiny_moe"
-    cfg.model.overrides = dict(MODEL_OVERRIDES)
+    cfg.model.overrides = dict(overrides)
+    for k, v in (mesh or {}).items():
+        cfg.mesh[k] = v
     with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(cfg.to_dict(), f, indent=2, default=repr)
+    return tok_lib.load_tokenizer(tok_dir)
+
+
+def make_tiny_run(workdir: str, *, step: int = 1, seed: int = 0, vocab_size: int = 300):
+    """Writes a tiny run directory; returns (model, tokenizer) as saved."""
+    tokenizer = write_run_files(workdir, MODEL_OVERRIDES, vocab_size=vocab_size)
     model_cfg = model_configs.get_model_config(
         "tiny_moe", **dict(MODEL_OVERRIDES, vocab_size=len(tokenizer)))
     model = qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(seed))

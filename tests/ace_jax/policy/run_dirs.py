@@ -19,10 +19,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ace_jax import config_utils
 from ace_jax.runtime import checkpoint as ckpt_lib
-from models import configs as model_configs, qwen3, tokenizer as tok_lib
-from tests.run_fixture import CORPUS, MODEL_OVERRIDES
+from models import configs as model_configs, qwen3
+from tests.run_fixture import MODEL_OVERRIDES, write_run_files
 
 # 8.4M parameters (33.8 MB in fp32) in 6 layers of 16 experts: the largest array (one expert
 # projection of every layer) is 9.4 MB, 28% of the model; saved from fsdp 4 x expert 2 it is
@@ -41,18 +40,7 @@ def make_run(workdir: str, overrides: dict | None = None, mesh: dict | None = No
     from ace_jax.policy import policy
 
     overrides = dict(MODEL_OVERRIDES if overrides is None else overrides)
-    os.makedirs(workdir, exist_ok=True)
-    tok_dir = os.path.join(workdir, "tokenizer")
-    tok_lib.train_bpe_tokenizer(CORPUS, vocab_size, tok_dir)
-    tokenizer = tok_lib.load_tokenizer(tok_dir)
-    cfg = config_utils.load_config_file("configs/local.py")
-    cfg.workdir = workdir
-    cfg.model.preset = "tiny_moe"
-    cfg.model.overrides = dict(overrides)
-    for k, v in (mesh or {}).items():
-        cfg.mesh[k] = v
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2, default=repr)
+    tokenizer = write_run_files(workdir, overrides, vocab_size=vocab_size, mesh=mesh)
     model_cfg = model_configs.get_model_config("tiny_moe", **dict(overrides, vocab_size=len(tokenizer)))
     build = lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(seed))  # noqa: E731
     if mesh:
