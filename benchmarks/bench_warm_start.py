@@ -78,7 +78,7 @@ def main() -> None:
     from sandbox.tasks import registry
 
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="warm_start_"))
-    tasks = registry.load_suite(prepare_if_missing=True)
+    tasks = registry.load_suite(prepare_if_missing=True, family="offline")
     by_id = {t.task_id: t for t in tasks}
     sample_tasks = [by_id[t] for t in args.tasks.split(",")]
 

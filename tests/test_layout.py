@@ -6,9 +6,11 @@ checks that the room's files import exactly those rooms and those extras, lazy i
 inside functions and relative imports included. ``ace_jax/config_utils.py`` and
 ``ace_jax/registry.py`` import no room; ``models/`` and ``sandbox/`` know nothing of RL (they
 import no ``ace_jax``); and no file imports itself back through others (no file-level cycle).
-A room's ``__main__.py`` (``python -m ace_jax.<room>``) is an entry point, like ``launch/``: it
-may import any room and no module imports it. The checks are functions of a source root, tested
-on small made-up trees too.
+The package's entry point, ``ace_jax/__main__.py`` (``python -m ace_jax``), sits above every room,
+like ``launch/``: it may import any room and no module imports it. A room's own ``__main__.py``
+(``python -m ace_jax.<room>``) has no such licence: it is a file of its room and imports what the
+room declares, no more. The checks are functions of a source root, tested on small made-up trees
+too.
 """
 from __future__ import annotations
 
@@ -67,9 +69,7 @@ def room_violations(root: pathlib.Path, room: str) -> list[str]:
     """What the room's files import against what it declares (both ways)."""
     want_rooms, want_extras = declared(root, room)
     got_rooms, got_extras, bad = set(), set(), []
-    for path in sorted((root / "ace_jax" / room).rglob("*.py")):
-        if path.name == "__main__.py":   # an entry point (`entry_point_violations`)
-            continue
+    for path in sorted((root / "ace_jax" / room).rglob("*.py")):   # its __main__.py too
         for name in sorted(imports(root, path)):
             parts = name.split(".")
             if parts[0] == "ace_jax" and len(parts) > 1 and parts[1] in rooms(root):
@@ -135,7 +135,7 @@ def cycle(root: pathlib.Path) -> list[str]:
 
 def test_every_module_lives_in_a_room():
     loose = sorted(p.name for p in (REPO / "ace_jax").glob("*.py"))
-    assert loose == ["__init__.py", "config_utils.py", "registry.py"]
+    assert loose == ["__init__.py", "__main__.py", "config_utils.py", "registry.py"]
     assert len(rooms(REPO)) >= 8
 
 
@@ -183,7 +183,7 @@ def test_no_file_level_import_cycle():
 
 
 def test_entry_points_are_imported_by_no_module():
-    assert (REPO / "ace_jax/train/__main__.py").exists()
+    assert (REPO / "ace_jax/__main__.py").exists()      # the package's: `python -m ace_jax`
     assert entry_point_violations(REPO) == []
 
 
@@ -228,17 +228,33 @@ def test_the_checks_catch_a_file_level_cycle(tmp_path):
     assert cycle(root) == []
 
 
-def test_an_entry_point_may_import_any_room_but_no_module_imports_it(tmp_path):
+def test_the_entry_point_may_import_any_room_but_no_module_imports_it(tmp_path):
     root = _tree(tmp_path, {
+        "ace_jax/__main__.py": "from ace_jax.high import b\nfrom ace_jax.low import a\n",
         "ace_jax/low/__init__.py": _room("no other room (and `models`)"),
-        "ace_jax/low/__main__.py": "from ace_jax.high import b\nimport models\n",
         "ace_jax/low/a.py": "import models\n",
         "ace_jax/high/__init__.py": _room("`low` (and `models`)"),
         "ace_jax/high/b.py": "from ace_jax.low import a\nimport models\n",
     })
-    assert room_violations(root, "low") == [] and entry_point_violations(root) == []
+    assert room_violations(root, "low") == room_violations(root, "high") == []
+    assert entry_point_violations(root) == [] and cycle(root) == []
+    (root / "ace_jax/high/b.py").write_text("import models\nfrom ace_jax import low, __main__\n")
+    assert entry_point_violations(root) == ["ace_jax/high/b.py imports ace_jax.__main__"]
+
+
+def test_a_rooms_own_main_imports_only_what_its_room_declares(tmp_path):
+    root = _tree(tmp_path, {
+        "ace_jax/low/__init__.py": _room("no other room (and `models`)"),
+        "ace_jax/low/__main__.py": "import models\nfrom ace_jax.low import a\n",
+        "ace_jax/low/a.py": "import models\n",
+        "ace_jax/high/__init__.py": _room("`low` (and `models`)"),
+        "ace_jax/high/b.py": "from ace_jax.low import a\nimport models\n",
+    })
+    assert room_violations(root, "low") == []
+    (root / "ace_jax/low/__main__.py").write_text(      # upwards, lazily: what train's did
+        "import models\n\ndef main():\n    from ace_jax.high import b\n")
+    assert room_violations(root, "low") == [
+        "ace_jax/low/__main__.py imports ace_jax.high.b (undeclared)"]
     (root / "ace_jax/high/b.py").write_text("from ace_jax.low import a, __main__\n")
     assert entry_point_violations(root) == [
         "ace_jax/high/b.py imports ace_jax.low.__main__"]
-    (root / "ace_jax/low/a.py").write_text("import models\nfrom ace_jax.high import b\n")  # not one
-    assert room_violations(root, "low") == ["ace_jax/low/a.py imports ace_jax.high.b (undeclared)"]

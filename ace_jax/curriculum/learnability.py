@@ -418,12 +418,16 @@ class Sampler:
         self.calls += 1
         return sub
 
-    def select(self, stats, step: int, batch_size: int, data_parallel_size: int = 1) -> np.ndarray:
-        """``batch_size`` distinct slots (int64[batch_size]) for RL step ``step``.
+    def select(self, stats, step: int, batch_size: int, data_parallel_size: int = 1, *,
+               minimum: Optional[int] = None) -> np.ndarray:
+        """``batch_size`` distinct slots (int64[batch_size]) for RL step ``step``; with
+        ``minimum``, as many as are eligible when that is fewer, but at least ``minimum``
+        (partial rollouts top the engine up with what there is).
 
         Raises ValueError if ``batch_size`` is not a positive multiple of ``data_parallel_size``
-        and InsufficientStatesError if fewer states are eligible than the batch (unless
-        ``allow_repeats``: then the batch is drawn with replacement from p_t).
+        and InsufficientStatesError if fewer states are eligible than the batch (or
+        ``minimum``; unless ``allow_repeats``: then the batch is drawn with replacement from
+        p_t).
         """
         if batch_size <= 0 or data_parallel_size <= 0 or batch_size % data_parallel_size:
             raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of the "
@@ -437,6 +441,8 @@ class Sampler:
         n_eligible = int(n_eligible)
         if n_eligible >= batch_size:
             return np.asarray(idx, dtype=np.int64)
+        if minimum is not None and n_eligible >= minimum and not self.spec.allow_repeats:
+            return np.asarray(idx[:n_eligible], dtype=np.int64)   # the eligible ones lead
         if self.spec.allow_repeats and n_eligible > 0:
             return np.asarray(_select_with_repeats(key, arrays, jnp.int32(step), self.spec, batch_size),
                               dtype=np.int64)

@@ -24,13 +24,11 @@ def reference_solutions(tasks, seed: int) -> list[buffer.SeedSolution]:
     """Reference solutions of the seed corpus as improvable states (code + measured dev score)."""
     from sandbox import seed_corpus
 
-    out = []
+    out, known = [], set(seed_corpus.sft_task_ids())
     for t in tasks:
-        path = seed_corpus.RESULTS_DIR / f"seed{seed}" / t.task_id / "results.json"
-        if not path.exists():
+        if t.task_id not in known:   # held out (or no corpus): no reference scripts
             continue
-        runs = json.loads(path.read_text())["runs"]
-        scores = {r["script"]: r["dev_score"] for r in runs if r["status"] == "ok"}
+        scores = seed_corpus.reference_scores(t.task_id, seed)
         for s in seed_corpus.list_scripts(t.task_id):
             if scores.get(s.name) is not None:
                 out.append(buffer.SeedSolution(t.task_id, s.code, float(scores[s.name])))

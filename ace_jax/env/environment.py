@@ -4,8 +4,8 @@
 build prompts, generate, execute, reward, learn, grow the buffer, persist. What the policy's
 completions *mean* is the environment's: the prompt of a state, how a step's completions become
 executions, and what a step adds to its rollout log and its metrics. A variant of the method is an
-environment plus a config (``mode``), not a trainer subclass; ``python -m ace_jax.train`` maps the
-config's ``mode`` to an environment (``ace_jax.train.__main__.ENVIRONMENTS``):
+environment plus a config (``mode``), not a trainer subclass; ``python -m ace_jax`` maps the
+config's ``mode`` to an environment (``ace_jax.__main__.ENVIRONMENTS``):
 
 * ``"acegrpo"``: ``ace_jax.train.environment.CodeAgentEnv``, the policy writes the script itself.
 * ``"ideator"``: ``ace_jax.ideator.ideator_trainer.IdeatorEnv``, the policy writes an idea and a

@@ -1,11 +1,11 @@
 """Sampler ablations at laptop scale: one shared warm start, then one AceGRPO run per
-(sampler, seed), each the same command-line job as the main run (``python -m ace_jax.train``).
+(sampler, seed), each the same command-line job as the main run (``python -m ace_jax``).
 
     root/
       warm/                 the warm-start-only run (rl.num_steps=0): tokenizer + checkpoint 0
       <sampler>/seed<k>/    one RL run, started from warm/ (model.init_from_run), same budget
 
-Every run is a subprocess of ``python -m ace_jax.train`` with ``--config.*`` overrides, so what the
+Every run is a subprocess of ``python -m ace_jax`` with ``--config.*`` overrides, so what the
 notebook runs is exactly what a user would type, runs are resumable (re-running a finished
 run returns at once) and a crash of one run is reported without losing the others.
 """
@@ -59,14 +59,14 @@ def _override_args(overrides: Mapping[str, Any]) -> list[str]:
 
 def job_command(workdir: str, overrides: Mapping[str, Any], config: str) -> list[str]:
     """The main job's command line for ``workdir``, ``config`` and ``overrides``."""
-    return [sys.executable, "-m", "ace_jax.train", f"--config={config}",
+    return [sys.executable, "-m", "ace_jax", f"--config={config}",
             f"--config.workdir={workdir}", "--no_progress", *_override_args(overrides)]
 
 
 def config_fingerprint(workdir: str, overrides: Mapping[str, Any], config: str,
                        env: Optional[Mapping[str, str]] = None) -> str:
     """The fingerprint of the run config the job would use (``train.config.fingerprint``, from
-    ``python -m ace_jax.train --print_config``: the config file's contents and the overrides as the
+    ``python -m ace_jax --print_config``: the config file's contents and the overrides as the
     launcher parses them). Raises AblationError when the command line is refused."""
     proc = subprocess.run([*job_command(workdir, overrides, config), "--print_config"], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -80,7 +80,7 @@ def config_fingerprint(workdir: str, overrides: Mapping[str, Any], config: str,
 def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "configs/local.py",
             timeout_s: Optional[float] = None, env: Optional[Mapping[str, str]] = None
             ) -> RunResult:
-    """Runs ``python -m ace_jax.train --config=<config> --config.workdir=<workdir> <overrides>``.
+    """Runs ``python -m ace_jax --config=<config> --config.workdir=<workdir> <overrides>``.
 
     Returns a RunResult; a non-zero exit or a timeout sets ``error`` to the log tail (the full
     log is ``<workdir>.log``) instead of raising, so one failed run does not stop an ablation.

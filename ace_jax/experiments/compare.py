@@ -16,7 +16,10 @@ again reuses finished runs (keyed on their resolved config) and resumes an inter
 comparison too long for one sitting is finished by running it again; ``--export_only`` writes the
 raw data of the runs finished so far (``complete`` in runs.json says whether all are).
 
-Tables and figures are made from the raw data alone: ``python -m ace_jax.experiments.tables``.
+Tables and figures are made from the raw data alone: ``python -m ace_jax.experiments.tables``,
+with the paired statistics here: ``paired_t_p`` (the t-test behind a 95% t-interval),
+``sign_flip_p`` (the exact paired sign-flip test, which assumes no normality) and ``holm`` (the
+family-wise correction of an experiment's several comparisons).
 A confirmatory comparison's ``results/<name>/plan.md`` is committed before its data.
 """
 from __future__ import annotations
@@ -30,6 +33,8 @@ import os
 import subprocess
 import sys
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from ace_jax.experiments import ablation
 from ace_jax.train import metrics as metrics_lib
@@ -120,6 +125,56 @@ def read_csv(path: str) -> list[dict[str, Any]]:
             row.update({k: float(v) for k, v in r.items() if k in KEEP and v != ""})
             out.append(row)
     return out
+
+
+# ------------------------------------------------------------------------ paired statistics
+
+SIGN_FLIP_MAX_SEEDS = 20   # 2^20 sign assignments enumerated exactly
+
+
+def paired_t_p(diffs: Sequence[float]) -> float:
+    """The two-sided p of the one-sample Student-t test of mean 0 on paired differences (the
+    test behind ``ablation.mean_interval``'s interval); nan with fewer than 2 values or none
+    spread (every difference equal)."""
+    from scipy import stats
+
+    v = np.asarray(diffs, dtype=np.float64)
+    if v.size < 2 or not v.std(ddof=1) > 0:
+        return float("nan")
+    t = v.mean() / (v.std(ddof=1) / np.sqrt(v.size))
+    return float(2 * stats.t.sf(abs(t), v.size - 1))
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """The exact two-sided paired sign-flip (permutation) test of mean 0: under the null each
+    seed's difference is as likely with either sign, so p is the share of the 2^n sign
+    assignments whose |sum| reaches the observed |sum| (a relative 1e-9 tolerance keeps
+    assignments tied in exact arithmetic tied). With n seeds it is never below 2 / 2^n
+    (0.0625 at 5). nan with no values; ValueError above ``SIGN_FLIP_MAX_SEEDS``."""
+    v = np.asarray(diffs, dtype=np.float64)
+    if not v.size:
+        return float("nan")
+    if v.size > SIGN_FLIP_MAX_SEEDS:
+        raise ValueError(f"sign_flip_p enumerates 2^n assignments: n = {v.size} > "
+                         f"{SIGN_FLIP_MAX_SEEDS}")
+    signs = 1 - 2 * ((np.arange(2 ** v.size)[:, None] >> np.arange(v.size)) & 1)
+    sums = np.abs(signs @ v)
+    observed = abs(v.sum())
+    return float(np.mean(sums >= observed - 1e-9 * max(observed, np.abs(v).sum()) - 1e-15))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of one family (family-wise error rate): the i-th
+    smallest of m gets max over j <= i of min(1, (m - j + 1) p_(j)); a nan p (no test) is
+    left nan and not counted in m."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    idx = [i for i in np.argsort(p, kind="stable") if np.isfinite(p[i])]
+    running = 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (len(idx) - rank) * p[i]))
+        out[i] = running
+    return [float(x) for x in out]
 
 
 def _commit() -> str:

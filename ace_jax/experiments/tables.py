@@ -70,6 +70,74 @@ def routing_replay(results: str) -> str:
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------------ staleness speed
+
+STALENESS_RUNNER = "benchmarks/bench_offpolicy_staleness.py"
+
+
+@TABLES.register("offpolicy_staleness")
+def offpolicy_staleness(results: str) -> str:
+    """``results/offpolicy_staleness/raw.jsonl`` (one line per run, ``STALENESS_RUNNER``): per
+    staleness bound k and seed, RL steps per minute (compile excluded, then with it) and the
+    valid rate and score of the first vs the last 5 RL steps; with two or more seeds of a k, the
+    mean speed per k with its 95% interval; a run with extra overrides names them under the
+    table. An empty file (no run yet) is said so."""
+    path = os.path.join(results, "offpolicy_staleness", "raw.jsonl")
+    rows = sorted((json.loads(x) for x in open(path).read().splitlines() if x.strip()),
+                  key=lambda r: (r["k"], r["seed"]))
+    if not rows:
+        return (f"No runs yet: `python {STALENESS_RUNNER}` writes them to "
+                "`results/offpolicy_staleness/raw.jsonl`.")
+    out = ["| k | seed | commit | RL steps | RL steps / min (compile excluded) | with compile | "
+           "compile s | valid first 5 -> last 5 | score first 5 -> last 5 |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['k']} | {r['seed']} | {r['commit']}{'+dirty' if r['dirty'] else ''} | "
+                   f"{r['steps']} | {r['rl_steps_per_min']:.2f} | "
+                   f"{r['rl_steps_per_min_with_compile']:.2f} | {r['compile_s']:.1f} | "
+                   f"{r['valid_first5']:.2f} -> {r['valid_last5']:.2f} | "
+                   f"{r['score_first5']:.3f} -> {r['score_last5']:.3f} |")
+    ks = sorted({r["k"] for r in rows})
+    speed = {k: [r["rl_steps_per_min"] for r in rows if r["k"] == k] for k in ks}
+    if max(map(len, speed.values())) >= 2:
+        out += ["", "| k | runs | RL steps / min (compile excluded), mean [95% interval] |",
+                "|---|---|---|"]
+        out += [f"| {k} | {len(v)} | {_interval(v, 2, False)} |" for k, v in speed.items()]
+    other = [r for r in rows if r.get("overrides")]
+    if other:   # not the documented setting: said under the table
+        out += [""] + [f"k = {r['k']}, seed {r['seed']}: with `{' '.join(r['overrides'])}`."
+                       for r in other]
+    return "\n".join(out)
+
+
+ROLLOUTS_RUNNER = "benchmarks/bench_rollouts.py"
+
+
+@TABLES.register("partial_rollouts")
+def partial_rollouts(results: str) -> str:
+    """``results/partial_rollouts/raw.jsonl`` (one line per run of ``ROLLOUTS_RUNNER``): per
+    factor and bound, useful tokens per second drained and partial, their ratio, the decode
+    row-steps per useful token of each, the token staleness's maximum, and lost / duplicated
+    samples."""
+    path = os.path.join(results, "partial_rollouts", "raw.jsonl")
+    rows = [json.loads(x) for x in open(path).read().splitlines() if x.strip()]
+    if not rows:
+        return (f"No runs yet: `python {ROLLOUTS_RUNNER} --out "
+                "results/partial_rollouts/raw.jsonl`.")
+    out = ["| commit | length law | slots | factor | bound | useful tok/s drained | partial | "
+           "speed-up | row-steps / useful token, drained -> partial | staleness max | "
+           "lost | duplicated |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["budget"], r["factor"], r["bound"])):
+        d, p = r["drained"], r["partial"]
+        out.append(f"| {r['commit']}{'+dirty' if r['dirty'] else ''} | {r['length_law']} | "
+                   f"{r['slots']} | {r['factor']:g} | {r['bound']} | "
+                   f"{d['useful_tokens_per_s']:.0f} | {p['useful_tokens_per_s']:.0f} | "
+                   f"{r['useful_speedup']:.2f}x | {d['row_steps_per_useful_token']:.2f} -> "
+                   f"{p['row_steps_per_useful_token']:.2f} | {r['staleness_max']} | "
+                   f"{r['lost']} | {r['duplicated']} |")
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------------ compare experiments
 
 def probe_gains(rows: Sequence[dict], key: str) -> dict[tuple[str, int], float]:
@@ -98,16 +166,27 @@ def detectable_effect(diffs: Sequence[float], confidence: float = CONFIDENCE,
     return float(t * v.std(ddof=1) / np.sqrt(v.size))
 
 
-PROBE_KEYS = ("probe/score", "probe/valid_rate", "probe/humanrank", "probe/score_heldout",
-              "probe/valid_rate_heldout")
+# All-task figures, then the training tasks alone (``_train``: the probe's in-distribution part,
+# whose draft prompts are the buffer's root prompts) and the held-out tasks (``_heldout``).
+PROBE_KEYS = ("probe/score", "probe/valid_rate", "probe/humanrank", "probe/score_train",
+              "probe/valid_rate_train", "probe/score_heldout", "probe/valid_rate_heldout")
+
+
+def _p(p: float, digits: int = 3) -> str:
+    return "n/a" if not np.isfinite(p) else f"{p:.{digits}f}"
 
 
 def compare_table(results: str, name: str, arms: Sequence[str],
                   pairs: Sequence[tuple[str, str]], keys: Sequence[str] = PROBE_KEYS,
-                  cost: bool = False) -> str:
+                  cost: bool = False, family: bool = False) -> str:
     """``results/<name>``: per probe key each arm's gain (last probe - first, over the seeds
     it finished) and, per pair (x, y), the paired difference x - y over the seeds both
     finished, with 95% Student-t intervals and the effect the design detects at 80% power.
+    ``family``: the pairs of one probe key are one family of comparisons, and each pair's row
+    also gives its seeds above 0, its t-test p, the exact sign-flip p (``compare.sign_flip_p``),
+    both Holm-adjusted within the family (``compare.holm``), and its Bonferroni interval (each
+    at 1 - 0.05 / m: simultaneous 95% coverage for the m pairs); a line under the table says,
+    per key, whether Holm rejects any pair at 5%.
     ``cost``: a table of updates and generated completion tokens per arm too."""
     folder = os.path.join(results, name)
     info = json.load(open(os.path.join(folder, "runs.json")))
@@ -122,15 +201,49 @@ def compare_table(results: str, name: str, arms: Sequence[str],
     for key, g in gains.items():
         out.append(f"| {key} | " + " | ".join(
             _interval([g[(a, s)] for s in seeds[a] if (a, s) in g]) for a in arms) + " |")
-    out += ["", "| probe key | paired difference | seeds | mean [95% interval] | "
-                "detectable at 80% power |", "|---|---|---|---|---|"]
+    m = len(pairs)
+    if family:
+        out += ["", "| probe key | paired difference | seeds | mean [95% interval] | seeds > 0 | "
+                    "p (t) | p (sign-flip, exact) | Holm p (t) | Holm p (sign-flip) | "
+                    f"family-wise 95% interval (Bonferroni, {m} pairs) | "
+                    "detectable at 80% power |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    else:
+        out += ["", "| probe key | paired difference | seeds | mean [95% interval] | "
+                    "detectable at 80% power |", "|---|---|---|---|---|"]
+    notes = []
     for key, g in gains.items():
+        diffs = {}
         for x, y in pairs:
             both = [s for s in seeds[x] if s in seeds[y] and (x, s) in g and (y, s) in g]
-            diff = [g[(x, s)] - g[(y, s)] for s in both]
+            diffs[(x, y)] = (both, [g[(x, s)] - g[(y, s)] for s in both])
+        if family:
+            p_t = [compare.paired_t_p(d) for _, d in diffs.values()]
+            p_flip = [compare.sign_flip_p(d) for _, d in diffs.values()]
+            holm_t, holm_flip = compare.holm(p_t), compare.holm(p_flip)
+        for i, ((x, y), (both, diff)) in enumerate(diffs.items()):
             mde = detectable_effect(diff)
-            out.append(f"| {key} | {x} - {y} | {', '.join(map(str, both)) or 'none'} | "
-                       f"{_interval(diff)} | {'n/a' if np.isnan(mde) else f'{mde:.3f}'} |")
+            cells = [key, f"{x} - {y}", ", ".join(map(str, both)) or "none", _interval(diff)]
+            if family:
+                mean, low, high = ablation.mean_interval(diff, 1 - (1 - CONFIDENCE) / m)
+                bonferroni = (f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if np.isfinite(low)
+                              else "n/a")
+                cells += [f"{sum(d > 0 for d in diff)} of {len(diff)}", _p(p_t[i]),
+                          _p(p_flip[i], 4), _p(holm_t[i]), _p(holm_flip[i], 4), bonferroni]
+            cells.append("n/a" if np.isnan(mde) else f"{mde:.3f}")
+            out.append("| " + " | ".join(cells) + " |")
+        tested = [p for p in holm_t if np.isfinite(p)] if family else []
+        if tested:
+            rejected = [f"{x} - {y}" for (x, y), p in zip(diffs, holm_t) if p < 1 - CONFIDENCE]
+            notes.append(f"{key}: Holm (t) rejects "
+                         + (", ".join(rejected) if rejected else
+                            f"none of the {len(tested)} at family-wise 5% (smallest adjusted p "
+                            f"{min(tested):.3f}), and no Bonferroni interval excludes 0") + ".")
+    if notes:
+        out += [""] + [f"- {x}" for x in notes]
+        n = min(len([s for s in seeds[x] if s in seeds[y]]) for x, y in pairs)
+        if n:
+            out.append(f"- With {n} paired seeds the exact sign-flip p is never below "
+                       f"2 / 2^{n} = {2 / 2 ** n:.4f}.")
     if cost:
         out += ["", "| arm | updates | generated tokens | refill rounds per step |",
                 "|---|---|---|---|"]
@@ -155,10 +268,11 @@ def offpolicy_k1(results: str) -> str:
 @TABLES.register("samplers_budget")
 def samplers_budget(results: str) -> str:
     """``results/samplers_budget``: LP against uniform, DAPO and Reinforce-Ada at one budget
-    of generated tokens, on the probe."""
+    of generated tokens, on the probe; the three lp - arm pairs of a probe key are one family
+    (Holm-adjusted t and sign-flip p, Bonferroni intervals)."""
     others = ("uniform", "dapo", "reinforce_ada")
     return compare_table(results, "samplers_budget", ("lp", *others),
-                         [("lp", o) for o in others], cost=True)
+                         [("lp", o) for o in others], cost=True, family=True)
 
 
 # ------------------------------------------------------------------------ ideator with room

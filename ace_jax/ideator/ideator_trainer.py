@@ -2,7 +2,7 @@
 
 A variant is a config (``configs/ideator.py``: ``mode = "ideator"``), not a fork: ``IdeatorEnv`` is
 an environment (``ace_jax.env.environment.Environment``) plugged into the one ``Trainer`` loop
-(``make_trainer``; ``python -m ace_jax.train`` builds it for ``mode = "ideator"``), which keeps
+(``make_trainer``; ``python -m ace_jax`` builds it for ``mode = "ideator"``), which keeps
 its asynchrony, checkpointing, exact resume, metrics and Evolving Data Buffer. What the
 environment changes, per RL step:
 

@@ -32,10 +32,16 @@ valid names):
 - KL estimators of KL(pi || pi_ref) per token, from log-probs of the sampled tokens:
   `k1` logp - ref, `k2` (logp - ref)^2 / 2, `k3` exp(ref - logp) - (ref - logp) - 1,
   `low_var_kl` k3 with verl's clamps (log-ratio to [-20, 20], result to [-10, 10]).
-- behaviour weights, log w [N, T] (log pi_prox - log mu) and cap -> (weight, masked) [N, T]:
-  `truncate` min(w, cap) (verl's / slime's TIS, TRL's `token_truncate`); `mask` w where
-  w <= cap, else 0 and the token counted as masked (AReaL's `behav_imp_weight_cap`, TRL's
-  `*_mask`); `none` w itself (plain importance sampling).
+- behaviour weights, log w [N, T] (log pi_prox - log mu, nats, already at its level and
+  clamped to [-20, 20]) and the bounds -> `BoundedWeight` (weight, high, low, masked) [N, T]:
+  `truncate` min(w, cap) (verl's / slime's TIS, TRL's `token_truncate`; no lower bound);
+  `mask` w where lower <= w <= cap, else 0 and the token counted as masked (MIS: AReaL's
+  `behav_imp_weight_cap` above, verl's rejection sampling on both sides, TRL's `*_mask`);
+  `none` w itself (plain importance sampling).
+- behaviour weight levels, log w per token [N, T] and completion mask [N, T] -> log w [N, T]:
+  `token` each token's own; `sequence` the sum over the sequence's completion tokens (w = the
+  product), applied to each; `geometric` the mean over them (w = the geometric mean of the
+  token weights, exp(mean log w)), applied to each.
 
 Three policies (decoupled PPO: Hilton et al. 2021, AReaL's `use_decoupled_loss`): the behaviour
 policy mu (the sampler; its log-probs recorded at generation time), the proximal policy pi_prox
@@ -43,18 +49,20 @@ policy mu (the sampler; its log-probs recorded at generation time), the proximal
 (`clipped_policy_loss`, or `grpo_loss` which also computes advantages from rewards):
 
     r_t    = pi_theta / pi_prox                   (the clip's ratio)
-    W_t    = weight(pi_prox / mu)                 (detached; `behaviour_weight`, `tis_cap`)
+    W_t    = weight(pi_prox / mu)                 (detached; `behaviour_weight`, `tis_cap`,
+                                                  `tis_lower`, `behaviour_weight_level`)
     loss_t = -W_t * min(r_t * A, clip(r_t, 1 - epsilon_low, 1 + epsilon_high) * A)
              + beta * KL_t(logp_t, ref_t)
     loss   = aggregate(loss_t over loss tokens)
 
 `proximal` picks pi_prox: "behaviour" sets pi_prox = mu (W = 1: the plain GRPO / PPO objective,
 the clip absorbs both policy lag and sampler-vs-learner mismatch); "learner" takes the learner's
-own log-probs before the update: ``proximal_logprobs`` when given, else the theta pass's values
-under `stop_gradient` (exact with one optimizer step per batch, as here: no extra forward; r_t is
-then 1 in value and the update is W_t * A * grad log pi_theta, the behaviour weight doing all
-the off-policy correction). At level "sequence" w is the product over the sequence's completion
-tokens (exp of the summed log w), applied to all of them.
+own log-probs before the update: ``proximal_logprobs`` when given (the learner's no-grad forward
+before the first of `minibatches` > 1 optimizer steps per batch), else the theta pass's values
+under `stop_gradient` (exact with one optimizer step per batch: no extra forward; r_t is then 1
+in value, the clip never acts, and the update is W_t * A * grad log pi_theta, the behaviour
+weight doing all the off-policy correction). log w is clamped to [-20, 20] (as verl) after its
+level and before any exp, so no mode yields inf or NaN.
 
 Loss tokens are completion tokens (`completion_mask`) of sequences that survive the zero-variance
 group filter. Prompt tokens and padding are removed with `jnp.where` BEFORE any exp, so their
@@ -65,9 +73,12 @@ T = completion length in tokens. Log-probs are natural-log probabilities (nats).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import ml_collections
+from ml_collections import config_dict
 
 from ace_jax.registry import Registry
 
@@ -80,6 +91,11 @@ __all__ = [
     "register_loss_aggregation",
     "register_kl_estimator",
     "register_behaviour_weight",
+    "BEHAVIOUR_WEIGHT_LEVELS",
+    "register_behaviour_weight_level",
+    "BoundedWeight",
+    "LOG_W_CLAMP",
+    "tis_lower",
     "default_config",
     "validate_config",
     "describe",
@@ -104,10 +120,12 @@ register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 register_loss_aggregation = LOSS_AGGREGATIONS.register
 register_kl_estimator = KL_ESTIMATORS.register
 register_behaviour_weight = BEHAVIOUR_WEIGHTS.register
+BEHAVIOUR_WEIGHT_LEVELS: Registry = Registry("behaviour weight level")
+register_behaviour_weight_level = BEHAVIOUR_WEIGHT_LEVELS.register
 
 PROXIMAL_POLICIES = ("behaviour", "learner")
-WEIGHT_LEVELS = ("token", "sequence")
 ROUTING_REPLAY = ("none", "R3")
+LOG_W_CLAMP = 20.0   # |log w| bound (nats) before any exp: e^20 ~ 4.9e8, as verl's clamp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,8 +148,12 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.zero_variance_atol = 1e-6         # a group is zero-variance when max(r) - min(r) <= atol
     cfg.proximal = "behaviour"            # behaviour | learner: the policy the clip's ratio is against
     cfg.behaviour_weight = "truncate"     # truncate | mask | none: pi_prox / mu (proximal="learner")
-    cfg.behaviour_weight_level = "token"  # token | sequence
-    cfg.tis_cap = 2.0                     # the behaviour weight's bound (truncate / mask), > 0
+    cfg.behaviour_weight_level = "token"  # token | sequence | geometric
+    cfg.tis_cap = 2.0                     # upper bound of the weight (truncate / mask), > 0
+    # mask's lower bound, in [0, 1]: tokens with w below it are masked too; None: 1 / tis_cap;
+    # 0: no lower bound (unused by truncate and none)
+    cfg.tis_lower = config_dict.placeholder(float)
+    cfg.minibatches = 1                   # optimizer steps per batch (PPO minibatches), >= 1
     cfg.routing_replay = "none"           # none | R3: MoE tokens dispatched by the sampler's record
     return cfg
 
@@ -154,9 +176,9 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
         raise ValueError(f"grpo.proximal must be one of {list(PROXIMAL_POLICIES)}, got "
                          f"{cfg.proximal!r}")
     BEHAVIOUR_WEIGHTS.get(cfg.behaviour_weight)
-    if cfg.behaviour_weight_level not in WEIGHT_LEVELS:
-        raise ValueError(f"grpo.behaviour_weight_level must be one of {list(WEIGHT_LEVELS)}, "
-                         f"got {cfg.behaviour_weight_level!r}")
+    if cfg.behaviour_weight_level not in BEHAVIOUR_WEIGHT_LEVELS:
+        raise ValueError(f"grpo.behaviour_weight_level must be one of "
+                         f"{BEHAVIOUR_WEIGHT_LEVELS.names()}, got {cfg.behaviour_weight_level!r}")
     if cfg.routing_replay not in ROUTING_REPLAY:
         raise ValueError(f"grpo.routing_replay must be one of {list(ROUTING_REPLAY)}, got "
                          f"{cfg.routing_replay!r} (R2, replaying the proximal pass's routes in "
@@ -165,6 +187,17 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     if not (isinstance(cfg.tis_cap, (int, float)) and cfg.tis_cap > 0):
         raise ValueError(f"grpo.tis_cap must be a number > 0, got {cfg.tis_cap!r} (to apply no "
                          "weight bound use grpo.behaviour_weight='none')")
+    lower = cfg.get("tis_lower")
+    if lower is not None and not (isinstance(lower, (int, float)) and 0 <= lower <= 1):
+        raise ValueError(f"grpo.tis_lower must be None (= 1 / grpo.tis_cap) or a number in "
+                         f"[0, 1] (0: no lower bound), got {lower!r}")
+    if cfg.behaviour_weight == "mask" and not tis_lower(cfg) < cfg.tis_cap:
+        raise ValueError(f"grpo.tis_lower ({tis_lower(cfg):g}) must be below grpo.tis_cap "
+                         f"({cfg.tis_cap:g}): behaviour_weight='mask' would mask every token")
+    mb = cfg.get("minibatches", 1)
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+        raise ValueError(f"grpo.minibatches must be an int >= 1 (optimizer steps per batch), "
+                         f"got {mb!r}")
     if cfg.loss_agg_mode == "seq_mean_token_sum_norm" and not cfg.max_completion_length > 0:
         raise ValueError("grpo.loss_agg_mode='seq_mean_token_sum_norm' needs "
                          f"grpo.max_completion_length > 0, got {cfg.max_completion_length}")
@@ -183,8 +216,18 @@ def describe(cfg: ml_collections.ConfigDict) -> str:
         tis = "clip on pi/mu (proximal=behaviour: the sampler), no behaviour weight"
     else:
         bound = "" if cfg.behaviour_weight == "none" else f" at {cfg.tis_cap:g}"
+        lower = tis_lower(cfg)
+        if cfg.behaviour_weight == "mask" and lower > 0:
+            bound_low = f", lower bound {lower:g}"
+        else:
+            bound_low = ""
         tis = (f"decoupled: clip on pi/pi_prox (the learner before the update), behaviour weight "
-               f"pi_prox/mu {cfg.behaviour_weight}{bound} per {cfg.behaviour_weight_level}")
+               f"pi_prox/mu {cfg.behaviour_weight}{bound} per {cfg.behaviour_weight_level}"
+               f"{bound_low}")
+        if cfg.get("minibatches", 1) == 1:
+            tis += ", one optimizer step per batch (r = 1: the clip does not act)"
+    if cfg.get("minibatches", 1) > 1:
+        tis += f", {cfg.minibatches} minibatches (optimizer steps) per batch"
     if cfg.routing_replay != "none":
         tis += f", MoE routing replay {cfg.routing_replay}"
     zv = (f"filter_zero_variance_groups(atol={cfg.zero_variance_atol:g})"
@@ -375,28 +418,101 @@ def kl_divergence(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str) 
 
 
 # ----------------------------------------------------------------------------------------------
-# Behaviour weights: log w = log pi_prox - log mu [N, T], cap -> (weight [N, T], masked [N, T])
+# Behaviour weights: log w = log pi_prox - log mu [N, T] -> per-level log w -> bounded weight
 # ----------------------------------------------------------------------------------------------
 
+class BoundedWeight(NamedTuple):
+    """What a behaviour-weight mode makes of log w [N, T].
+
+    Attributes:
+      weight: float32 [N, T] the weight W_t that multiplies the token's loss.
+      high: bool [N, T] tokens whose w the upper bound changed (truncated or masked).
+      low: bool [N, T] tokens whose w the lower bound changed (masked).
+      masked: bool [N, T] tokens whose weight is 0 (they stay in the loss denominator).
+    """
+
+    weight: jax.Array
+    high: jax.Array
+    low: jax.Array
+    masked: jax.Array
+
+
+def tis_lower(cfg: ml_collections.ConfigDict) -> float:
+    """The lower bound of ``behaviour_weight="mask"``: ``cfg.tis_lower``, or 1 / ``cfg.tis_cap``
+    when it is None (0: no lower bound)."""
+    lower = cfg.get("tis_lower")
+    return 1.0 / cfg.tis_cap if lower is None else float(lower)
+
+
+def _no_flags(log_w: jax.Array) -> jax.Array:
+    return jnp.zeros(log_w.shape, bool)
+
+
 @register_behaviour_weight("truncate")
-def truncated_weight(log_w: jax.Array, cap: float):
-    """min(w, cap): truncated importance sampling (nothing is masked)."""
-    return jnp.exp(jnp.minimum(log_w, jnp.log(cap))), jnp.zeros(log_w.shape, bool)
+def truncated_weight(log_w: jax.Array, *, cap: float, lower: float) -> BoundedWeight:
+    """min(w, cap): truncated importance sampling (nothing is masked; ``lower`` is unused)."""
+    del lower
+    high = log_w > jnp.log(cap)
+    return BoundedWeight(jnp.exp(jnp.minimum(log_w, jnp.log(cap))), high, _no_flags(log_w),
+                         _no_flags(log_w))
 
 
 @register_behaviour_weight("mask")
-def masked_weight(log_w: jax.Array, cap: float):
-    """w where w <= cap; tokens above the cap get weight 0 and are reported as masked (they
-    stay in the loss denominator)."""
-    masked = log_w > jnp.log(cap)
-    return jnp.where(masked, 0.0, jnp.exp(jnp.minimum(log_w, jnp.log(cap)))), masked
+def masked_weight(log_w: jax.Array, *, cap: float, lower: float) -> BoundedWeight:
+    """w where lower <= w <= cap, else 0 (masked importance sampling, MIS); masked tokens stay in
+    the loss denominator. ``lower`` = 0: no lower bound."""
+    high = log_w > jnp.log(cap)
+    low = (log_w < jnp.log(lower)) if lower > 0 else _no_flags(log_w)
+    masked = high | low
+    return BoundedWeight(jnp.where(masked, 0.0, jnp.exp(log_w)), high, low, masked)
 
 
 @register_behaviour_weight("none")
-def plain_weight(log_w: jax.Array, cap: float):
-    """w: untruncated importance sampling (the cap is unused)."""
-    del cap
-    return jnp.exp(log_w), jnp.zeros(log_w.shape, bool)
+def plain_weight(log_w: jax.Array, *, cap: float, lower: float) -> BoundedWeight:
+    """w: untruncated importance sampling (the bounds are unused)."""
+    del cap, lower
+    return BoundedWeight(jnp.exp(log_w), _no_flags(log_w), _no_flags(log_w), _no_flags(log_w))
+
+
+@register_behaviour_weight_level("token")
+def token_level(log_w: jax.Array, completion: jax.Array) -> jax.Array:
+    """Each completion token's own log w [N, T] (0 elsewhere)."""
+    return jnp.where(completion, log_w, 0.0)
+
+
+@register_behaviour_weight_level("sequence")
+def sequence_level(log_w: jax.Array, completion: jax.Array) -> jax.Array:
+    """The sum of log w over the row's completion tokens (w = the product), on each of them."""
+    total = jnp.where(completion, log_w, 0.0).sum(axis=-1, keepdims=True)
+    return jnp.where(completion, total, 0.0)
+
+
+@register_behaviour_weight_level("geometric")
+def geometric_level(log_w: jax.Array, completion: jax.Array) -> jax.Array:
+    """The mean of log w over the row's completion tokens (w = the geometric mean of the token
+    weights), on each of them; length-normalised, so a long sequence's weight does not explode."""
+    total = jnp.where(completion, log_w, 0.0).sum(axis=-1, keepdims=True)
+    count = completion.sum(axis=-1, keepdims=True).astype(log_w.dtype)
+    return jnp.where(completion, total / jnp.maximum(count, 1.0), 0.0)
+
+
+def level_log_weight(cfg: ml_collections.ConfigDict, log_w: jax.Array,
+                     completion: jax.Array) -> jax.Array:
+    """Token log w [N, T] (nats) at ``cfg.behaviour_weight_level`` (0 off the completion tokens,
+    not yet clamped)."""
+    return BEHAVIOUR_WEIGHT_LEVELS.get(cfg.behaviour_weight_level)(log_w, completion)
+
+
+def bounded_weight(cfg: ml_collections.ConfigDict, level: jax.Array,
+                   completion: jax.Array) -> BoundedWeight:
+    """The weight ``cfg.behaviour_weight`` makes of log w [N, T] at its level
+    (`level_log_weight`): clamped to [-LOG_W_CLAMP, LOG_W_CLAMP], then bounded. A token the
+    clamp changed counts as changed high / low too; flags are False off ``completion``."""
+    clamped = jnp.clip(level, -LOG_W_CLAMP, LOG_W_CLAMP)
+    b = BEHAVIOUR_WEIGHTS.get(cfg.behaviour_weight)(clamped, cap=cfg.tis_cap,
+                                                    lower=tis_lower(cfg))
+    return BoundedWeight(b.weight, (b.high | (level > LOG_W_CLAMP)) & completion,
+                         (b.low | (level < -LOG_W_CLAMP)) & completion, b.masked & completion)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -405,6 +521,40 @@ def plain_weight(log_w: jax.Array, cap: float):
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     return _safe_divide(jnp.where(mask, x, 0.0).sum(), mask.sum().astype(x.dtype))
+
+
+def _behaviour_weight_measures(level: jax.Array, bound: BoundedWeight, completion: jax.Array,
+                               keep: jax.Array) -> dict[str, jax.Array]:
+    """The `offpolicy/*` measures of the behaviour weight (see `clipped_policy_loss`).
+
+    ``level``: log w [N, T] at its level before the clamp; ``bound``: what the mode made of it
+    (no flags under proximal="behaviour"); ``completion`` / ``keep``: bool [N, T] completion
+    and loss tokens. Also returns ``behaviour_weight_sum`` / ``behaviour_weight_sq_sum`` (sums
+    of w and w^2 over completion tokens), from which a microbatched learner combines `ess`."""
+    dtype = jnp.float32
+    w = jnp.exp(jnp.clip(level, -LOG_W_CLAMP, LOG_W_CLAMP))
+    wc = jnp.where(completion, w, 0.0)
+    n = completion.sum().astype(dtype)
+    w_sum, w_sq_sum = wc.sum(), jnp.square(wc).sum()
+
+    def frac(flags):
+        return _masked_mean(flags.astype(dtype), completion)
+
+    return {
+        "offpolicy/behaviour_weight_mean": _masked_mean(w, completion),
+        "offpolicy/behaviour_weight_max": jnp.max(wc),
+        "offpolicy/behaviour_weight_min": jnp.where(
+            n > 0, jnp.min(jnp.where(completion, w, jnp.inf)), 0.0),
+        # (sum w)^2 / (n sum w^2) = mean(w)^2 / mean(w^2)
+        "offpolicy/ess": _safe_divide(jnp.square(_safe_divide(w_sum, n)),
+                                      _safe_divide(w_sq_sum, n)),
+        "offpolicy/truncated_frac": frac(bound.high | bound.low),
+        "offpolicy/truncated_frac_high": frac(bound.high),
+        "offpolicy/truncated_frac_low": frac(bound.low),
+        "offpolicy/masked_frac": _masked_mean(bound.masked.astype(dtype), keep),
+        "behaviour_weight_sum": w_sum,
+        "behaviour_weight_sq_sum": w_sq_sum,
+    }
 
 
 def _check_shapes(**arrays: jax.Array | None) -> tuple[int, int]:
@@ -454,12 +604,22 @@ def clipped_policy_loss(
       loss tokens whose gradient the lower / upper clip zeroes), `ratio_mean`, `logprob_diff_mean`
       (learner - sampler) and `logprob_diff_max_abs` over all completion tokens, `num_tokens`
       (loss tokens), `num_completion_tokens`, `kl` (when beta > 0), `entropy` (when given), and
-      the off-policy measures, whatever the mode: `offpolicy/clip_frac` (low + high),
-      `offpolicy/behaviour_weight_mean` / `_max` (w = pi_prox / mu before any bound, pi_prox the
-      learner's log-probs before the update; over completion tokens, at the configured level;
-      log w above 20 reported as e^20), `offpolicy/masked_frac` (loss tokens the weight masks),
-      `offpolicy/mismatch_k3` (k3 estimate of KL(mu || pi_prox) from the sampled tokens: the
-      sampler-vs-learner mismatch plus the policy lag).
+      the off-policy measures, whatever the mode (w = pi_prox / mu at the configured level,
+      log w clamped to [-20, 20], pi_prox the learner's log-probs before the update: under
+      proximal="behaviour" the theta pass's own, detached, so w is the learner-vs-sampler
+      ratio): `offpolicy/clip_frac` (low + high), over completion tokens
+      `offpolicy/behaviour_weight_mean` / `_max` / `_min` (w before its bound; max and min 0
+      when there are no completion tokens) and `offpolicy/ess` (the normalised effective sample
+      size of w, (sum w)^2 / (n sum w^2), in (0, 1]: 1 when every w is equal, about 1/n when one
+      token carries all the weight; 0 without completion tokens), `offpolicy/truncated_frac`
+      (the share of completion tokens whose weight the bound changed, truncated or masked,
+      above the cap or below the lower bound or by the +-20 clamp; 0 under
+      proximal="behaviour", where no weight is applied) = `offpolicy/truncated_frac_high` +
+      `offpolicy/truncated_frac_low`, `offpolicy/masked_frac` (loss tokens whose weight the
+      mask mode set to 0), `offpolicy/mismatch_k3` (k3 estimate of KL(mu || pi_prox) from the
+      sampled tokens: the sampler-vs-learner mismatch plus the policy lag); and
+      `behaviour_weight_sum` / `behaviour_weight_sq_sum` (sums of w and w^2 over completion
+      tokens: `ess` of several microbatches is mean(w)^2 / mean(w^2) of their sums).
     """
     _check_shapes(logprobs=logprobs, behaviour_logprobs=behaviour_logprobs,
                   completion_mask=completion_mask, proximal_logprobs=proximal_logprobs,
@@ -486,14 +646,14 @@ def clipped_policy_loss(
     # pi_prox: the learner before this update (measured in every mode; used with "learner")
     prox = sg(jnp.where(completion, (logprobs if proximal_logprobs is None
                                      else proximal_logprobs).astype(dtype), 0.0))
-    log_w = jnp.where(completion, prox - behaviour, 0.0)
-    if cfg.behaviour_weight_level == "sequence":
-        log_w = jnp.where(completion, log_w.sum(axis=-1, keepdims=True), 0.0)
+    level = level_log_weight(cfg, prox - behaviour, completion)
     if cfg.proximal == "learner":
         base = prox
-        weight, masked = BEHAVIOUR_WEIGHTS.get(cfg.behaviour_weight)(log_w, cfg.tis_cap)
-    else:
-        base, weight, masked = behaviour, jnp.ones_like(behaviour), jnp.zeros(keep.shape, bool)
+        bound = bounded_weight(cfg, level, completion)
+    else:   # no weight: the bound acts on nothing
+        none = jnp.zeros(keep.shape, bool)
+        base, bound = behaviour, BoundedWeight(jnp.ones_like(behaviour), none, none, none)
+    weight = bound.weight
 
     log_ratio = jnp.where(keep, logp - base, 0.0)
     ratio = jnp.exp(log_ratio)
@@ -523,10 +683,7 @@ def clipped_policy_loss(
     # Sampler-vs-learner diagnostics over ALL completion tokens (filtered groups included).
     learner = sg(jnp.where(completion, logprobs.astype(dtype), 0.0))
     diff = jnp.where(completion, learner - behaviour, 0.0)
-    w = jnp.exp(jnp.minimum(log_w, 20.0))
-    metrics["offpolicy/behaviour_weight_mean"] = _masked_mean(w, completion)
-    metrics["offpolicy/behaviour_weight_max"] = jnp.max(jnp.where(completion, w, 0.0))
-    metrics["offpolicy/masked_frac"] = _masked_mean(masked.astype(dtype), keep)
+    metrics.update(_behaviour_weight_measures(level, bound, completion, keep))
     # k3 with the behaviour policy as the sampling distribution: KL(mu || pi_prox) ~
     # E_mu[w - 1 - log w], w = pi_prox / mu, per token.
     d = prox - behaviour

@@ -3,13 +3,22 @@
 ``Learner.step(batch)`` does, inside one ``jax.jit``:
 
 1. group-relative advantages and the zero-variance-group filter from the batch's rewards
-   (over the whole batch, so microbatching never changes them);
-2. microbatched gradient accumulation (``lax.scan`` over ``optim.microbatches`` row slices),
-   every microbatch's numerator divided by the whole batch's aggregation denominator, so the
-   accumulated gradient equals the full-batch gradient for every aggregation mode;
-3. global-norm clipping and AdamW with linear warmup and cosine decay (optax);
-4. a non-finite guard: if the loss or the gradient norm is not finite the update is skipped,
-   parameters and optimizer state stay bitwise intact, and ``skipped = 1`` is reported.
+   (over the whole batch, so neither minibatches nor microbatches change them);
+2. with ``grpo.minibatches`` = m > 1, the batch split into m minibatches (`microbatch_split`),
+   one optimizer step each (PPO's minibatches); under ``grpo.proximal="learner"`` the proximal
+   log-probs are computed once for the whole batch by a no-grad forward before the first
+   minibatch, so from the second minibatch on r = pi_theta / pi_prox departs from 1 and the
+   clip acts (with m = 1 there is no extra forward and r = 1);
+3. per minibatch, gradient accumulation (``lax.scan`` over ``optim.microbatches`` row slices),
+   every microbatch's numerator divided by the minibatch's aggregation denominator, so the
+   accumulated gradient equals the minibatch's gradient for every aggregation mode;
+4. global-norm clipping and AdamW with linear warmup and cosine decay (optax);
+5. a non-finite guard per optimizer step: if the loss or the gradient norm is not finite the
+   update is skipped, parameters and optimizer state stay bitwise intact, and it is counted in
+   ``skipped``. ``LearnerState.step`` counts the optimizer steps taken (m per batch when none
+   is skipped). With m > 1 the reported ``loss`` and ``grad_norm`` are the minibatches' means,
+   ``learning_rate`` the one of the batch's first step, and the token measures cover the whole
+   batch (each minibatch measured when its step is taken).
 
 Master weights and optimizer state are kept in the model's ``param_dtype`` (fp32 by default); the
 forward runs in ``model.config.dtype`` (bf16 optional), with remat per ``config.remat_policy``.
@@ -28,7 +37,8 @@ import optax
 from flax import nnx
 
 from ace_jax.rl import grpo
-from ace_jax.rl.rollout_batch import completion_logprobs, DEFAULT_CHUNK_TOKENS, TrainBatch
+from ace_jax.rl.rollout_batch import (completion_logprobs, DEFAULT_CHUNK_TOKENS, placed_on,
+                                      TrainBatch)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -114,6 +124,62 @@ class LearnerState(NamedTuple):
     params: Any        # nnx.State of nnx.Param leaves (master weights)
     opt_state: Any     # optax state
     step: jax.Array    # int32 scalar: completed (not skipped) optimizer steps
+
+
+class MissingReferenceLogprobsError(ValueError):
+    """``grpo.beta > 0`` with a batch that carries no reference log-probs (``ref_logprobs``
+    None, or all zero on the completion tokens: `rollout_batch.make_train_batch`'s filler when
+    it was given none)."""
+
+
+def minibatches(grpo_cfg: ml_collections.ConfigDict) -> int:
+    """``grpo.minibatches``: optimizer steps per batch (1 when the key is absent)."""
+    return int(grpo_cfg.get("minibatches", 1))
+
+
+def check_minibatches(grpo_cfg: ml_collections.ConfigDict, optim_cfg: ml_collections.ConfigDict,
+                      rows: int, group_size: int) -> None:
+    """ValueError naming the knobs when a batch of ``rows`` rows (groups of ``group_size``)
+    cannot be split into ``grpo.minibatches`` minibatches of ``optim.microbatches``
+    microbatches each (for ``optim.share_prompts``: `check_share_prompts` per minibatch)."""
+    m, k = minibatches(grpo_cfg), optim_cfg.microbatches
+    if rows % (m * k):
+        raise ValueError(f"batch of {rows} rows is not divisible by grpo.minibatches x "
+                         f"optim.microbatches = {m} x {k}")
+    if rows % group_size:
+        raise ValueError(f"batch of {rows} rows is not divisible by group_size={group_size}")
+    groups = rows // group_size
+    split = split_mode(optim_cfg)
+    if split == "groups" and groups % m:
+        raise ValueError(f"optim.share_prompts makes minibatches of whole groups: {groups} "
+                         f"groups are not divisible by grpo.minibatches = {m}")
+    if split == "within_groups" and group_size % m:
+        raise ValueError(f"optim.prompt_split='within_groups' splits every group: group size "
+                         f"{group_size} is not divisible by grpo.minibatches = {m}")
+    check_share_prompts(optim_cfg, groups // m if split == "groups" else groups,
+                        group_size // m if split == "within_groups" else group_size)
+
+
+@jax.jit
+def _has_reference(ref_logprobs: jax.Array, completion_mask: jax.Array) -> jax.Array:
+    return jnp.any((ref_logprobs != 0) & (completion_mask > 0))
+
+
+def check_reference_logprobs(grpo_cfg: ml_collections.ConfigDict, batch: TrainBatch) -> None:
+    """`MissingReferenceLogprobsError` when ``grpo.beta > 0`` and ``batch`` carries no reference
+    log-probs. The learner keeps no reference model: the KL term's log-probs come only with the
+    batch, so the check is made on each batch (one scalar read back, only when beta > 0). All
+    zeros on the completion tokens counts as none: a reference policy never gives every sampled
+    token probability 1."""
+    if not grpo_cfg.beta:
+        return
+    if batch.ref_logprobs is None or not bool(_has_reference(batch.ref_logprobs,
+                                                             batch.completion_mask)):
+        raise MissingReferenceLogprobsError(
+            f"grpo.beta={grpo_cfg.beta:g} needs reference log-probs in the batch "
+            "(TrainBatch.ref_logprobs), but it carries none (None or all zero on the completion "
+            "tokens); the learner keeps no reference model: pass ref_logprobs to "
+            "make_train_batch, or use grpo.beta=0")
 
 
 def jit_learner_step(graphdef, grpo_cfg, optim_cfg, group_size: int, placement=None,
@@ -205,27 +271,34 @@ class Learner:
         return nnx.merge(self.graphdef, self.state.params)
 
     def step(self, batch: TrainBatch) -> dict[str, jax.Array]:
-        """One GRPO update on ``batch``; returns the step's metrics (device scalars)."""
+        """One GRPO update on ``batch`` (``grpo.minibatches`` optimizer steps); returns the
+        step's metrics (device scalars).
+
+        Raises ValueError when the batch does not split into the minibatches and microbatches
+        (`check_minibatches`), and `MissingReferenceLogprobsError` when ``grpo.beta > 0`` and
+        the batch carries no reference log-probs (`check_reference_logprobs`)."""
         n = batch.input_ids.shape[0]
         mb = self.optim_cfg.microbatches
         if n % mb:
             raise ValueError(f"batch of {n} rows is not divisible by optim.microbatches={mb}")
-        if n % self.group_size:
-            raise ValueError(f"batch of {n} rows is not divisible by group_size={self.group_size}")
-        check_share_prompts(self.optim_cfg, n // self.group_size, self.group_size)
+        check_minibatches(self.grpo_cfg, self.optim_cfg, n, self.group_size)
+        check_reference_logprobs(self.grpo_cfg, batch)
         if self.placement is None:
             self.state, metrics = self._step(self.state, batch)
             return metrics
-        batch = self.placement.place_batch(batch)
+        if not placed_on(batch, self.placement.batch):   # built per shard already (trainer)
+            batch = self.placement.place_batch(batch)
         with self.placement.context():
             self.state, metrics = self._step(self.state, batch)
         return metrics
 
 
 def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, group_size, params,
-                     mb: TrainBatch, advantages, sequence_mask, loss_denominator):
-    """This microbatch's share of the full-batch loss (its numerator over the batch's
-    denominator), plus its share of the router aux loss."""
+                     mb: TrainBatch, advantages, sequence_mask, proximal, loss_denominator):
+    """This microbatch's share of its minibatch's loss (its numerator over the minibatch's
+    denominator), plus its share of the router aux loss. ``group_size``: rows per group in the
+    minibatch; ``proximal``: float32 [rows, M] log-probs before the update, or None (the theta
+    pass's own, detached)."""
     model = nnx.merge(graphdef, params)
     replay = grpo_cfg.routing_replay == "R3"
     logprobs, entropy, aux, routes = completion_logprobs(
@@ -236,6 +309,7 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, group_size, par
     loss, metrics = grpo.clipped_policy_loss(
         grpo_cfg, logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs,
         advantages=advantages, completion_mask=mb.completion_mask, sequence_mask=sequence_mask,
+        proximal_logprobs=proximal,
         ref_logprobs=mb.ref_logprobs if grpo_cfg.beta else None, entropy=entropy,
         loss_denominator=loss_denominator)
     total = loss + optim_cfg.aux_loss_coef * aux / optim_cfg.microbatches
@@ -252,7 +326,7 @@ def _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature, group_size, par
 def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, temperature,
                   state: LearnerState, batch: TrainBatch):
     n = batch.input_ids.shape[0]
-    k = optim_cfg.microbatches
+    m = minibatches(grpo_cfg)
     grouped = grpo.group_rewards(batch.rewards, group_size)
     advantages = grpo.compute_advantages(grouped, grpo_cfg).reshape(n)
     zero_var = grpo.zero_variance_groups(grouped, grpo_cfg.zero_variance_atol)
@@ -260,29 +334,94 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
         sequence_mask = jnp.repeat(~zero_var, group_size)
     else:
         sequence_mask = jnp.ones((n,), bool)
+    split = split_mode(optim_cfg)
+    # Rows per group inside a minibatch ("within_groups" gives each minibatch G / m of each).
+    mini_group = group_size // m if split == "within_groups" else group_size
+    mini = jax.tree.map(functools.partial(microbatch_split, k=m, group_size=group_size,
+                                          split=split), (batch, advantages, sequence_mask))
+    update = functools.partial(_minibatch_update, graphdef, tx, grpo_cfg, optim_cfg, mini_group,
+                               temperature)
+    start = state.step
+    if m == 1:
+        state, out = update(state, jax.tree.map(lambda x: x[0], mini) + (None,))
+        out = jax.tree.map(lambda x: x[None], out)
+    else:
+        proximal = None
+        if grpo_cfg.proximal == "learner":   # pi_prox: the parameters before the first step
+            proximal = _proximal_logprobs(graphdef, grpo_cfg, optim_cfg, mini_group,
+                                          temperature, state.params, mini[0])
+        state, out = jax.lax.scan(update, state, mini + (proximal,))
+    micro_metrics, losses, grad_norms, finite = out    # [m, k] metrics; [m] the rest
+    micro_metrics = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), micro_metrics)
+
+    metrics = _reduce_micro_metrics(micro_metrics)
+    metrics.update(
+        loss=jnp.mean(losses), grad_norm=jnp.mean(grad_norms),
+        skipped=m - jnp.sum(finite.astype(jnp.int32)),
+        learning_rate=schedule(start),
+        frac_zero_variance_groups=zero_var.mean(dtype=jnp.float32),
+        reward_mean=batch.rewards.mean(), reward_std=batch.rewards.std(),
+        advantage_abs_mean=jnp.abs(advantages).mean(),
+        tokens=jnp.sum(batch.attention_mask).astype(jnp.float32))
+    return state, metrics
+
+
+def _proximal_logprobs(graphdef, grpo_cfg, optim_cfg, group_size, temperature, params,
+                       mini: TrainBatch) -> jax.Array:
+    """float32 [m, k, rows, M]: the completion log-probs of every microbatch of every minibatch
+    (``mini``: the minibatches [m, N / m, ...]) under ``params``, by a forward without gradient
+    (its memory is a forward's; laid out as `_minibatch_update` splits each minibatch)."""
+    k = optim_cfg.microbatches
+    params = jax.lax.stop_gradient(params)
+    split = functools.partial(microbatch_split, k=k, group_size=group_size,
+                              split=split_mode(optim_cfg))
+
+    def micro(_, mb):
+        model = nnx.merge(graphdef, params)
+        lp, _, _ = completion_logprobs(
+            model, mb, temperature,
+            chunk_tokens=optim_cfg.get("logprob_chunk_tokens", DEFAULT_CHUNK_TOKENS),
+            group_size=prompt_rows(optim_cfg, group_size),
+            replay_routes=grpo_cfg.routing_replay == "R3")
+        return None, jax.lax.stop_gradient(lp)
+
+    def minibatch(_, mb):
+        return jax.lax.scan(micro, None, jax.tree.map(split, mb))
+
+    return jax.lax.scan(minibatch, None, mini)[1]
+
+
+def _minibatch_update(graphdef, tx, grpo_cfg, optim_cfg, group_size, temperature,
+                      state: LearnerState, xs):
+    """One optimizer step on one minibatch: ``xs`` = (TrainBatch rows, advantages [rows],
+    sequence mask [rows], proximal log-probs [k, rows / k, M] or None); ``group_size``: rows
+    per group in it. Returns (new state, (microbatch metrics [k], loss, grad norm, finite))."""
+    batch, advantages, sequence_mask, proximal = xs
+    k = optim_cfg.microbatches
     keep = batch.completion_mask * sequence_mask[:, None].astype(jnp.float32)
     micro = jax.tree.map(functools.partial(microbatch_split, k=k, group_size=group_size,
                                            split=split_mode(optim_cfg)),
                          (batch, advantages, sequence_mask))
-    # One denominator for the whole batch: the microbatch losses then sum to the batch loss.
+    # One denominator for the whole minibatch: the microbatch losses then sum to its loss.
     den_total = grpo.aggregation_denominator(
         keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
 
     grad_fn = jax.value_and_grad(
-        lambda p, mb, adv, sm: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature,
-                                                group_size, p, mb, adv, sm, den_total),
+        lambda p, mb, adv, sm, prox: _microbatch_loss(graphdef, grpo_cfg, optim_cfg, temperature,
+                                                      group_size, p, mb, adv, sm, prox,
+                                                      den_total),
         has_aux=True)
 
     def accumulate(carry, xs):
         grads, loss = carry
-        mb, adv, sm = xs
-        (l, metrics), g = grad_fn(state.params, mb, adv, sm)
+        mb, adv, sm, prox = xs
+        (l, metrics), g = grad_fn(state.params, mb, adv, sm, prox)
         grads = jax.tree.map(jnp.add, grads, g)
         return (grads, loss + l), metrics
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (grads, loss), micro_metrics = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)),
-                                                micro)
+                                                micro + (proximal,))
     grad_norm = optax.global_norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
@@ -290,16 +429,7 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
     keep_old = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = LearnerState(keep_old(new_params, state.params), keep_old(new_opt, state.opt_state),
                              state.step + finite.astype(jnp.int32))
-
-    metrics = _reduce_micro_metrics(micro_metrics)
-    metrics.update(
-        loss=loss, grad_norm=grad_norm, skipped=1 - finite.astype(jnp.int32),
-        learning_rate=schedule(state.step),
-        frac_zero_variance_groups=zero_var.mean(dtype=jnp.float32),
-        reward_mean=batch.rewards.mean(), reward_std=batch.rewards.std(),
-        advantage_abs_mean=jnp.abs(advantages).mean(),
-        tokens=jnp.sum(batch.attention_mask).astype(jnp.float32))
-    return new_state, metrics
+    return new_state, (micro_metrics, loss, grad_norm, finite)
 
 
 def microbatch_split(x: jax.Array, *, k: int, group_size: int, split: str = "rows") -> jax.Array:
@@ -334,11 +464,22 @@ def _reduce_micro_metrics(micro: dict[str, jax.Array]) -> dict:
             out[name] = wmean(x, micro["route_records"])
         elif name in ("logprob_diff_max_abs", "offpolicy/behaviour_weight_max"):
             out[name] = jnp.max(x)
+        elif name == "offpolicy/behaviour_weight_min":   # over microbatches with tokens
+            low = jnp.min(jnp.where(w_comp > 0, x, jnp.inf))
+            out[name] = jnp.where(jnp.isfinite(low), low, 0.0)
+        elif name == "offpolicy/ess":   # (sum w)^2 / (n sum w^2) of the whole batch
+            tokens = jnp.maximum(jnp.sum(w_comp), 1.0)
+            mean_w = jnp.sum(micro["behaviour_weight_sum"]) / tokens
+            mean_w2 = jnp.sum(micro["behaviour_weight_sq_sum"]) / tokens
+            out[name] = jnp.where(mean_w2 > 0, jnp.square(mean_w) / jnp.where(mean_w2 > 0,
+                                                                               mean_w2, 1.0), 0.0)
+        elif name in ("behaviour_weight_sum", "behaviour_weight_sq_sum"):
+            continue                                     # consumed by offpolicy/ess
         elif name in ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl",
                       "offpolicy/clip_frac", "offpolicy/masked_frac"):   # over loss tokens
             out[name] = wmean(x, w_keep)
         elif name == "aux_loss":
             out[name] = jnp.mean(x)
-        else:  # logprob_diff_mean, entropy, offpolicy/behaviour_weight_mean, offpolicy/mismatch_k3
-            out[name] = wmean(x, w_comp)                                  # over completion tokens
+        else:  # logprob_diff_mean, entropy, offpolicy/behaviour_weight_mean, offpolicy/mismatch_k3,
+            out[name] = wmean(x, w_comp)  # offpolicy/truncated_frac*: over completion tokens
     return out

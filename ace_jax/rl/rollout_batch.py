@@ -7,7 +7,7 @@ masks and hence log-probabilities are the ones the sampler saw.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -48,13 +48,80 @@ class TrainBatch(NamedTuple):
         return self.input_ids.shape[1] - self.completion_mask.shape[1]
 
 
-def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult,
-                     rewards, *, prompt_bucket: int, pad_id: int,
-                     ref_logprobs=None) -> TrainBatch:
-    """Builds a TrainBatch from the prompts and the grouped generation that answered them.
+BatchShardings = Callable[[TrainBatch], TrainBatch]
+"""A batch's target shardings: abstract TrainBatch (``jax.ShapeDtypeStruct`` leaves) -> a
+TrainBatch of ``jax.sharding.Sharding``, e.g. `ace_jax.runtime.placement.Placement.batch` (the
+learner's 'batch' rule: rows split, every other dim replicated)."""
 
-    ``rewards`` float [N]; rows are ordered as in ``gen`` (prompt-major, G samples each).
+
+class RouteRecord(NamedTuple):
+    """A batch's MoE routing record in host memory, as the sampler returned it: each prompt's
+    routes once and each row's completion routes. `block` assembles any block of the learner's
+    uint8 ``[N, P + M, L_moe, k]`` record (``[left-padded prompt routes | completion routes]``,
+    `engine.NO_ROUTE` on padding), so a device's shard is built without the whole array
+    (``N x (P + M) x L_moe x k`` bytes: 2.4 GB at 512 rows of 8k + 4k tokens, 48 x 8) ever
+    existing on the host or on one device.
+
+    Attributes:
+      prompt_routes: per prompt b, uint8 [len(prompt b), L_moe, k].
+      routes: uint8 [N, M, L_moe, k], each row's completion (`NO_ROUTE` past its length).
+      prompt_index: int [N], each row's prompt.
+      prompt_len: P, the left-padded prompt width (>= every prompt's length).
     """
+
+    prompt_routes: tuple
+    routes: np.ndarray
+    prompt_index: np.ndarray
+    prompt_len: int
+
+    @classmethod
+    def create(cls, prompt_routes: Sequence[np.ndarray], routes: np.ndarray,
+               prompt_index: np.ndarray, prompt_len: int) -> "RouteRecord":
+        """Checks the parts (ValueError naming what disagrees) and keeps them, not copied."""
+        routes = np.asarray(routes)
+        index = np.asarray(prompt_index)
+        if routes.dtype != np.uint8 or routes.ndim != 4:
+            raise ValueError(f"routes must be uint8 [N, M, L_moe, k], got {routes.dtype} "
+                             f"{list(routes.shape)}")
+        if index.shape != routes.shape[:1]:
+            raise ValueError(f"prompt_index has shape {index.shape}, the routes {routes.shape[0]} "
+                             f"rows")
+        if index.size and (index.min() < 0 or index.max() >= len(prompt_routes)):
+            raise ValueError(f"prompt_index points outside the {len(prompt_routes)} prompts")
+        for b, r in enumerate(prompt_routes):
+            r = np.asarray(r)
+            if r.dtype != np.uint8 or r.shape[1:] != routes.shape[2:] or len(r) > prompt_len:
+                raise ValueError(f"prompt {b}'s routes must be uint8 [<= {prompt_len}, "
+                                 f"{routes.shape[2]}, {routes.shape[3]}], got {r.dtype} "
+                                 f"{list(r.shape)}")
+        return cls(tuple(prompt_routes), routes, index, int(prompt_len))
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(N, P + M, L_moe, k) of the assembled record."""
+        n, m, layers, k = self.routes.shape
+        return n, self.prompt_len + m, layers, k
+
+    def block(self, index: tuple = ()) -> np.ndarray:
+        """The assembled record's block ``index`` (a tuple of slices, as
+        ``jax.make_array_from_callback`` passes a shard's; () = the whole record): uint8,
+        built from the rows the block covers only."""
+        index = tuple(index) + (slice(None),) * (4 - len(index))
+        p = self.prompt_len
+        rows = range(*index[0].indices(self.shape[0]))
+        out = np.full((len(rows),) + self.shape[1:], NO_ROUTE, np.uint8)
+        for j, i in enumerate(rows):
+            prompt = self.prompt_routes[self.prompt_index[i]]
+            out[j, p - len(prompt):p] = prompt
+            out[j, p:] = self.routes[i]
+        return out[(slice(None),) + index[1:]]
+
+
+def _host_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult, rewards, *,
+                prompt_bucket: int, pad_id: int, ref_logprobs=None
+                ) -> tuple[dict[str, np.ndarray], RouteRecord | None]:
+    """The TrainBatch's fields but ``routes`` as host numpy arrays of their final dtypes, and
+    the routing record (None without one); see `make_train_batch`."""
     ids, pos, mask = generate.left_pad(prompts, prompt_bucket, pad_id)
     idx = np.asarray(gen.prompt_index)
     tokens = np.asarray(gen.tokens)
@@ -66,23 +133,73 @@ def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationR
     if rew.shape != (n,):
         raise ValueError(f"rewards must have shape ({n},), got {rew.shape}")
     ref = np.zeros((n, m), np.float32) if ref_logprobs is None else np.asarray(ref_logprobs)
+    fields = dict(
+        input_ids=np.concatenate([ids[idx], tokens], axis=1).astype(np.int32),
+        positions=np.concatenate([pos[idx], next_pos], axis=1).astype(np.int32),
+        attention_mask=np.concatenate([mask[idx], comp_mask], axis=1),
+        completion_mask=comp_mask.astype(np.float32),
+        behaviour_logprobs=np.asarray(gen.logprobs, np.float32),
+        rewards=rew,
+        ref_logprobs=ref.astype(np.float32))
+    record = None
+    if gen.routes is not None:
+        if gen.prompt_routes is None or len(gen.prompt_routes) != len(prompts):
+            raise ValueError(f"the routing record needs one prompt_routes entry per prompt "
+                             f"({len(prompts)}), got "
+                             f"{None if gen.prompt_routes is None else len(gen.prompt_routes)}")
+        record = RouteRecord.create(gen.prompt_routes, gen.routes, idx, ids.shape[1])
+    return fields, record
+
+
+def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult,
+                     rewards, *, prompt_bucket: int, pad_id: int, ref_logprobs=None,
+                     shardings: BatchShardings | None = None) -> TrainBatch:
+    """Builds a TrainBatch from the prompts and the grouped generation that answered them.
+
+    ``rewards`` float [N]; rows are ordered as in ``gen`` (prompt-major, G samples each).
+
+    ``shardings`` None: every array on the default device (the routing record assembled whole
+    first). Else the batch's target shardings (`BatchShardings`, e.g. the learner's
+    ``placement.batch``): every array is built shard by shard from host memory
+    (``jax.make_array_from_callback``), so a device receives only its rows and the routing
+    record ``[N, P + M, L_moe, k]`` never exists whole (`RouteRecord.block`); on a multi-host
+    mesh each process builds its own devices' shards (the inputs must be the same on every
+    process). The learner then takes the batch as placed (`placed_on`).
+    """
+    fields, record = _host_batch(prompts, gen, rewards, prompt_bucket=prompt_bucket,
+                                 pad_id=pad_id, ref_logprobs=ref_logprobs)
+    if shardings is None:
+        return TrainBatch(**{k: jnp.asarray(v) for k, v in fields.items()},
+                          routes=None if record is None else jnp.asarray(record.block()))
+    return _place_from_host(fields, record, shardings)
+
+
+def _place_from_host(fields: dict[str, np.ndarray], record: RouteRecord | None,
+                     shardings: BatchShardings) -> TrainBatch:
+    """`TrainBatch` of global arrays with the shardings ``shardings`` gives the abstract batch,
+    each device's shard sliced (or, for the routes, assembled) from host memory."""
+    abstract = TrainBatch(
+        **{k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in fields.items()},
+        routes=None if record is None else jax.ShapeDtypeStruct(record.shape, jnp.uint8))
+    target = shardings(abstract)
+    arrays = {k: jax.make_array_from_callback(v.shape, getattr(target, k),
+                                              lambda index, v=v: v[index])
+              for k, v in fields.items()}
     routes = None
-    if gen.routes is not None:   # [left-padded prompt routes | completion routes]
-        p = ids.shape[1]
-        prompt_routes = np.full((len(prompts), p) + gen.routes.shape[2:], NO_ROUTE, np.uint8)
-        for b, r in enumerate(gen.prompt_routes):
-            prompt_routes[b, p - len(r):] = r
-        routes = jnp.asarray(np.concatenate([prompt_routes[idx], gen.routes], axis=1))
-    return TrainBatch(
-        input_ids=jnp.asarray(np.concatenate([ids[idx], tokens], axis=1)),
-        positions=jnp.asarray(np.concatenate([pos[idx], next_pos], axis=1).astype(np.int32)),
-        attention_mask=jnp.asarray(np.concatenate([mask[idx], comp_mask], axis=1)),
-        completion_mask=jnp.asarray(comp_mask.astype(np.float32)),
-        behaviour_logprobs=jnp.asarray(np.asarray(gen.logprobs, np.float32)),
-        rewards=jnp.asarray(rew),
-        ref_logprobs=jnp.asarray(ref, dtype=jnp.float32),
-        routes=routes,
-    )
+    if record is not None:
+        routes = jax.make_array_from_callback(record.shape, target.routes, record.block)
+    return TrainBatch(**arrays, routes=routes)
+
+
+def placed_on(batch: TrainBatch, shardings: BatchShardings) -> bool:
+    """Whether every array of ``batch`` already has the sharding ``shardings`` gives it (a batch
+    `make_train_batch` built with them): the learner then places nothing (re-placing a global
+    array of a multi-host mesh from one host is not possible)."""
+    target = shardings(batch)
+    arrays, wants = jax.tree.leaves(batch), jax.tree.leaves(target)
+    return len(arrays) == len(wants) and all(
+        isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim)
+        for x, s in zip(arrays, wants))
 
 
 class RouteStats(NamedTuple):

@@ -12,7 +12,7 @@ off: it needs every process to compile the same programs in the same order, and 
 processes do not (process 0 alone trains the tokenizer; the two-process test deadlocked in a
 shared compile at the first barrier).
 
-``python -m ace_jax.train`` enables it from the run config's top-level ``compile_cache_dir``
+``python -m ace_jax`` enables it from the run config's top-level ``compile_cache_dir``
 (``""`` = off), ``launch/evaluate.py`` and ``launch/serve.py`` from their ``--compile_cache_dir``
 flag (unset: ``DEFAULT_DIR``). It is process-wide jax state, so library code never calls
 `enable`.

@@ -11,9 +11,13 @@ size, pool, prefill chunk, pages per row), so a run compiles each once, whatever
 
 Public surface: ``submit`` (a prompt, n samples, a key, budgets, a temperature) -> request id;
 ``step`` (admit, decode ``sync_every`` steps) -> the `Completion`s that finished; ``drain``;
-``progress`` (the tokens of a request's running samples so far, for streaming); ``cancel`` (a
+``progress`` (the tokens of a request's running samples so far, for streaming); ``snapshot``
+(a request's running samples as unfinished `Completion`s: to checkpoint them); ``cancel`` (a
 request or one sample: its slot and pages freed at once); ``generate`` (`Generator.generate`'s
-contract); ``update_weights``; ``stats``. Its callers: the trainer (`make_sampler`), the server
+contract; it waits for its own requests only: others keep decoding, and their completions
+come out of the next ``step``); ``update_weights`` (new parameters and their policy version:
+running samples go on decoding under them, each token stamped with the version that sampled
+it, `Completion.versions`); ``stats``. Its callers: the trainer (`make_sampler`), the server
 (`ace_jax.policy.engines.JaxEngine`) and evaluation (`ace_jax.policy.policy.JaxPolicy`).
 
 Programs (``engine_programs``, jitted once per engine): ``prefill`` (one prompt chunk into its
@@ -140,6 +144,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.sync_every = d.sync_every
     c.shared_prefixes = d.shared_prefixes   # prompts read once per step for all their samples
     c.prefix_rows = d.prefix_rows
+    # Keep the MoE routing record (uint8 [tokens, L_moe, k] per sample) for the
+    # offpolicy/router_* metrics; R3 (grpo.routing_replay) keeps it whatever this says.
+    c.record_routes = False
     return c
 
 
@@ -177,15 +184,18 @@ def row_shards(placement, config: EngineConfig, kv_heads: int) -> tuple[int, int
 
 
 def make_sampler(model: nnx.Module, sampling: generate.SamplingConfig,
-                 cfg: ml_collections.ConfigDict, *, max_context: int, placement=None, layout=None):
+                 cfg: ml_collections.ConfigDict, *, max_context: int, placement=None, layout=None,
+                 record_routes: bool = False):
     """The trainer's sampler for the ``engine`` section ``cfg``: an `Engine`, or a
     `generate.Generator` (see `default_config`). Both have ``generate(prompts, key)`` and
-    ``update_weights(params)``. ``max_context``: used when ``cfg.max_context`` is 0."""
+    ``update_weights(params, version)``. ``max_context``: used when ``cfg.max_context`` is 0;
+    ``record_routes``: the engine keeps the MoE routing record (also when
+    ``cfg.record_routes``)."""
     devices = 1 if placement is None else placement.mesh.size
     if resolve_kind(cfg.kind, devices) == "static":
         return generate.Generator(model, sampling, placement=placement, layout=layout)
     return Engine(model, sampling, engine_config(cfg, max_context), placement=placement,
-                  layout=layout)
+                  layout=layout, record_routes=record_routes or bool(cfg.record_routes))
 
 
 def engine_config(cfg: ml_collections.ConfigDict, max_context: int) -> EngineConfig:
@@ -226,7 +236,23 @@ def state_shardings(mesh, mc, state: engine_programs.SlotState) -> engine_progra
     return out._replace(pools=jax.tree.map(lambda _: pool, state.pools))
 
 
-NO_ROUTE = 255
+def pack_step(tokens, logprobs, emitted, done, reason) -> jax.Array:
+    """What the host needs of a decode call, as one int32 array [S, 3 * steps + 2] (one
+    gather across processes instead of five): tokens [S, steps], the float32 log-probs' bits
+    [S, steps], emitted [S, steps], done [S], reason [S]. `unpack_step` inverts it."""
+    bits = jax.lax.bitcast_convert_type(logprobs.astype(jnp.float32), jnp.int32)
+    return jnp.concatenate([tokens, bits, emitted.astype(jnp.int32), done[:, None].astype(
+        jnp.int32), reason[:, None]], axis=1)
+
+
+def unpack_step(packed: np.ndarray, steps: int) -> tuple:
+    """(tokens, logprobs, emitted, done, reason) host arrays of a `pack_step` result."""
+    tokens, bits, emitted = (packed[:, i * steps:(i + 1) * steps] for i in range(3))
+    return (tokens, bits.view(np.float32), emitted.astype(bool),
+            packed[:, 3 * steps].astype(bool), packed[:, 3 * steps + 1])
+
+
+NO_ROUTE = engine_programs.NO_ROUTE
 """The uint8 routing record's "no record" id (`Completion.routes`; the model keeps its own
 router's choice for such a token)."""
 
@@ -234,19 +260,22 @@ router's choice for such a token)."""
 class Completion(NamedTuple):
     """One finished sample: ``tokens`` / ``logprobs`` (behaviour log-probs, float32) of its
     ``len(tokens)`` generated tokens (EOS / stop tokens included), ``finish_reason`` a
-    `generate.FinishReason`. For an MoE policy, the routing record (R3): ``routes`` uint8
+    `generate.FinishReason` (None for a sample still running, `Engine.snapshot`). With
+    ``record_routes`` and an MoE policy, the routing record (R3): ``routes`` uint8
     [len(tokens), L_moe, k], the experts each MoE layer sent each generated token to (the last
     token included: it is forwarded in the step that samples it), and ``prompt_routes`` uint8
-    [len(prompt), L_moe, k], the prompt's (shared by the request's samples); None for a dense
-    policy."""
+    [len(prompt), L_moe, k], the prompt's (shared by the request's samples); None otherwise.
+    ``versions`` int32 [len(tokens)]: the policy version (`Engine.update_weights`) whose
+    parameters sampled each token."""
 
     request: int
     sample: int
     tokens: list[int]
     logprobs: np.ndarray
-    finish_reason: int
+    finish_reason: int | None
     routes: np.ndarray | None = None
     prompt_routes: np.ndarray | None = None
+    versions: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -276,7 +305,8 @@ class Engine:
     """
 
     def __init__(self, model: nnx.Module, sampling: generate.SamplingConfig,
-                 config: EngineConfig = EngineConfig(), *, placement=None, layout=None):
+                 config: EngineConfig = EngineConfig(), *, placement=None, layout=None,
+                 record_routes: bool = False, version: int = 0):
         """``model``: the policy (params only); ``sampling``: the knobs (``group_size`` and
         ``prompt_bucket`` are unused here); ``placement``: the mesh and rules the params are
         placed with (`ace_jax.runtime.placement.Placement`; one device when None): the slots,
@@ -284,7 +314,10 @@ class Engine:
         (`models.attention._page_shards`), KV heads over 'tensor'. ``layout``: a
         `ace_jax.runtime.sampler_layout.SamplerLayout` (instead of ``placement``): decode in its
         placement with its model config's code paths, the weights resharded into it (cast to
-        its weight dtype) here and by every `update_weights`, as `generate.Generator` does."""
+        its weight dtype) here and by every `update_weights`, as `generate.Generator` does.
+        ``record_routes``: keep the MoE routing record (`Completion.routes`; R3 and the routing
+        metrics need it; off, the programs neither compute nor gather it). ``version``: the
+        policy version of ``model``'s parameters (stamped on the tokens they sample)."""
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(rest):
             raise ValueError("the policy holds non-parameter state; Engine expects params only")
@@ -321,6 +354,14 @@ class Engine:
         self._slot_tokens: list[list[int]] = [[] for _ in range(s)]
         self._slot_logprobs: list[list[float]] = [[] for _ in range(s)]
         self._slot_routes: list[list[np.ndarray]] = [[] for _ in range(s)]
+        self._slot_versions: list[list[int]] = [[] for _ in range(s)]
+        self.version = int(version)
+        self.record_routes = bool(record_routes)
+        if self.record_routes and mc.num_moe_layers:   # expert ids must fit the uint8 record
+            engine_programs.check_route_record(mc.num_experts)
+        # completions of other requests that a `generate` call's steps finished: the next
+        # `step` returns them first
+        self._unclaimed: list[Completion] = []
         # the shared prefixes (host copies, sent with each decode call): entry e's pages, slots
         # and rows (`qwen3.PagedPrefix`); a slot's (entry, position) in them
         pn = config.shared_prefixes
@@ -334,22 +375,30 @@ class Engine:
         self._next_id = 0
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
                           peak_pages=0)
-        self._prefill = jax.jit(engine_programs.prefill, static_argnums=(0,),
-                                donate_argnums=(2,))
+        self._prefill = jax.jit(functools.partial(engine_programs.prefill,
+                                                  record_routes=self.record_routes),
+                                static_argnums=(0,), donate_argnums=(2,))
         self._admit = jax.jit(engine_programs.admit, donate_argnums=(0,))
         self._retire = jax.jit(engine_programs.retire, donate_argnums=(0,))
-        self._decode = jax.jit(engine_programs.decode, static_argnums=(0, 1), donate_argnums=(5,))
+        self._decode = jax.jit(functools.partial(engine_programs.decode,
+                                                 record_routes=self.record_routes),
+                               static_argnums=(0, 1), donate_argnums=(5,))
         self._slice_layers = jax.jit(engine_programs.layer_params, static_argnums=(0,))
+        self._pack = jax.jit(pack_step)
         self._layers = self._sliced_layers()
 
     # ------------------------------------------------------------------ public surface
-    def update_weights(self, params: nnx.State) -> None:
+    def update_weights(self, params: nnx.State, version: int | None = None) -> None:
         """Installs new parameters (same structure; e.g. after a learner step), resharded
-        into the sampler's layout when it has one of its own."""
+        into the sampler's layout when it has one of its own; ``version``: their policy version
+        (default: the current one + 1). Samples in slots keep their pages (keys and values
+        written by the older parameters) and decode on under the new ones; every token records
+        the version that sampled it (`Completion.versions`)."""
         if jax.tree.structure(params) != self._structure:
             raise ValueError("update_weights: the new parameter tree has another structure")
         self.params = self._reshard(params)
         self._layers = self._sliced_layers()
+        self.version = self.version + 1 if version is None else int(version)
 
     def submit(self, prompt: Sequence[int], *, n: int = 1, key: jax.Array,
                max_new_tokens: int | Sequence[int] | None = None,
@@ -396,6 +445,28 @@ class Engine:
         self._waiting.append(rid)
         return rid
 
+    def snapshot(self, request: int) -> list[Completion]:
+        """The samples of ``request`` now in a slot, as unfinished `Completion`s (finish_reason
+        None): their tokens, behaviour log-probs, versions and routes so far (as of the last
+        `step`); what a checkpoint keeps of a sample in flight."""
+        req = self._requests.get(request)
+        if req is None:
+            return []
+        return [self._completion(slot, None, req.prompt_routes)
+                for slot, owner in enumerate(self._slot_owner)
+                if owner is not None and owner[0] == request]
+
+    def finished(self) -> list[Completion]:
+        """The completions a `generate` call finished for other requests since the last
+        `step` (which would return them first); taken, they are not returned again."""
+        out, self._unclaimed = self._unclaimed, []
+        return out
+
+    @property
+    def busy(self) -> bool:
+        """Whether any sample is waiting or running."""
+        return bool(self._waiting) or any(o is not None for o in self._slot_owner)
+
     def progress(self, request: int) -> dict[int, list[int]]:
         """The tokens generated so far by each sample of ``request`` now in a slot (as of the
         last `step`); samples not admitted yet, finished or cancelled are not listed."""
@@ -426,13 +497,14 @@ class Engine:
 
     def step(self) -> list[Completion]:
         """Admits waiting samples into free slots, decodes ``sync_every`` steps, and returns
-        the samples that finished."""
+        the samples that finished (first those a `generate` call finished for others)."""
+        finished = self.finished()
         self._admit_waiting()
         if all(o is None for o in self._slot_owner):
             if self._waiting:
                 raise RuntimeError("the engine cannot admit its next request with every slot free "
                                    "(a bug: submit checks that each request fits)")
-            return []
+            return finished
         steps = self.config.sync_every
         prefix = self._put(self._prefix) if self.config.shared_prefixes else None
         with self._context():
@@ -440,17 +512,21 @@ class Engine:
                 self.graphdef, steps, self.params, self._layers, self._knobs, self._state, prefix)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
-        tokens, logprobs, emitted, done, reason, routes = jax.tree.map(
-            multihost.host_value,
-            (tokens, logprobs, emitted, self._state.done, self._state.reason, routes))
+        with self._context():
+            packed = self._pack(tokens, logprobs, emitted, self._state.done, self._state.reason)
+        # the host's share of the call: S x (3 x steps + 2) int32 (ace30b: 512 x 98 x 4 B =
+        # 200 kB), and the routes only when recorded (S x steps x L_moe x k bytes)
+        self._bind_waiting()     # host work (and prefills) for what waits, while it decodes
+        tokens, logprobs, emitted, done, reason = unpack_step(multihost.host_value(packed), steps)
+        routes = None if routes is None else multihost.host_value(routes)
         self.stats["tokens"] += int(emitted.sum())
-        finished = []
         for slot, owner in enumerate(self._slot_owner):
             if owner is None:
                 continue
             keep = emitted[slot]
             self._slot_tokens[slot].extend(tokens[slot][keep].tolist())
             self._slot_logprobs[slot].extend(logprobs[slot][keep].tolist())
+            self._slot_versions[slot].extend([self.version] * int(keep.sum()))
             if routes is not None:
                 self._slot_routes[slot].append(routes[slot][keep])
             if done[slot]:
@@ -460,8 +536,19 @@ class Engine:
     def drain(self) -> list[Completion]:
         """Steps until every submitted sample has finished; returns them in finishing order."""
         out = []
-        while self._waiting or any(o is not None for o in self._slot_owner):
+        while self.busy or self._unclaimed:
             out.extend(self.step())
+        return out
+
+    def wait_for(self, requests) -> list[Completion]:
+        """Steps until every sample of ``requests`` (ids) has finished; returns theirs in
+        finishing order. Other requests decode alongside; their completions are kept for the
+        next `step`."""
+        want, out = set(requests), []
+        while any(r in self._requests for r in want) or any(
+                c.request in want for c in self._unclaimed):
+            for c in self.step():
+                (out if c.request in want else self._unclaimed).append(c)
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], key: jax.Array,
@@ -478,6 +565,9 @@ class Engine:
                              f"SamplingConfig); temperature, top_k, top_p may differ")
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
+        if self.busy and (cfg.top_k, cfg.top_p) != (self.sampling.top_k, self.sampling.top_p):
+            raise ValueError("generate: top_k / top_p apply to every slot, and other requests "
+                             "are running: use the engine's own while they run")
         knobs, self._knobs = self._knobs, generate.SamplingKnobs.from_config(cfg)
         try:
             return self._generate(prompts, key, cfg)
@@ -495,11 +585,13 @@ class Engine:
         lengths = np.zeros((n,), np.int32)
         reason = np.zeros((n,), np.int32)
         routes, prompt_routes = None, [None] * len(prompts)
-        for c in self.drain():
+        versions = np.zeros((n, m), np.int32)
+        for c in self.wait_for(ids):
             row = ids[c.request] * g + c.sample
             tokens[row, :len(c.tokens)] = c.tokens
             logprobs[row, :len(c.tokens)] = c.logprobs
             lengths[row], reason[row] = len(c.tokens), c.finish_reason
+            versions[row, :len(c.tokens)] = c.versions
             if c.routes is not None:
                 if routes is None:
                     routes = np.full((n, m) + c.routes.shape[1:], NO_ROUTE, np.uint8)
@@ -508,7 +600,8 @@ class Engine:
         prompt_index = np.repeat(np.arange(len(prompts), dtype=np.int32), g)
         # host arrays (as the trainer wants them): no transfer, no per-shape program
         return generate.GenerationResult(tokens, logprobs, lengths, reason, prompt_index,
-                                         routes, None if routes is None else tuple(prompt_routes))
+                                         routes, None if routes is None else tuple(prompt_routes),
+                                         versions)
 
     # ------------------------------------------------------------------ pages and slots
     def _prompt_pages(self, p: int) -> int:
@@ -645,7 +738,7 @@ class Engine:
                 self._slot_owner[slot] = (rid, sample)
                 self._slot_pages[slot] = shared + own
                 self._slot_tokens[slot], self._slot_logprobs[slot] = [], []
-                self._slot_routes[slot] = []
+                self._slot_routes[slot], self._slot_versions[slot] = [], []
                 batch.append((slot, rid, sample, shared + own, src, dst))
                 req.queue.popleft()
                 req.live += 1
@@ -732,12 +825,16 @@ class Engine:
                 self._free_prefixes[req.shard].append(req.prefix)
             del self._requests[rid]
 
-    def _release(self, slot: int, reason: int) -> Completion:
+    def _completion(self, slot: int, reason: int | None, prompt_routes) -> Completion:
+        """The `Completion` of the sample in ``slot`` so far."""
         rid, sample = self._slot_owner[slot]
-        prompt_routes = self._requests[rid].prompt_routes
-        self._free_slot(slot)
-        self._forget_if_done(rid)
         routes = (np.concatenate(self._slot_routes[slot]) if self._slot_routes[slot] else None)
-        return Completion(rid, sample, self._slot_tokens[slot],
+        return Completion(rid, sample, list(self._slot_tokens[slot]),
                           np.asarray(self._slot_logprobs[slot], np.float32), reason, routes,
-                          prompt_routes)
+                          prompt_routes, np.asarray(self._slot_versions[slot], np.int32))
+
+    def _release(self, slot: int, reason: int) -> Completion:
+        out = self._completion(slot, reason, self._requests[self._slot_owner[slot][0]].prompt_routes)
+        self._free_slot(slot)
+        self._forget_if_done(out.request)
+        return out

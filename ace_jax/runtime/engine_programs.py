@@ -15,6 +15,24 @@ from flax import nnx
 from ace_jax.runtime import generate
 from models import qwen3
 
+NO_ROUTE = 255
+"""The uint8 routing record's "no record" id (`engine.NO_ROUTE`): expert ids must stay below it."""
+
+
+class RouteRecordError(ValueError):
+    """The policy's expert ids do not fit the uint8 routing record."""
+
+
+def check_route_record(num_experts: int) -> None:
+    """Raises `RouteRecordError` unless every expert id 0..num_experts-1 fits the uint8 routing
+    record below `NO_ROUTE`: with more than 255 experts the cast would wrap ids silently
+    (expert 256 recorded as expert 0) or record expert 255 as "no record"."""
+    if num_experts > NO_ROUTE:
+        raise RouteRecordError(
+            f"the MoE routing record is uint8 with {NO_ROUTE} meaning 'no record': it holds "
+            f"expert ids 0..{NO_ROUTE - 1}, but the policy has {num_experts} experts (turn "
+            f"route recording off, or widen the record's dtype)")
+
 
 class SlotState(NamedTuple):
     """The device state of the slots (S = slots)."""
@@ -33,13 +51,15 @@ class SlotState(NamedTuple):
 
 
 def model_forward(model, layer_params, tokens, mask, pools, page_table, lengths, prefix=None,
-                  read_pages=None):
-    """-> (hidden states, pools, routes uint8 [B, T, L_moe, k] or None for a dense model).
-    ``prefix``: the rows' shared prompt pages (`qwen3.PagedPrefix`) or None; ``read_pages``:
-    `qwen3.PagedKVCache.read_pages`."""
+                  read_pages=None, record_routes=False):
+    """-> (hidden states, pools, routes uint8 [B, T, L_moe, k], or None for a dense model or
+    without ``record_routes``). ``prefix``: the rows' shared prompt pages (`qwen3.PagedPrefix`)
+    or None; ``read_pages``: `qwen3.PagedKVCache.read_pages`."""
     cache = qwen3.PagedKVCache(k=pools[0], v=pools[1], page_table=page_table, lengths=lengths,
                                prefix=prefix, read_pages=read_pages)
-    moe = model.config.num_moe_layers > 0
+    moe = record_routes and model.config.num_moe_layers > 0
+    if moe:     # at trace time: the engine's programs are never built to wrap expert ids
+        check_route_record(model.config.num_experts)
     out = model(tokens, attention_mask=mask, cache=cache, compute_logits=False,
                 layer_params=layer_params, return_routes=moe)
     routes = None if out.routes is None else out.routes.astype(jnp.uint8)
@@ -54,15 +74,16 @@ def layer_params(graphdef, params):
     return nnx.merge(graphdef, params).layer_params()
 
 
-def prefill(graphdef, params, pools, ids, page_rows, start, n_valid):
+def prefill(graphdef, params, pools, ids, page_rows, start, n_valid, record_routes=False):
     """One prompt chunk per row shard (R = the engine's row shards, 1 on one device): ids int32
     [R, C] (row r's first ``n_valid[r]`` real; 0 = no prompt in that shard) into the pages of
     ``page_rows`` [R, pages] (each row's shard's own page ids) from slot ``start`` [R] ->
     (pools, logits float32 [R, V] of each row's last real token, the chunk's routes uint8
-    [R, C, L_moe, k] or None)."""
+    [R, C, L_moe, k] or None; ``record_routes`` static: see `model_forward`)."""
     model = nnx.merge(graphdef, params)
     mask = jnp.arange(ids.shape[1])[None, :] < n_valid[:, None]
-    h, pools, routes = model_forward(model, None, ids, mask, pools, page_rows, start)
+    h, pools, routes = model_forward(model, None, ids, mask, pools, page_rows, start,
+                                     record_routes=record_routes)
     last = jnp.maximum(n_valid - 1, 0)[:, None, None]
     logits = model.lm_logits(jnp.take_along_axis(h, last, axis=1)[:, 0])
     return pools, logits, routes
@@ -98,7 +119,8 @@ def retire(state: SlotState, slots):
 
 
 def decode(graphdef, steps, params, layers, knobs, state: SlotState, prefix=None, *,
-           read_pages: int | None = None, truncate: bool | None = None):
+           read_pages: int | None = None, truncate: bool | None = None,
+           record_routes: bool = False):
     """``steps`` decode steps of every slot -> (state, tokens int32 [S, steps], logprobs
     float32 [S, steps], emitted bool [S, steps], routes uint8 [S, steps, L_moe, k] or None). A
     row samples from its logits with its key at step ``produced``, stops at EOS, a stop sequence
@@ -107,7 +129,7 @@ def decode(graphdef, steps, params, layers, knobs, state: SlotState, prefix=None
     the slots' shared prompt pages (each read once per step for all its rows). ``read_pages``
     (`qwen3.PagedKVCache.read_pages`) and ``truncate`` (`generate.sample_token`'s) are static
     hints for the dry run's cost program (`ace_jax.train.dry_run_programs.paged_decode_program`);
-    the engine passes neither."""
+    the engine passes neither. ``record_routes`` (static): return the MoE routing record."""
     model = nnx.merge(graphdef, params)
     knobs = knobs._replace(temperature=state.temperature)
 
@@ -126,7 +148,7 @@ def decode(graphdef, steps, params, layers, knobs, state: SlotState, prefix=None
         finishing = live & (hit_eos | hit_stop | spent)
         h, pools, routes = model_forward(model, layers, tok[:, None], live[:, None],
                                           state.pools, state.page_table, state.lengths, prefix,
-                                          read_pages)
+                                          read_pages, record_routes)
         state = state._replace(
             pools=pools, lengths=state.lengths + live, logits=model.lm_logits(h[:, -1, :]),
             produced=produced, done=state.done | finishing,

@@ -125,6 +125,10 @@ class GenerationResult(NamedTuple):
     # uint8 [len(prompt), L_moe, k].
     routes: np.ndarray | None = None
     prompt_routes: tuple | None = None
+    # The policy version that sampled each completion token (int32 [N, M], 0 past a row's
+    # length): the paged engine's (`Engine.update_weights`); None from the static generator
+    # (every token the generator's current parameters').
+    versions: np.ndarray | None = None
 
 
 def left_pad(prompts: Sequence[Sequence[int]], bucket: int, pad_id: int):
@@ -425,9 +429,10 @@ class Generator:
         self.sampling = sampling
         self.model_eos_ids = model_eos_ids(model.config)
 
-    def update_weights(self, params: nnx.State) -> None:
+    def update_weights(self, params: nnx.State, version: int | None = None) -> None:
         """Installs new parameters (same structure and shapes; e.g. after a learner step),
-        resharded into the sampler's layout when it has one of its own."""
+        resharded into the sampler's layout when it has one of its own. ``version`` (the
+        engine's per-token stamp) is not kept: every row of a call is sampled by one version."""
         if jax.tree.structure(params) != self._structure:
             raise ValueError("update_weights: the new parameter tree has another structure")
         self.params = self._reshard(params)

@@ -1,5 +1,5 @@
-"""Training runs: the entry point (`__main__`: ``python -m ace_jax.train``, a config's
-``mode`` -> its environment), the run's config schema (`config`), building a run (`setup`:
+"""Training runs (their command line is the package's entry point, ``python -m ace_jax``,
+``ace_jax/__main__.py``): the run's config schema (`config`), building a run (`setup`:
 tasks, tokenizer, model, warm start), the AceGRPO loop (`trainer`, one `Trainer.step()`), the
 code agent's environment (`environment`), a step's rollouts as arrays (`rollouts`), dynamic
 sampling (`dynamic_sampling`), SFT (`sft`), metrics and logs (`metrics`, `step_metrics`,

@@ -95,6 +95,17 @@ def rl_config() -> ml_collections.ConfigDict:
     # policy versions a rollout may lag behind the learner: the sandbox runs step t while the
     # trainer generates t+1 and learns on t-1 (1); 0 = synchronous
     c.max_staleness = 1
+    # Partial rollouts (ace_jax.train.partial_rollouts; the paged engine only). Off: each step
+    # submits its B groups and drains them (a step lasts as long as its longest sample). On:
+    # the engine holds ceil(partial_factor * B) groups, a step takes the first B that
+    # complete, the others decode on under the new weights (each token stamped with the
+    # policy version that sampled it). The factor: benchmarks/bench_rollouts.py (docs/offpolicy.md).
+    c.partial_rollouts = False
+    c.partial_factor = 2.0
+    # With partial rollouts: the most learner updates between the parameters that sampled a
+    # token and the update that learns on it (>= rl.max_staleness + 1); a step waits for a
+    # group that would otherwise pass it.
+    c.max_token_staleness = 3
     c.reward = "acegrpo_step"         # a name in ace_jax.env.rewards
     c.max_prompt_tokens = 768         # longer prompts keep their last tokens (counted in metrics)
     # Dynamic sampling (Trainer._refill): groups whose rewards all agree carry no gradient; up
@@ -127,6 +138,20 @@ def tasks_config() -> ml_collections.ConfigDict:
 
 DYNAMIC_SAMPLING = ("dapo", "reinforce_ada")   # rl.dynamic_sampling (Trainer._refill)
 
+
+def _check_partial(rl: ml_collections.ConfigDict) -> None:
+    """``rl.partial_factor`` >= 1; with partial rollouts on, ``rl.max_token_staleness`` leaves
+    room for a token to wait one step beyond the executions' lag (>= rl.max_staleness + 1)."""
+    f = rl.partial_factor
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 1:
+        raise ConfigError(f"rl.partial_factor must be a number >= 1 (groups the engine holds "
+                          f"per group a step takes), got {f!r}")
+    bound = rl.max_token_staleness
+    if rl.partial_rollouts and (isinstance(bound, bool) or not isinstance(bound, int)
+                                or bound < int(rl.max_staleness) + 1):
+        raise ConfigError(f"rl.max_token_staleness must be an int >= rl.max_staleness + 1 = "
+                          f"{int(rl.max_staleness) + 1} with partial rollouts on, got {bound!r}")
+
 # A run config holds RUN_SEED (-1) here by default: the run's ``seed`` (`resolve_seeds`).
 DERIVED_SEEDS = ("lp.seed", "sft.seed")
 
@@ -137,7 +162,7 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = ""                       # the run's name (the end-of-run summary says it)
     # the environment: "acegrpo" (the code agent, ace_jax.train.environment) or "ideator"
-    # (MLE-Ideator, configs/ideator.py); `python -m ace_jax.train` maps it (its ENVIRONMENTS)
+    # (MLE-Ideator, configs/ideator.py); `python -m ace_jax` maps it (its ENVIRONMENTS)
     c.mode = "acegrpo"
     c.workdir = ""                    # checkpoints, buffer, metrics, tokenizer (local or gs://)
     c.seed = 0
@@ -200,7 +225,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     Checks: ``workdir`` is set; ``grpo`` (``grpo.validate_config``); ``rl.reward`` is
     registered and ``grpo.beta == 0`` (no reference model); ``rl.batch_states >= 1`` and ``rl.group_size >= 2``; ``rl.max_staleness``;
     ``optim.microbatches`` divides the rows of a step;
-    ``optim.share_prompts`` (`learner.check_share_prompts`); the ``sampling`` values;
+    ``optim.share_prompts`` (`learner.check_share_prompts`), ``grpo.minibatches``
+    (`learner.check_minibatches`); the partial rollouts' knobs; the ``sampling`` values;
     ``tasks.source``; the ``mesh`` against the devices; and, for a preset model (no ``model.hf_path`` / ``model.init_from_run``), the
     context length against its ``max_position_embeddings`` (`check_context`; call it again once
     a loaded model's config is known).
@@ -239,6 +265,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
             or rl.token_budget < 0:
         raise ConfigError(f"rl.token_budget must be an int >= 0 (0 = off), got "
                           f"{rl.token_budget!r}")
+    _check_partial(rl)
     k = rl.max_staleness
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ConfigError(f"rl.max_staleness must be an int >= 0, got {k!r}")
@@ -248,6 +275,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
                           f"optim.microbatches = {k}")
     try:
         learner.check_share_prompts(cfg.optim, rl.batch_states, rl.group_size)
+        learner.check_minibatches(cfg.grpo, cfg.optim, rows, rl.group_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:

@@ -1,6 +1,6 @@
 """The production dry run: compile what trains for the target slice, and report its memory.
 
-``python -m ace_jax.train --config=configs/ace30b.py --dry_run`` calls `run_dry_run(config)`,
+``python -m ace_jax --config=configs/ace30b.py --dry_run`` calls `run_dry_run(config)`,
 prints `dry_run_report.format_report` and, last, `dry_run_report.summary` as one JSON line (exit
 status 1 when a program does not fit). Nothing is allocated and no weights are read:
 
@@ -13,7 +13,9 @@ status 1 when a program does not fit). Nothing is allocated and no weights are r
 3. THE jitted functions the trainer runs, `learner.jit_learner_step` and `generate._rollout`, are
    traced, lowered and (with devices) COMPILED from ``ShapeDtypeStruct`` inputs carrying those
    shardings; the model takes the target's code paths (``ModelConfig.platform``: splash attention
-   and ``ragged_dot`` MoE on TPU). XLA's per-chip figures (arguments, temporaries, outputs,
+   and ``ragged_dot`` MoE on TPU). With ``grpo.routing_replay = "R3"`` the learner step's batch
+   carries the MoE routing record (uint8 ``[rows, T, L_moe, k]``, split as the trainer splits
+   the batch) and its bytes per chip are read from the compiled program's inputs. XLA's per-chip figures (arguments, temporaries, outputs,
    aliases, their peak against the chip's HBM as the compiler states it, FLOPs, compile time)
    are reported per program (`ace_jax.train.dry_run_programs`);
 4. beside them an analytic table: exact per-device bytes of parameters, optimizer state, gradient
@@ -51,7 +53,8 @@ from ace_jax.runtime import generate, placement as placement_lib, sampler_layout
 from ace_jax.train import dry_run_analytic as analytic
 from ace_jax.train.dry_run_analytic import GB
 from ace_jax.train import dry_run_speed
-from ace_jax.train.dry_run_programs import (abstract_batch, cost_programs, decode_key_blocks, lower_programs,
+from ace_jax.train.dry_run_programs import (abstract_batch, cost_programs, decode_key_blocks,
+                                           entry_parameter_bytes, learner_routes, lower_programs,
                                            paged_decode_pages)
 from models import configs as model_configs
 from models import qwen3
@@ -226,12 +229,11 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     build_s = time.perf_counter() - t0
 
     n, p, m, t = shp["rows"], shp["prompt_len"], shp["new_tokens"], shp["seq_len"]
-    batch = abstract_batch(n, p, m, place)
+    batch = abstract_batch(n, p, m, place, learner_routes(config, mc))
 
     # ---- per-device memory (exact from the shardings, activations estimated) and time
     mem = analytic.memory_plan(mc, shp, mesh, place, params, psh, opt, osh, batch, total=total,
-                               target=str(target), optim=config.optim,
-                               routing_replay=config.grpo.routing_replay)
+                               target=str(target), optim=config.optim)
     cdt, pdt = mc.dtype, mc.param_dtype
     L, H, V = mc.num_hidden_layers, mc.hidden_size, mc.vocab_size
     params_b, opt_b = mem["params_bytes"], mem["opt_bytes"]
@@ -245,6 +247,7 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     # generate._rollout), with the trainer's Placement
     lowering, compiled = lower_programs(config, mc, shp, place, graphdef, params, psh, opt,
                                         state_sh, batch, platform=platform, compile=compile)
+    routes_compiled = _compiled_routes_bytes(compiled.get("learner_step"), batch)
     # ---- speed: rooflines of the compiled decode step, resharding and learner microbatch
     costs = cost_programs(config, mc, shp, place, platform=platform) if compile else {}
     costs = {k: v.to_dict() for k, v in costs.items()}
@@ -277,7 +280,8 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
             train_total=int(train_total), generate_total=int(gen_total), hbm_bytes=hbm,
             train_fits=bool(train_total <= hbm), generate_fits=bool(gen_total <= hbm),
             state_bytes_per_param=(params_b + opt_b + params_b) * chips / max(total, 1),
-            params_global_bytes=mem["params_global_bytes"]),
+            params_global_bytes=mem["params_global_bytes"], routes_bytes=int(mem["routes_bytes"]),
+            routes_compiled_bytes=routes_compiled),
         "time": time_s,
         "lowering": lowering,
         "compiled": {k: v.to_dict() for k, v in compiled.items()},
@@ -292,6 +296,17 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
     }
     report["checks"] = _spec_checks(config.model.preset, report)
     return report
+
+
+def _compiled_routes_bytes(program, batch) -> int | None:
+    """Bytes per chip of the routing record as the compiled learner step takes it (its input
+    ``routes``, `entry_parameter_bytes`); None when the batch has no record or nothing compiled.
+    Drops the program's HLO text afterwards (it is large and not reported)."""
+    if program is None or batch.routes is None or not program.ok or not program.hlo:
+        return None
+    found = entry_parameter_bytes(program.hlo, "routes")
+    program.hlo = None
+    return found
 
 
 def _spec_checks(preset: str, report: dict) -> list[dict]:

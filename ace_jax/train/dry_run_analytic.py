@@ -156,17 +156,19 @@ def decode_seconds(*, steps: int, rows: int, context_start: int, weight_bytes: f
 
 def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place, params: nnx.State,
                 psh: nnx.State, opt: Any, osh: Any, batch: Any, *, total: int, target: str,
-                optim: ml_collections.ConfigDict, routing_replay: str = "none") -> dict:
+                optim: ml_collections.ConfigDict) -> dict:
     """Per-device memory of the learner step and of generation.
 
     Args: the policy's config, the run's shapes (``dry_run._shapes``), the mesh and the trainer's
     ``Placement``, the abstract params and optimizer state with their shardings, the abstract
     ``TrainBatch`` (carrying its shardings), the total parameter count, the platform the model
-    is lowered for, the ``optim`` section and ``grpo.routing_replay`` (the MoE routing record,
-    uint8 ``[rows, T, L_moe, k]``, is counted with R3 and shown at 0 bytes otherwise).
+    is lowered for and the ``optim`` section. The MoE routing record (``batch.routes``, uint8
+    ``[rows, T, L_moe, k]``, present with ``grpo.routing_replay = "R3"``) has its own line, exact
+    from its sharding (0 bytes without it), and is not in the batch's line.
 
     Returns a dict: ``train`` and ``generate`` (lists of ``(name, bytes, note)``), their totals
-    ``train_total`` and ``generate_total``, ``params_bytes``, ``opt_bytes`` (per device),
+    ``train_total`` and ``generate_total``, ``params_bytes``, ``opt_bytes``, ``routes_bytes``
+    (per device),
     ``params_global_bytes`` and the learner's ``rows_per_device_microbatch`` /
     ``tokens_per_device_microbatch``.
     """
@@ -179,7 +181,10 @@ def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place,
     cb = _dtype_bytes(cdt)
     params_b = _tree_device_bytes(params, psh)
     opt_b = _tree_device_bytes(opt, osh)
-    batch_b = sum(_shard_bytes(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(batch))
+    routes = getattr(batch, "routes", None)
+    routes_b = 0 if routes is None else _shard_bytes(routes.shape, routes.dtype, routes.sharding)
+    batch_b = sum(_shard_bytes(x.shape, x.dtype, x.sharding)
+                  for x in jax.tree.leaves(batch._replace(routes=None)))
     params_global_b = total * _dtype_bytes(pdt)
 
     # ---- activation estimates (per device, one microbatch of the learner)
@@ -237,14 +242,15 @@ def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place,
          "sorted token copies + SwiGLU intermediates"),
         ("logits", logits, logits_note),
     ]
-    if mc.is_moe:   # the sampler's routing record in the TrainBatch (grpo.routing_replay)
+    if mc.is_moe:   # the sampler's routing record in the TrainBatch (grpo.routing_replay=R3)
         per_tok = mc.num_moe_layers * mc.num_experts_per_tok          # uint8 ids
         rec = math.ceil(n / _batch_shards(mesh, rules, n)) * t * per_tok
         train_items.append((
-            "MoE routing record (R3)", rec if routing_replay == "R3" else 0,
+            "MoE routing record (R3)", routes_b,
             f"uint8 [rows, T, {mc.num_moe_layers} MoE layers, top-{mc.num_experts_per_tok}]: "
             f"{per_tok} B/token, {rec / 1e6:.1f} MB/device"
-            + ("" if routing_replay == "R3" else " with grpo.routing_replay=R3 (off: 0)")))
+            + ("; exact, from shardings (a learner input)" if routes is not None
+               else " with grpo.routing_replay=R3 (off: 0)")))
 
     # ---- generation memory (per device)
     kv_axes = placement_lib.KV_CACHE_AXES["standard"][0]
@@ -278,6 +284,7 @@ def memory_plan(mc: model_configs.ModelConfig, shp: dict[str, int], mesh, place,
     gen_total = sum(v for _, v, _ in gen_items)
     return dict(train=train_items, generate=gen_items, train_total=train_total,
                 generate_total=gen_total, params_bytes=params_b, opt_bytes=opt_b,
+                routes_bytes=routes_b,
                 params_global_bytes=params_global_b, rows_per_device_microbatch=rows_dev,
                 tokens_per_device_microbatch=tok_dev)
 

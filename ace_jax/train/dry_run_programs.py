@@ -1,12 +1,15 @@
 """The dry run's programs (``ace_jax.train.dry_run``): THE jitted functions the trainer runs,
 ``learner.jit_learner_step`` and ``generate._rollout`` (and, where ``engine.kind`` resolves to
 the paged engine, its decode call and prefill), traced, lowered and (with devices) COMPILED (``ace_jax.runtime.tpu_compile``) from ``ShapeDtypeStruct`` inputs carrying the trainer's
-shardings (``lower_programs``); the abstract ``TrainBatch`` they take (``abstract_batch``)."""
+shardings (``lower_programs``); the abstract ``TrainBatch`` they take (``abstract_batch``), with
+the MoE routing record where the learner replays it (``learner_routes``), and its bytes per chip
+read back from the compiled learner step (``entry_parameter_bytes``)."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+import re
 import time
 from typing import Any
 
@@ -28,15 +31,56 @@ def with_sharding(sds: Any, sh: NamedSharding) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sh)
 
 
-def abstract_batch(n: int, p: int, m: int, place: placement_lib.Placement) -> TrainBatch:
-    """A TrainBatch of ShapeDtypeStructs carrying the placement's batch shardings."""
+def learner_routes(config: ml_collections.ConfigDict, mc: model_configs.ModelConfig
+                   ) -> tuple[int, int] | None:
+    """(L_moe, k) of the MoE routing record the learner's batch carries (uint8
+    ``[rows, P + M, L_moe, k]``): with ``grpo.routing_replay = "R3"`` and an MoE policy (the
+    trainer's sampler records it then); None otherwise."""
+    if config.grpo.routing_replay != "R3" or not mc.num_moe_layers:
+        return None
+    return int(mc.num_moe_layers), int(mc.num_experts_per_tok)
+
+
+def abstract_batch(n: int, p: int, m: int, place: placement_lib.Placement,
+                   routes: tuple[int, int] | None = None) -> TrainBatch:
+    """A TrainBatch of ShapeDtypeStructs carrying the placement's batch shardings (the trainer's
+    `Learner.step` places the batch by them): n rows of p prompt + m completion tokens;
+    ``routes`` (L_moe, k): with the routing record uint8 [n, p + m, L_moe, k] (`learner_routes`),
+    None: without one."""
     t = p + m
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
     batch = TrainBatch(input_ids=s((n, t), jnp.int32), positions=s((n, t), jnp.int32),
                        attention_mask=s((n, t), jnp.bool_), completion_mask=s((n, m), jnp.float32),
                        behaviour_logprobs=s((n, m), jnp.float32), rewards=s((n,), jnp.float32),
-                       ref_logprobs=s((n, m), jnp.float32))
+                       ref_logprobs=s((n, m), jnp.float32),
+                       routes=None if routes is None else s((n, t) + tuple(routes), jnp.uint8))
     return jax.tree.map(with_sharding, batch, place.batch(batch))
+
+
+# bytes per element of XLA's HLO element types
+_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+              "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_ENTRY_PARAMETER = re.compile(
+    r"=\s*(\w+)\[([\d,]*)\]\S*\s+parameter\(\d+\).*?op_name=\"([^\"]*)\"")
+
+
+def entry_parameter_bytes(hlo: str, name: str) -> int:
+    """Bytes per chip of the compiled program's inputs named ``name`` (the last part of the
+    argument's path, e.g. "routes" for the batch's `TrainBatch.routes`), read from its optimised
+    HLO (``hlo``: `tpu_compile.CompiledProgram.hlo`): after SPMD partitioning an entry
+    parameter's shape is one chip's shard. Unpadded: layout tiling is not counted. 0 when no
+    such input (e.g. the compiler dropped an unused one)."""
+    start = hlo.find("\nENTRY ")
+    if start < 0:
+        return 0
+    end = hlo.find("\n}", start)
+    total = 0
+    for line in hlo[start:end if end > 0 else None].splitlines():
+        found = _ENTRY_PARAMETER.search(line)
+        if found and found[3].split(".")[-1] == name:
+            dims = [int(d) for d in found[2].split(",") if d]
+            total += math.prod(dims) * _HLO_BYTES[found[1]]
+    return total
 
 
 def _lower(traced, platform: str | None):
@@ -53,7 +97,10 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
     (`sampler_layout.SamplerLayout` of ``config.sampler_mesh``).
 
     Returns ``(lowering, compiled)``: per program ``{ok, trace_s, lower_s, hlo_chars | error}``
-    and the ``tpu_compile.CompiledProgram``; both empty when nothing is lowered.
+    and the ``tpu_compile.CompiledProgram``; both empty when nothing is lowered. The learner
+    step takes ``batch`` as given (with the routing record when it has one: `learner_routes`)
+    and then keeps its optimised HLO (``hlo``), to read the record's bytes per chip from it
+    (`entry_parameter_bytes`).
     """
     dry = config.dry_run
     m, b, p, g = shp["new_tokens"], shp["prompts"], shp["prompt_len"], shp["group_size"]
@@ -67,7 +114,8 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
         with place.context():
             lowering["learner_step"], lowered = _trace_and_lower(jitted, (state_in, batch), platform)
         if compile:
-            compiled["learner_step"] = _compile(lowered, lowering["learner_step"])
+            compiled["learner_step"] = _compile(lowered, lowering["learner_step"],
+                                                keep_hlo=batch.routes is not None)
 
         layout = sampler_layout.SamplerLayout.from_config(config.sampler_mesh, place, mc)
         splace = layout.placement
@@ -119,8 +167,12 @@ def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, in
         prefix = qwen3.PagedPrefix(host((ecfg.shared_prefixes, ecfg.pages_per_row)),
                                    host((ecfg.shared_prefixes,)),
                                    host((ecfg.shared_prefixes, ecfg.prefix_rows)))
-    decode = jax.jit(engine_programs.decode, static_argnums=(0, 1), donate_argnums=(5,))
-    prefill = jax.jit(engine_programs.prefill, static_argnums=(0,), donate_argnums=(2,))
+    # the engine records the MoE routes for the learner where it replays them (`learner_routes`)
+    record = learner_routes(config, smc) is not None
+    decode = jax.jit(functools.partial(engine_programs.decode, record_routes=record),
+                     static_argnums=(0, 1), donate_argnums=(5,))
+    prefill = jax.jit(functools.partial(engine_programs.prefill, record_routes=record),
+                      static_argnums=(0,), donate_argnums=(2,))
     out = {}
     with splace.context():
         out["engine_decode"] = _trace_and_lower(decode, (
@@ -361,7 +413,8 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
             params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), jnp.int32)), state_sh)
         jitted = learner.jit_learner_step(graphdef, config.grpo, optim, rows_per_prompt, place,
                                           params, temperature=config.sampling.temperature)
-        batch = abstract_batch(shp["rows_per_microbatch"], p, m, place)
+        batch = abstract_batch(shp["rows_per_microbatch"], p, m, place,
+                               learner_routes(config, small))
         with place.context():
             info, lowered = _trace_and_lower(jitted, (state_in, batch), platform)
         out[f"learner_microbatch_L{layers}"] = _compile(lowered, info, hbm_traffic=True)
@@ -374,14 +427,15 @@ def cost_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelConf
     return out
 
 
-def _compile(lowered, lowering: dict, *, hbm_traffic: bool = False) -> tpu_compile.CompiledProgram:
+def _compile(lowered, lowering: dict, *, hbm_traffic: bool = False,
+             keep_hlo: bool = False) -> tpu_compile.CompiledProgram:
     """The compiled program, or (lowering failed) a failed one that carries the lowering error.
     ``hbm_traffic``: the cost programs' (`tpu_compile.compile_program`: each operand counted
-    once, not once per on-chip prefetch copy)."""
+    once, not once per on-chip prefetch copy); ``keep_hlo``: keep the optimised HLO text."""
     if lowered is None:
         return tpu_compile.CompiledProgram(ok=False, compile_s=0.0,
                                            error=f"not lowered: {lowering.get('error', '')}")
-    return tpu_compile.compile_program(lowered, hbm_traffic=hbm_traffic)
+    return tpu_compile.compile_program(lowered, hbm_traffic=hbm_traffic, keep_hlo=keep_hlo)
 
 
 def _trace_and_lower(jitted, args, platform):

@@ -48,6 +48,9 @@ def summary(report: dict) -> dict:
         out["engine_fits"] = all(c["ok"] for c in engine) and peak <= frac * me["hbm_bytes"]
         fits = fits and out["engine_fits"]
     out["fits"] = fits
+    routes = _routes_bytes(me)
+    if routes:          # the learner's MoE routing record (grpo.routing_replay = "R3")
+        out["learner_routes_mb"] = round(routes / 1e6, 3)
     sp = report.get("speed") or {}
     if sp:
         out.update(decode_tok_s_chip=round(sp["decode_tok_s_chip"], 1),
@@ -65,6 +68,13 @@ def summary(report: dict) -> dict:
         out["cost_program_errors"] = {k: report["cost_programs"][k]["error"][:200] for k in failed}
     return out
 
+
+
+def _routes_bytes(memory: dict) -> int:
+    """The learner's routing record per chip: as the compiled learner step takes it when it was
+    compiled, else exact from its sharding; 0 without a record."""
+    compiled = memory.get("routes_compiled_bytes")
+    return int(memory.get("routes_bytes", 0) if compiled is None else compiled)
 
 
 # ------------------------------------------------------------------------------------ printing
@@ -162,6 +172,11 @@ def format_report(report: dict) -> str:
                        if name in analytic else "") +
                     f"{r['flops'] / 1e12:.1f} TFLOP (XLA cost analysis: loop bodies counted once); "
                     f"compiled in {r['compile_s']:.0f} s")
+                if name == "learner_step" and me.get("routes_compiled_bytes") is not None:
+                    lines.append(
+                        f"  {'':<18} of its arguments, the MoE routing record (R3): "
+                        f"{_gb(me['routes_compiled_bytes']).strip()} (its input `routes`; from "
+                        f"the shardings {_gb(me.get('routes_bytes', 0)).strip()})")
             elif r["oom"]:
                 lines.append(f"  {name:<18} DOES NOT FIT: the compiler needs "
                              f"{_gb(r['peak_bytes']).strip()} of temporaries, "

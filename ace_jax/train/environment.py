@@ -2,7 +2,7 @@
 writes the script itself (``agent.render_prompt`` -> ``agent.parse_action`` -> the sandbox pool).
 
 The ``Environment`` protocol and the ``EnvContext`` an environment is bound to are
-``ace_jax.env.environment``'s; ``python -m ace_jax.train`` maps a config's ``mode`` to an
+``ace_jax.env.environment``'s; ``python -m ace_jax`` maps a config's ``mode`` to an
 environment.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -29,7 +29,8 @@ class Rollout:
         and when a resumed step is restored, not stored in a checkpoint).
       text: decoded completion; action: what the environment parsed from it (an
         ``agent.Action`` / ``agent.InvalidAction`` for the code agent).
-      policy_version: learner step of the params that generated it.
+      policy_version: learner step of the params that generated it (of its oldest token, when
+        its tokens span several: partial rollouts; ``StepRollouts.gen.versions`` per token).
       result: the sandbox's ExecutionResult (None when nothing ran).
       reward: from the reward registry.
     """
@@ -57,6 +58,8 @@ class StepRollouts:
       truncated: prompts cut to ``rl.max_prompt_tokens``.
       learner_version: the learner's step when it learned on these rollouts (None before).
       refill_rounds: the extra generation rounds dynamic sampling appended (``extend``).
+      group_ids: with partial rollouts, each group's id (`partial_rollouts.Group.seq`, one
+        per prompt): what the rollouts log names a sample by; None otherwise.
     """
 
     step: int
@@ -69,16 +72,46 @@ class StepRollouts:
     futures: list = dataclasses.field(default_factory=list)
     learner_version: Optional[int] = None
     refill_rounds: int = 0     # dynamic sampling's extra generation rounds (Trainer._refill)
+    group_ids: Optional[list[int]] = None
+
+    @classmethod
+    def from_generation(cls, step: int, states: Sequence[Any], prompts: list[list[int]],
+                        gen: generate.GenerationResult, gen_seconds: float, *, version: int,
+                        decode: Callable[[list[int]], str]) -> "StepRollouts":
+        """The rollouts of generation ``gen`` (host arrays) of the ``states``' ``prompts``:
+        texts by ``decode``; a row's policy version is that of its oldest token (``version``,
+        the generator's, when ``gen`` has no per-token versions)."""
+        rollouts = []
+        for i in range(gen.tokens.shape[0]):
+            st, n = states[int(gen.prompt_index[i])], int(gen.lengths[i])
+            oldest = version if gen.versions is None or n == 0 else int(gen.versions[i, :n].min())
+            rollouts.append(Rollout(state_id=st.state_id, task_id=st.task_id, state=st,
+                                    policy_version=oldest, text=decode(gen.tokens[i, :n].tolist())))
+        return cls(step, prompts, gen, rollouts, gen_seconds=gen_seconds,
+                   gen_tokens=int(gen.lengths.sum()))
 
     @property
     def policy_version(self) -> int:
-        return self.rollouts[0].policy_version
+        """The oldest policy version that sampled any of these rollouts."""
+        return min(r.policy_version for r in self.rollouts)
 
     @property
     def staleness(self) -> int:
-        """Learner updates between the policy that generated these rollouts and the one that
-        learned on them (at most ``rl.max_staleness``)."""
+        """Learner updates between the oldest policy that generated these rollouts and the one
+        that learned on them (at most ``rl.max_staleness``; with partial rollouts at most
+        ``rl.max_token_staleness``)."""
         return self.learner_version - self.policy_version
+
+    def token_staleness(self) -> np.ndarray:
+        """int [completion tokens]: each generated token's staleness when learned on (the
+        learner's version minus the version that sampled it; a row's ``policy_version`` when
+        the generator records no per-token versions)."""
+        n = self.gen.lengths
+        if self.gen.versions is None:
+            v = np.repeat([r.policy_version for r in self.rollouts], n)
+        else:
+            v = np.concatenate([self.gen.versions[i, :n[i]] for i in range(len(n))] or [[]])
+        return self.learner_version - np.asarray(v, np.int64)
 
     def completion(self, i: int) -> np.ndarray:
         """Row i's completion token ids (its true length)."""
@@ -91,11 +124,15 @@ class StepRollouts:
     def rewards(self) -> np.ndarray:
         return np.asarray([r.reward for r in self.rollouts], np.float32)
 
-    def train_batch(self, *, prompt_bucket: int, pad_id: int) -> rollout_batch.TrainBatch:
+    def train_batch(self, *, prompt_bucket: int, pad_id: int,
+                    shardings: rollout_batch.BatchShardings | None = None
+                    ) -> rollout_batch.TrainBatch:
         """The learner's batch: the prompts left-padded as the sampler padded them, followed by
-        the generated arrays, and the rewards."""
+        the generated arrays, and the rewards (``shardings``: built per shard from host memory
+        in the learner's shardings, `rollout_batch.make_train_batch`)."""
         return rollout_batch.make_train_batch(self.prompts, self.gen, self.rewards(),
-                                              prompt_bucket=prompt_bucket, pad_id=pad_id)
+                                              prompt_bucket=prompt_bucket, pad_id=pad_id,
+                                              shardings=shardings)
 
     # ------------------------------------------------------------------ dynamic sampling
 
@@ -116,7 +153,11 @@ class StepRollouts:
             cat(self.gen.prompt_index, np.asarray(more.gen.prompt_index) + b),
             None if self.gen.routes is None else cat(self.gen.routes, more.gen.routes),
             None if self.gen.prompt_routes is None
-            else tuple(self.gen.prompt_routes) + tuple(more.gen.prompt_routes))
+            else tuple(self.gen.prompt_routes) + tuple(more.gen.prompt_routes),
+            None if self.gen.versions is None or more.gen.versions is None
+            else cat(self.gen.versions, more.gen.versions))
+        if self.group_ids is not None:   # a refill's groups are not partial rollouts' groups
+            self.group_ids = list(self.group_ids) + [None] * len(more.prompts)
         self.prompts = list(self.prompts) + list(more.prompts)
         self.rollouts = list(self.rollouts) + list(more.rollouts)
         self.futures = list(self.futures) + list(more.futures)
@@ -131,24 +172,30 @@ class StepRollouts:
                                  for b in groups])
 
     def select_rows(self, groups: Sequence[Sequence[int]]) -> "StepRollouts":
-        """A step of the given groups of rows (each group's rows answer one prompt, e.g. a
-        state's samples gathered over several rounds: equal prompts count as one), group-major
-        in the given order."""
+        """A step of the given groups of rows (each group's rows answer one prompt text, e.g. a
+        state's samples gathered over several generation rounds), group-major in the given
+        order. A group keeps one prompt entry per round its rows came from (equal token ids;
+        each row's ``prompt_index`` points at its own round's), so each row keeps its own
+        round's prompt routes (the routing record of the prompt's forward in that round).
+
+        Raises:
+          ValueError: a group is empty or its rows answer prompts of different token ids.
+        """
         rows = [i for grp in groups for i in grp]
         index = np.asarray(self.gen.prompt_index)
-        prompts = []
+        prompts, prompt_index = [], []      # per (group, round) its prompt; per row its entry
         for grp in groups:
             owners = sorted({int(index[i]) for i in grp})
             if not grp or any(self.prompts[o] != self.prompts[owners[0]] for o in owners):
                 raise ValueError(f"a group's rows must answer one prompt, got prompts {owners}")
-            prompts.append(owners[0])
+            prompt_index += [len(prompts) + owners.index(int(index[i])) for i in grp]
+            prompts += owners
         take = lambda a: None if a is None else np.asarray(a)[rows]  # noqa: E731
         gen = generate.GenerationResult(
             take(self.gen.tokens), take(self.gen.logprobs), take(self.gen.lengths),
-            take(self.gen.finish_reason),
-            np.repeat(np.arange(len(groups), dtype=np.int32), [len(g) for g in groups]),
+            take(self.gen.finish_reason), np.asarray(prompt_index, np.int32),
             take(self.gen.routes), None if self.gen.prompt_routes is None
-            else tuple(self.gen.prompt_routes[b] for b in prompts))
+            else tuple(self.gen.prompt_routes[b] for b in prompts), take(self.gen.versions))
         out = StepRollouts(self.step, [self.prompts[b] for b in prompts], gen,
                            [self.rollouts[i] for i in rows], gen_seconds=self.gen_seconds,
                            gen_tokens=self.gen_tokens, truncated=self.truncated)
@@ -167,6 +214,9 @@ class StepRollouts:
                     finish_reason=self.gen.finish_reason.tolist(),
                     prompt_index=self.gen.prompt_index.tolist(),
                     **_routes_json(self.gen),
+                    **({} if self.gen.versions is None else dict(versions=[
+                        self.gen.versions[i, :self.gen.lengths[i]].tolist() for i in range(n)])),
+                    **({} if self.group_ids is None else dict(group_ids=self.group_ids)),
                     rollouts=[dict(state_id=r.state_id, task_id=r.task_id, text=r.text,
                                    policy_version=r.policy_version) for r in self.rollouts],
                     gen_seconds=self.gen_seconds, gen_tokens=self.gen_tokens,
@@ -197,13 +247,20 @@ class StepRollouts:
             tokens[i, :len(c)] = c
             logprobs[i, :len(c)] = lp
             lengths[i] = len(c)
+        versions = None
+        if "versions" in d:
+            versions = np.zeros((n, m), np.int32)
+            for i, v in enumerate(d["versions"]):
+                versions[i, :len(v)] = v
         gen = generate.GenerationResult(tokens, logprobs, lengths, np.asarray(reason, np.int32),
-                                        np.asarray(index, np.int32), *_routes_from_json(d, m))
+                                        np.asarray(index, np.int32), *_routes_from_json(d, m),
+                                        versions)
         rollouts = [Rollout(state_id=r["state_id"], task_id=r["task_id"], text=r["text"],
                             policy_version=r["policy_version"]) for r in rows]
         return cls(int(d["step"]), [list(p) for p in prompts], gen, rollouts,
                    gen_seconds=float(d.get("gen_seconds", 0.0)),
-                   gen_tokens=int(d.get("gen_tokens", 0)), truncated=int(d.get("truncated", 0)))
+                   gen_tokens=int(d.get("gen_tokens", 0)), truncated=int(d.get("truncated", 0)),
+                   group_ids=d.get("group_ids"))
 
 
 def _routes_json(gen: generate.GenerationResult) -> dict:

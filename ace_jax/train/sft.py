@@ -222,9 +222,9 @@ def _measured_weak_scores(seed: int) -> dict[tuple[str, str], float]:
     from sandbox import seed_corpus
 
     path = seed_corpus.RESULTS_DIR / f"seed{seed}" / "pairs.json"
-    if not path.exists():
-        return {}
-    return {(r["task_id"], r["weak"]): float(r["weak_dev"]) for r in json.loads(path.read_text())}
+    rows = json.loads(path.read_text()) if path.exists() else []
+    rows += seed_corpus.procedural_pair_rows(seed)
+    return {(r["task_id"], r["weak"]): float(r["weak_dev"]) for r in rows}
 
 
 # --------------------------------------------------------------------------------------------------

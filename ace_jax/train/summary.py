@@ -1,4 +1,4 @@
-"""What a training run prints when it ends (``python -m ace_jax.train``): the run's name, steps,
+"""What a training run prints when it ends (``python -m ace_jax``): the run's name, steps,
 minutes and generated tokens, first vs last valid rate and probe, and where its metrics,
 checkpoints and TensorBoard logs are. Built from ``Trainer.run``'s summary and the metrics file."""
 from __future__ import annotations

@@ -7,6 +7,8 @@ does. The candidates are tried from the largest down and the first that qualifie
 needs no other). Writes ``pilot.json`` (one record per S tried) beside this file.
 
     python results/ideator_room/pilot.py --root runs/ideator_room_pilot
+
+from the checkout's root, with the package installed (``pip install -e .``, the README's setup).
 """
 import argparse
 import json
@@ -14,11 +16,10 @@ import os
 import subprocess
 import sys
 
+from ace_jax.experiments import ablation
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, REPO)
-
-from ace_jax.experiments import ablation  # noqa: E402
 
 TASKS = ("iris-species", "wine-cultivar", "breast-cancer-diagnosis", "diabetes-progression",
          "wine-alcohol", "digits-8x8")

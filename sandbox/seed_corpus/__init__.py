@@ -10,6 +10,14 @@ Layout::
 Every script reads ``./input/train.csv`` and ``./input/test.csv``, holds out 20 % of train, prints
 ``VALIDATION_METRIC: <float>``, refits on all of train and writes ``./submission/submission.csv``.
 They are the warm-start SFT corpus (drafts) and, through the pairs, the improve-step examples.
+
+The procedural task family (``sandbox.tasks.procedural``, ids ``proc-<kind>-NNN``) has no files
+here: its baseline scripts are rendered from each instance's schema
+(``sandbox.seed_corpus.procedural``), and only those of its **training** instances are seed
+scripts: ``list_scripts`` raises KeyError for a held-out or held-out-family instance, and
+``improvement_pairs`` / ``sft_task_ids`` leave them out, so no SFT example can come from one.
+Their scores come from one compact file, ``results/seed<k>/procedural.csv``
+(``python -m sandbox.procedural_sweep``).
 """
 from __future__ import annotations
 
@@ -36,15 +44,44 @@ class SeedScript:
 
 
 def task_ids() -> list[str]:
-    """Tasks that have seed scripts."""
+    """Tasks that have seed script files (the offline suite)."""
     return sorted(p.name for p in CORPUS_DIR.iterdir() if p.is_dir() and any(p.glob("[0-9]*.py")))
 
 
+def _procedural():
+    from sandbox.tasks import procedural
+
+    return procedural
+
+
+def procedural_task_ids() -> list[str]:
+    """The procedural instances that have seed scripts: the training split only."""
+    return _procedural().split_ids("train")
+
+
+def sft_task_ids() -> list[str]:
+    """Every task with seed scripts: the offline suite and the procedural training instances."""
+    return sorted(task_ids() + procedural_task_ids())
+
+
 def list_scripts(task_id: Optional[str] = None) -> list[SeedScript]:
-    """Every seed script (of one task, or all), ordered by task then file name."""
+    """Every seed script (of one task, or all offline tasks), ordered by task then file name.
+
+    A procedural instance of the training split gets its rendered baseline scripts; a held-out
+    or held-out-family instance raises KeyError (it is not in the SFT corpus)."""
     ids = [task_id] if task_id else task_ids()
     out = []
     for t in ids:
+        proc = _procedural()
+        if proc.is_procedural(t):
+            if proc.instance_split(t) != "train":
+                raise KeyError(f"task {t!r} is a procedural instance of split "
+                               f"{proc.instance_split(t)!r}: held out, so it has no seed scripts "
+                               "(the SFT corpus holds training instances only)")
+            from sandbox.seed_corpus import procedural as proc_scripts
+
+            out += proc_scripts.baseline_scripts(t)
+            continue
         d = CORPUS_DIR / t
         if not d.is_dir():
             raise KeyError(f"no seed scripts for task {t!r}; have {task_ids()}")
@@ -52,7 +89,51 @@ def list_scripts(task_id: Optional[str] = None) -> list[SeedScript]:
     return out
 
 
-def improvement_pairs(seed: int = 0, measured_only: bool = True) -> list[tuple[SeedScript, SeedScript]]:
+def reference_scores(task_id: str, seed: int = 0) -> dict[str, float]:
+    """{script name: measured dev score} of a task's valid runs in the committed sweep of
+    ``seed`` (offline: ``results/seed<k>/<task>/results.json``; procedural: the compact
+    ``results/seed<k>/procedural.csv``); {} without a sweep."""
+    proc = _procedural()
+    if proc.is_procedural(task_id):
+        df = proc.sweep_results(seed)
+        if df is None:
+            return {}
+        rows = df[(df["task_id"] == task_id) & (df["status"] == "ok")].dropna(subset=["dev_score"])
+        return {str(r.team): float(r.dev_score) for r in rows.itertuples()}
+    path = RESULTS_DIR / f"seed{seed}" / task_id / "results.json"
+    if not path.exists():
+        return {}
+    runs = json.loads(path.read_text())["runs"]
+    return {r["script"]: float(r["dev_score"]) for r in runs
+            if r["status"] == "ok" and r["dev_score"] is not None}
+
+
+def procedural_pair_rows(seed: int = 0) -> list[dict]:
+    """The declared pairs of the procedural training instances with their measured dev scores,
+    shaped like ``results/seed<k>/pairs.json``'s rows (task_id, weak, strong, weak_dev,
+    strong_dev, improves); [] without a sweep."""
+    from sandbox import grading
+    from sandbox.seed_corpus import procedural as proc_scripts
+
+    proc = _procedural()
+    df = proc.sweep_results(seed)
+    if df is None:
+        return []
+    dev = {(r.task_id, r.team): float(r.dev_score) for r in df.itertuples()
+           if r.status == "ok" and r.dev_score == r.dev_score}
+    out = []
+    for t in procedural_task_ids():
+        lower = proc.make_spec(*proc.parse_task_id(t)).metric_info.lower_is_better
+        for weak, strong in proc_scripts.declared_pairs(t):
+            w, s = dev.get((t, weak)), dev.get((t, strong))
+            out.append({"task_id": t, "weak": weak, "strong": strong, "weak_dev": w,
+                        "strong_dev": s, "improves": bool(w is not None and s is not None
+                                                          and grading.improves(s, w, lower))})
+    return out
+
+
+def improvement_pairs(seed: int = 0,
+                      measured_only: bool = True) -> list[tuple[SeedScript, SeedScript]]:
     """(weaker, stronger) script pairs for the improve step.
 
     With ``measured_only`` (default) only pairs whose stronger script really scored better on the
@@ -66,5 +147,22 @@ def improvement_pairs(seed: int = 0, measured_only: bool = True) -> list[tuple[S
     else:
         declared = json.loads((CORPUS_DIR / "pairs.json").read_text())
         pairs = [(t, w, s) for t, ps in sorted(declared.items()) for w, s in ps]
-    return [(SeedScript(t, w, (CORPUS_DIR / t / w).read_text()),
-             SeedScript(t, s, (CORPUS_DIR / t / s).read_text())) for t, w, s in pairs]
+    out = [(SeedScript(t, w, (CORPUS_DIR / t / w).read_text()),
+            SeedScript(t, s, (CORPUS_DIR / t / s).read_text())) for t, w, s in pairs]
+    return out + _procedural_pairs(seed, measured_only)
+
+
+def _procedural_pairs(seed: int, measured_only: bool) -> list[tuple[SeedScript, SeedScript]]:
+    """The procedural training instances' pairs (measured ones when a sweep exists)."""
+    from sandbox.seed_corpus import procedural as proc_scripts
+
+    rows = procedural_pair_rows(seed) if measured_only else []
+    if rows:
+        keep = [(r["task_id"], r["weak"], r["strong"]) for r in rows if r["improves"]]
+    else:
+        keep = [(t, w, s) for t in procedural_task_ids() for w, s in proc_scripts.declared_pairs(t)]
+    out = []
+    for t in dict.fromkeys(t for t, _, _ in keep):
+        by_name = {s.name: s for s in list_scripts(t)}
+        out += [(by_name[w], by_name[s]) for tt, w, s in keep if tt == t]
+    return out

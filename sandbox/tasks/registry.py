@@ -3,14 +3,20 @@
 Usage::
 
     from sandbox.tasks import registry
-    registry.list_tasks()                          # ['breast-cancer-diagnosis', ...]
+    registry.list_tasks()                          # every task: the offline suite + procedural
+    registry.list_tasks(family="offline")          # ['breast-cancer-diagnosis', ...]
     task = registry.load_task("digits-8x8", cache_dir="cache/tasks")   # prepares if missing
     tasks = registry.load_suite("cache/tasks")
 
 Prepared tasks live in ``<cache_dir>/seed<seed>/<task_id>/``. The reference leaderboard of a task
 comes from the committed baseline sweep (``sandbox/seed_corpus/results/seed<seed>/<task_id>/
-leaderboard.csv``); a seed without a sweep gets an empty leaderboard (medal and position helpers
-then raise a clear error).
+leaderboard.csv``), or from the builder's own ``reference_leaderboard(seed)`` when it has one
+(the procedural family's compact sweep file, ``sandbox.tasks.procedural``); a seed without a sweep
+gets an empty leaderboard (medal and position helpers then raise a clear error).
+
+Families: a builder's ``family`` attribute ("offline" when it has none): "offline" (the offline
+suite, ``sandbox.tasks.offline_suite``, 13 tasks) and "procedural" (``sandbox.tasks.procedural``,
+``proc-<kind>-NNN``, 240 instances with train / held-out splits).
 """
 from __future__ import annotations
 
@@ -24,12 +30,15 @@ import pandas as pd
 from sandbox.tasks import base
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent.parent / "seed_corpus" / "results"
-_BUILTIN_MODULES = ("sandbox.tasks.offline_suite",)
+_BUILTIN_MODULES = ("sandbox.tasks.offline_suite", "sandbox.tasks.procedural")
+DEFAULT_FAMILY = "offline"
 
 
 class TaskBuilder(Protocol):
-    """What the registry needs; ``hidden_paths() -> tuple[str, ...]`` is optional (host paths of
-    the sources the task was built from, hidden inside the sandbox)."""
+    """What the registry needs. Optional: ``hidden_paths() -> tuple[str, ...]`` (host paths of
+    the sources the task was built from, hidden inside the sandbox), ``family: str`` (default
+    "offline") and ``reference_leaderboard(seed) -> (scores, source note)`` (else the committed
+    per-task ``leaderboard.csv``)."""
 
     task_id: str
 
@@ -55,10 +64,25 @@ def _ensure_builtins() -> None:
         importlib.import_module(m)
 
 
-def list_tasks() -> list[str]:
-    """Sorted ids of every registered task."""
+def family_of(task_id: str) -> str:
+    """The family of a registered task ("offline", "procedural", ...)."""
+    return getattr(get_builder(task_id), "family", DEFAULT_FAMILY)
+
+
+def families() -> list[str]:
+    """Sorted names of the registered families."""
     _ensure_builtins()
-    return sorted(_REGISTRY)
+    return sorted({getattr(b, "family", DEFAULT_FAMILY) for b in _REGISTRY.values()})
+
+
+def list_tasks(family: Optional[str] = None) -> list[str]:
+    """Sorted ids of every registered task, or of one ``family`` (ValueError for an unknown one)."""
+    _ensure_builtins()
+    if family is None:
+        return sorted(_REGISTRY)
+    if family not in families():
+        raise ValueError(f"unknown task family {family!r}; registered: {families()}")
+    return sorted(t for t, b in _REGISTRY.items() if getattr(b, "family", DEFAULT_FAMILY) == family)
 
 
 def get_builder(task_id: str) -> TaskBuilder:
@@ -77,7 +101,14 @@ def task_dir(cache_dir: "os.PathLike | str", task_id: str, seed: int = 0) -> pat
 
 def reference_leaderboard(task_id: str, seed: int = 0,
                           results_dir: Optional[pathlib.Path] = None) -> tuple[list[float], str]:
-    """(scores, source note) from the committed sweep, or ([], "") when there is none."""
+    """(scores, source note) from the committed sweep, or ([], "") when there is none. A builder
+    with its own ``reference_leaderboard(seed)`` (the procedural family) answers for its task
+    unless ``results_dir`` is given."""
+    if results_dir is None:
+        _ensure_builtins()
+        builder = _REGISTRY.get(task_id)
+        if builder is not None and hasattr(builder, "reference_leaderboard"):
+            return builder.reference_leaderboard(seed)
     path = pathlib.Path(results_dir or RESULTS_DIR) / f"seed{seed}" / task_id / "leaderboard.csv"
     if not path.exists():
         return [], ""
@@ -106,7 +137,7 @@ def load_task(task_id: str, cache_dir: "os.PathLike | str" = "cache/tasks", seed
 
 def load_suite(cache_dir: "os.PathLike | str" = "cache/tasks", seed: int = 0,
                task_ids: Optional[list[str]] = None,
-               prepare_if_missing: bool = True) -> list[base.Task]:
-    """Loads every registered task (or ``task_ids``), in id order."""
-    ids = list_tasks() if task_ids is None else list(task_ids)
+               prepare_if_missing: bool = True, family: Optional[str] = None) -> list[base.Task]:
+    """Loads every registered task (or ``task_ids``; or every task of ``family``), in id order."""
+    ids = list_tasks(family) if task_ids is None else list(task_ids)
     return [load_task(t, cache_dir, seed, prepare_if_missing) for t in ids]

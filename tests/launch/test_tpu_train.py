@@ -188,6 +188,75 @@ def test_kill9_and_resume_matches_uninterrupted_run(tmp_path):
     assert _buffer_states(resumed) == _buffer_states(straight)
 
 
+def _checkpoint_meta(workdir) -> dict | None:
+    """The trainer's JSON (``TrainState.sampler_state``) of the newest checkpoint of ``workdir``
+    whose meta is written; None while there is none. Read straight from the file, so that a
+    test can poll a running job quickly."""
+    steps = sorted((int(p.name) for p in (pathlib.Path(workdir) / "checkpoints").glob("*")
+                    if p.name.isdigit()), reverse=True)
+    for step in steps:
+        meta = pathlib.Path(workdir) / "checkpoints" / str(step) / "meta" / "metadata"
+        try:
+            return json.loads(meta.read_text())["sampler_state"]
+        except (OSError, ValueError, KeyError):   # being written
+            continue
+    return None
+
+
+def _part_way(meta) -> bool:
+    """Whether a checkpoint's partial rollouts hold a sample part-way through its decode."""
+    return meta is not None and any(
+        s is not None and s["finish_reason"] is None and s["tokens"]
+        for g in meta["partial"]["groups"] for s in g["samples"])
+
+
+# partial rollouts on, the engine holding 2 x B groups of the smoke run's two tasks (repeats
+# allowed); completions long and hot enough that about half end early (EOS), so that samples
+# start at different times and a checkpoint catches some part-way
+PARTIAL = ["--config.rl.partial_rollouts=True", "--config.lp.allow_repeats=True",
+           "--config.rl.num_steps=10", "--config.sampling.max_new_tokens=400",
+           "--config.sampling.temperature=3.0", "--config.engine.slots=2",
+           "--config.checkpoint.save_interval_steps=1", "--config.checkpoint.async_save=False"]
+
+
+@pytest.mark.slow
+def test_kill9_with_partial_rollouts_in_flight_logs_every_sample_once(tmp_path):
+    """Partial rollouts (the engine holds 2 x B groups): kill -9 once a checkpoint holds a
+    sample part-way through its decode (the next step under way), then the same command: the
+    rollouts log names every sample (group, sample) once, each logged group whole, and every
+    group ever drawn is logged or still in flight at the end (nothing lost); the off-policy
+    measures at every step, token staleness within the bound."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(_cmd(run, *PARTIAL), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if _part_way(_checkpoint_meta(run)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before a checkpoint caught a sample part-way"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _part_way(_checkpoint_meta(run))
+    _run(run, *PARTIAL)
+
+    rows = [json.loads(x) for p in sorted((run / "rollouts").glob("*.jsonl"))
+            for x in p.read_text().splitlines()]
+    logged = [(r["group"], r["sample"]) for r in rows]
+    assert len(logged) == len(set(logged)), "a sample was logged twice"
+    groups = {}
+    for g, i in logged:
+        groups.setdefault(g, set()).add(i)
+    assert all(samples == {0, 1} for samples in groups.values()), groups
+    end = _checkpoint_meta(run)["partial"]
+    assert set(groups) | {g["seq"] for g in end["groups"]} == set(range(end["next_seq"]))
+    steps = _step_metrics(run)
+    assert [m["step"] for m in steps] == list(range(10))
+    assert all(f"offpolicy/{n}" in m for m in steps
+               for n in ("staleness", "truncated_frac", "ess", "behaviour_weight_min"))
+    assert max(m["offpolicy/staleness"] for m in steps) <= 3   # rl.max_token_staleness
+
+
 def _dry_run(*extra):
     return subprocess.run([sys.executable, str(REPO / "launch/tpu_train.py"),
                            "--config=configs/ace30b.py", "--dry_run",

@@ -12,7 +12,7 @@ from sandbox.grading import InvalidSubmissionError
 from sandbox.prepare import file_checksums
 from sandbox.tasks import base, offline_suite, registry
 
-TASK_IDS = registry.list_tasks()
+TASK_IDS = registry.list_tasks(family="offline")
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,7 @@ def test_committed_sweep_leaderboards():
         runs = json.loads((results / t / "results.json").read_text())["runs"]
         assert {r["script"] for r in runs} == {s.name for s in seed_corpus.list_scripts(t)}
     measured = seed_corpus.improvement_pairs(seed=0)
-    assert measured and len({w.task_id for w, _ in measured}) == len(TASK_IDS)
+    assert measured and {w.task_id for w, _ in measured} >= set(TASK_IDS)
 
 
 def offline_suite_metric(task_id):

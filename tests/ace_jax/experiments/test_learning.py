@@ -15,7 +15,7 @@ def test_each_seed_is_a_whole_run_and_the_gains_are_tabled(tmp_path, monkeypatch
     real_run = subprocess.run
 
     def fake_run(cmd, **kw):  # writes the metrics a real run would (the job itself is tested
-        if cmd[1:3] != ["-m", "ace_jax.train"] or "--print_config" in cmd:
+        if cmd[1:3] != ["-m", "ace_jax"] or "--print_config" in cmd:
             return real_run(cmd, **kw)  # e.g. matplotlib's font cache; the config's fingerprint
         calls.append(cmd)
         workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.workdir="))

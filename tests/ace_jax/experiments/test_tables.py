@@ -40,6 +40,82 @@ def test_one_changed_raw_value_fails_the_check(tmp_path, capsys):
     assert tables.main(["--check", "--root", str(root)]) == 0
 
 
+def test_one_changed_probe_value_fails_the_check_of_the_budget_table(tmp_path, capsys):
+    """A change to one probe score of one run (lp, seed 2, its last probe) in the raw CSV
+    changes its gain, its paired differences and their corrected statistics: caught."""
+    root = _copy_repo(tmp_path)
+    raw = root / "results/samplers_budget/metrics.csv.gz"
+    rows = compare.read_csv(str(raw))
+    last = max((r for r in rows if r["arm"] == "lp" and r["seed"] == 2 and "probe/score" in r),
+               key=lambda r: r["step"])
+    last["probe/score"] += 0.01
+    compare.write_csv(rows, str(raw))
+    assert tables.main(["--check", "--root", str(root)]) == 1
+    assert "docs/results.md: samplers_budget" in capsys.readouterr().out
+    assert tables.main(["--root", str(root)]) == 0
+    assert tables.main(["--check", "--root", str(root)]) == 0
+
+
+def test_sign_flip_p_is_the_exact_enumeration():
+    import itertools
+
+    def enumerate_p(d):
+        sums = [abs(sum(s * x for s, x in zip(signs, d)))
+                for signs in itertools.product((1, -1), repeat=len(d))]
+        return sum(x >= abs(sum(d)) - 1e-12 for x in sums) / len(sums)
+
+    # 4 of 5 positive, equal magnitudes: |sum| >= 3 when 0, 1, 4 or 5 signs are negative:
+    # (1 + 5 + 5 + 1) / 32, the two-sided sign test
+    assert compare.sign_flip_p([1.0, 1.0, 1.0, 1.0, -1.0]) == 12 / 32
+    # 4 of 5 positive, the negative one the smallest: only itself, all positive and their
+    # mirrors reach the observed sum: 4 / 32
+    assert compare.sign_flip_p([0.1, 0.2, 0.3, 0.4, -0.05]) == 4 / 32
+    assert compare.sign_flip_p([0.3, 0.1, 0.2, 0.5, 0.4]) == 2 / 32      # the floor at n = 5
+    assert compare.sign_flip_p([0.0] * 5) == 1.0
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 8):
+        d = list(rng.normal(0.05, 0.1, n))
+        assert compare.sign_flip_p(d) == enumerate_p(d)
+    assert np.isnan(compare.sign_flip_p([]))
+    with pytest.raises(ValueError, match="enumerates"):
+        compare.sign_flip_p([0.1] * (compare.SIGN_FLIP_MAX_SEEDS + 1))
+
+
+def test_holm_and_the_t_p():
+    from scipy import stats
+
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, 2 x 0.03, max(0.06, 1 x 0.04)
+    assert compare.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert compare.holm([0.5, 0.4]) == pytest.approx([0.8, 0.8])
+    held = compare.holm([0.02, float("nan"), 0.3])      # no test: not counted in m
+    assert held[0] == pytest.approx(0.04) and np.isnan(held[1]) and held[2] == pytest.approx(0.3)
+    d = [0.094, -0.011, 0.128, 0.057, 0.083]
+    assert compare.paired_t_p(d) == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
+    assert np.isnan(compare.paired_t_p([0.0, 0.0, 0.0])) and np.isnan(compare.paired_t_p([1.0]))
+
+
+def test_the_budget_table_corrects_for_its_family_of_three(tmp_path):
+    gains = {"lp": [0.3, 0.4, 0.2, 0.5, 0.3], "uniform": [0.1, 0.45, 0.1, 0.3, 0.2],
+             "dapo": [0.3, 0.3, 0.3, 0.3, 0.3], "reinforce_ada": [0.0, 0.1, 0.1, 0.2, 0.1]}
+    text = tables.samplers_budget(str(_experiment(tmp_path, gains, name="samplers_budget")))
+    assert "family-wise 95% interval (Bonferroni, 3 pairs)" in text
+    diffs = {a: [x - y for x, y in zip(gains["lp"], gains[a])] for a in gains if a != "lp"}
+    p_t = [compare.paired_t_p(d) for d in diffs.values()]
+    p_flip = [compare.sign_flip_p(d) for d in diffs.values()]
+    for i, (arm, d) in enumerate(diffs.items()):
+        row = next(x for x in text.splitlines() if x.startswith(f"| probe/score | lp - {arm} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        mean, low, high = ablation.mean_interval(d, 1 - 0.05 / 3)
+        assert cells[4:10] == [f"{sum(x > 0 for x in d)} of 5", f"{p_t[i]:.3f}",
+                               f"{p_flip[i]:.4f}", f"{compare.holm(p_t)[i]:.3f}",
+                               f"{compare.holm(p_flip)[i]:.4f}",
+                               f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"]
+    # lp - uniform: 4 of 5 above 0, the one below the smallest in size
+    assert diffs["uniform"][1] < 0 and p_flip[0] == 4 / 32
+    assert "- With 5 paired seeds the exact sign-flip p is never below 2 / 2^5 = 0.0625." in text
+    assert "- probe/score: Holm (t) rejects " in text
+
+
 def test_a_marker_without_a_table_is_an_error(tmp_path):
     root = _copy_repo(tmp_path)
     doc = root / "docs/offpolicy.md"
@@ -209,3 +285,88 @@ def test_the_ideator_table_waits_for_the_planned_seeds_then_pairs_them(tmp_path)
     avg["with_trained_ideator"] = [a - 0.05 - d for a, d in zip(alone, noise)]
     assert "hurts this implementer (interval entirely below 0)" in tables.ideator_room(
         str(_ideator_room(tmp_path / "d", avg)))
+
+
+def _staleness_runner():
+    """benchmarks/bench_offpolicy_staleness.py as a module (it is a script, not a package)."""
+    import importlib.util
+
+    path = pathlib.Path(tables.REPO) / tables.STALENESS_RUNNER
+    spec = importlib.util.spec_from_file_location("bench_offpolicy_staleness", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench_result(speed, valid=(0.2, 0.4), score=(0.1, 0.3)):
+    """A JSON result of bench_local_run.py (the fields a staleness line keeps, and one more)."""
+    return {"steps": 20, "minutes": 4.5, "rl_steps_per_min": speed,
+            "rl_steps_per_min_with_compile": speed - 0.5, "compile_s": 2.54,
+            "compiles_after_first_step": 0, "valid_first5": valid[0], "valid_last5": valid[1],
+            "score_first5": score[0], "score_last5": score[1], "learns": True}
+
+
+def test_the_staleness_table_of_no_run_yet_says_so_and_a_missing_file_is_an_error(tmp_path):
+    folder = tmp_path / "results" / "offpolicy_staleness"
+    folder.mkdir(parents=True)
+    (folder / "raw.jsonl").write_text("")
+    text = tables.offpolicy_staleness(str(tmp_path / "results"))
+    assert text == ("No runs yet: `python benchmarks/bench_offpolicy_staleness.py` writes them "
+                    "to `results/offpolicy_staleness/raw.jsonl`.")
+    (folder / "raw.jsonl").unlink()
+    doc = "<!-- table:offpolicy_staleness -->\n<!-- /table:offpolicy_staleness -->\n"
+    with pytest.raises(tables.TableError, match="its raw data is missing"):
+        tables.render(doc, str(tmp_path / "results"))
+
+
+def test_the_staleness_runner_writes_the_lines_the_table_reads(tmp_path):
+    runner = _staleness_runner()
+    raw = tmp_path / "results" / "offpolicy_staleness" / "raw.jsonl"
+    for k, seed, speed in ((2, 0, 9.75), (0, 0, 8.88), (1, 0, 9.0), (1, 0, 9.26)):  # k=1 rerun
+        line = runner.record(k, seed, _bench_result(speed), overrides=[], head="23d0d3c",
+                             dirty=False, date="2026-12-03T00:00:00+00:00")
+        written = runner.merge(raw, line)
+    assert [(r["k"], r["seed"], r["rl_steps_per_min"]) for r in written] == [
+        (0, 0, 8.88), (1, 0, 9.26), (2, 0, 9.75)]                 # the rerun replaced its line
+    assert [json.loads(x) for x in raw.read_text().splitlines()] == written
+    assert set(written[0]) == {"k", "seed", "commit", "dirty", "date", "cpus", "overrides",
+                               *runner.KEEP} and "learns" not in written[0]
+    text = tables.offpolicy_staleness(str(tmp_path / "results"))
+    assert text.splitlines() == [
+        "| k | seed | commit | RL steps | RL steps / min (compile excluded) | with compile | "
+        "compile s | valid first 5 -> last 5 | score first 5 -> last 5 |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| 0 | 0 | 23d0d3c | 20 | 8.88 | 8.38 | 2.5 | 0.20 -> 0.40 | 0.100 -> 0.300 |",
+        "| 1 | 0 | 23d0d3c | 20 | 9.26 | 8.76 | 2.5 | 0.20 -> 0.40 | 0.100 -> 0.300 |",
+        "| 2 | 0 | 23d0d3c | 20 | 9.75 | 9.25 | 2.5 | 0.20 -> 0.40 | 0.100 -> 0.300 |"]
+    with pytest.raises(ValueError, match="lacks"):           # a run with no timed RL step
+        runner.record(0, 0, {"steps": 0}, overrides=[], head="x", dirty=False)
+
+
+def test_the_staleness_table_averages_seeds_and_names_a_run_off_the_setting(tmp_path):
+    runner = _staleness_runner()
+    raw = tmp_path / "results" / "offpolicy_staleness" / "raw.jsonl"
+    speeds = {(0, 0): 8.0, (0, 1): 9.0, (0, 2): 10.0, (1, 0): 9.5}
+    for (k, seed), speed in speeds.items():
+        runner.merge(raw, runner.record(
+            k, seed, _bench_result(speed), head="abc1234", dirty=(k, seed) == (1, 0),
+            overrides=["--config.rl.num_steps=3"] if (k, seed) == (0, 2) else []))
+    text = tables.offpolicy_staleness(str(tmp_path / "results"))
+    assert "| 1 | 0 | abc1234+dirty | 20 | 9.50 |" in text
+    mean, low, high = ablation.mean_interval([8.0, 9.0, 10.0])
+    assert f"| 0 | 3 | {mean:.2f} [{low:.2f}, {high:.2f}] |" in text
+    assert "| 1 | 1 | 9.50 (n = 1: no interval) |" in text
+    assert text.splitlines()[-1] == "k = 0, seed 2: with `--config.rl.num_steps=3`."
+
+
+def test_a_new_staleness_run_fails_the_check_until_the_tables_are_regenerated(tmp_path, capsys):
+    root = _copy_repo(tmp_path)
+    assert tables.main(["--check", "--root", str(root)]) == 0
+    runner = _staleness_runner()
+    runner.merge(root / "results/offpolicy_staleness/raw.jsonl", runner.record(
+        0, 0, _bench_result(8.88), overrides=[], head="23d0d3c", dirty=False))
+    assert tables.main(["--check", "--root", str(root)]) == 1
+    assert "docs/offpolicy.md: offpolicy_staleness" in capsys.readouterr().out
+    assert tables.main(["--root", str(root)]) == 0
+    assert "| 0 | 0 | 23d0d3c | 20 | 8.88 |" in (root / "docs/offpolicy.md").read_text()
+    assert tables.main(["--check", "--root", str(root)]) == 0

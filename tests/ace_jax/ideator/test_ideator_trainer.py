@@ -4,7 +4,7 @@
   steps, with the ideator's generator replaced by one that writes a fixed valid idea and a fixed
   malformed one per group, and a scripted implementer (a small ChatPolicy class), so the rewards
   are known: -1 malformed, +1 / 0 by the executed script's dev score against the state's.
-* ``test_launch_*``: ``python -m ace_jax.train --config=configs/ideator.py`` for two steps with a
+* ``test_launch_*``: ``python -m ace_jax --config=configs/ideator.py`` for two steps with a
   tiny model, a tiny warm start (code and idea examples) and the "self" implementer (a frozen
   copy of the warm-started policy, saved under <workdir>/implementer).
 """
@@ -260,7 +260,7 @@ def test_scripted_ideas_get_ternary_rewards_and_metrics(tmp_path, tasks_dir, mon
 def test_launch_two_steps_with_the_self_implementer(tmp_path, tasks_dir):
     workdir = tmp_path / "run"
     over = [f"--config.model.overrides.{k}={v}" for k, v in TINY_MODEL.items()]
-    cmd = [sys.executable, "-m", "ace_jax.train", "--config=configs/ideator.py",
+    cmd = [sys.executable, "-m", "ace_jax", "--config=configs/ideator.py",
            f"--config.workdir={workdir}", f"--config.tasks.cache_dir={tasks_dir}",
            "--config.tasks.ids=('iris-species',)", *over,
            "--config.sft.steps=2", "--config.sft.seconds=0", "--config.sft.batch_size=2",

@@ -531,3 +531,126 @@ def test_micro_batches_with_global_denominator_sum_to_full_batch(mode):
                  scale=1.0)   # terms |A * ratio| / den <= 1 that cancel within each group
     assert_close(sum(np.asarray(p[1]) for p in parts), full_grad, reduction_len=mask.size)
     assert np.abs(np.asarray(full_grad)).max() > 1e-4
+
+
+# ------------------------------------------------------------------ off-policy measures, MIS, clamp
+
+def weighted_case(w, mask, *, advantages=None, **overrides):
+    """Loss, metrics and d loss / d logprobs for behaviour weights ``w`` [N, T] (pi_prox / mu
+    with pi_prox the theta pass: r = 1), the config ``cfg_with(**overrides)``."""
+    w = np.asarray(w, np.float32)
+    behaviour = jnp.full(w.shape, -2.0)
+    logprobs = behaviour + jnp.log(jnp.asarray(w))
+    adv = jnp.ones(w.shape[0]) if advantages is None else jnp.asarray(advantages)
+    cfg = cfg_with(**overrides)
+    fn = lambda lp: grpo.clipped_policy_loss(  # noqa: E731
+        cfg, logprobs=lp, behaviour_logprobs=behaviour, advantages=adv,
+        completion_mask=jnp.asarray(mask, jnp.float32))
+    (loss, m), g = jax.value_and_grad(fn, has_aux=True)(logprobs)
+    return float(loss), {k: float(v) for k, v in m.items()}, np.asarray(g)
+
+
+# row 0: 1.5, 3 (above the cap 2), 0.5; row 1: 5 (above), 1, and a padding token whose w (40)
+# must count nowhere
+W = [[1.5, 3.0, 0.5], [5.0, 1.0, 40.0]]
+W_MASK = [[1, 1, 1], [1, 1, 0]]
+
+
+def test_truncated_frac_counts_the_tokens_the_cap_changed():
+    _, m, g = weighted_case(W, W_MASK, proximal="learner", tis_cap=2.0)
+    assert m["offpolicy/truncated_frac"] == pytest.approx(2 / 5)
+    assert m["offpolicy/truncated_frac_high"] == pytest.approx(2 / 5)
+    assert m["offpolicy/truncated_frac_low"] == 0.0
+    assert m["offpolicy/masked_frac"] == 0.0          # truncated, not masked
+    # the weights the loss used: min(w, 2); token_mean over 5 loss tokens
+    np.testing.assert_allclose(g[np.array(W_MASK) > 0],
+                               -np.array([1.5, 2.0, 0.5, 2.0, 1.0]) / 5, rtol=1e-5)
+    # proximal="behaviour": no weight is applied, so no bound acts; w is still measured
+    _, mb, _ = weighted_case(W, W_MASK, tis_cap=2.0)
+    assert mb["offpolicy/truncated_frac"] == 0.0
+    assert mb["offpolicy/behaviour_weight_max"] == pytest.approx(5.0, rel=1e-5)
+
+
+def test_ess_and_weight_min_equal_the_closed_form():
+    w = np.array([1.5, 3.0, 0.5, 5.0, 1.0])            # the completion tokens of W
+    want = w.sum() ** 2 / (len(w) * np.square(w).sum())
+    for proximal in ("behaviour", "learner"):
+        _, m, _ = weighted_case(W, W_MASK, proximal=proximal)
+        assert m["offpolicy/ess"] == pytest.approx(want, rel=1e-5)
+        assert m["offpolicy/behaviour_weight_min"] == pytest.approx(0.5, rel=1e-5)
+        assert m["offpolicy/behaviour_weight_mean"] == pytest.approx(w.mean(), rel=1e-5)
+        assert m["behaviour_weight_sum"] == pytest.approx(w.sum(), rel=1e-5)
+        assert m["behaviour_weight_sq_sum"] == pytest.approx(np.square(w).sum(), rel=1e-5)
+    _, m, _ = weighted_case(np.full((2, 3), 1.7), W_MASK)
+    assert m["offpolicy/ess"] == pytest.approx(1.0, rel=1e-6)   # equal weights: ess 1
+
+
+def test_mask_lower_bound_masks_a_token_with_w_0_3_at_cap_2():
+    w, mask = [[0.3, 1.0, 1.2, 2.5]], [[1, 1, 1, 1]]
+    _, m, g = weighted_case(w, mask, proximal="learner", behaviour_weight="mask", tis_cap=2.0)
+    # default lower bound 1 / 2: 0.3 is masked below, 2.5 above
+    np.testing.assert_allclose(g[0], -np.array([0.0, 1.0, 1.2, 0.0]) / 4, rtol=1e-5)
+    assert g[0, 0] == 0.0 and g[0, 3] == 0.0
+    assert m["offpolicy/truncated_frac_low"] == 0.25
+    assert m["offpolicy/truncated_frac_high"] == 0.25
+    assert m["offpolicy/truncated_frac"] == 0.5 and m["offpolicy/masked_frac"] == 0.5
+    for lower in (0.0, 0.2):   # no lower bound, or one below 0.3: the token keeps its weight
+        _, m, g = weighted_case(w, mask, proximal="learner", behaviour_weight="mask",
+                                tis_cap=2.0, tis_lower=lower)
+        assert g[0, 0] == pytest.approx(-0.3 / 4, rel=1e-5)
+        assert m["offpolicy/truncated_frac_low"] == 0.0
+    # truncate has no lower bound
+    _, m, g = weighted_case(w, mask, proximal="learner", tis_cap=2.0)
+    assert g[0, 0] == pytest.approx(-0.3 / 4, rel=1e-5) and m["offpolicy/truncated_frac_low"] == 0.0
+
+
+def test_geometric_level_is_exp_of_the_mean_log_weight():
+    _, m, g = weighted_case(W, W_MASK, proximal="learner", behaviour_weight="none",
+                            behaviour_weight_level="geometric")
+    row0 = np.exp(np.mean(np.log([1.5, 3.0, 0.5])))
+    row1 = np.exp(np.mean(np.log([5.0, 1.0])))          # the padding token is not in the mean
+    np.testing.assert_allclose(g[0], -row0 / 5, rtol=1e-5)
+    np.testing.assert_allclose(g[1, :2], -row1 / 5, rtol=1e-5)
+    assert g[1, 2] == 0.0
+    assert m["offpolicy/behaviour_weight_max"] == pytest.approx(row1, rel=1e-5)
+    # bounded like any level: row 1's 2.236 is above a cap of 2
+    _, m, g = weighted_case(W, W_MASK, proximal="learner", behaviour_weight="truncate",
+                            behaviour_weight_level="geometric", tis_cap=2.0)
+    np.testing.assert_allclose(g[1, :2], -2.0 / 5, rtol=1e-5)
+    assert m["offpolicy/truncated_frac_high"] == pytest.approx(2 / 5)
+
+
+def test_log_weight_clamp_keeps_a_long_sequence_finite():
+    """200 tokens x 0.5 nat at sequence level: log w = 100, e^100 overflows float32; clamped
+    to 20 the loss, gradient and measures are finite."""
+    w = np.full((2, 200), np.exp(0.5), np.float32)
+    loss, m, g = weighted_case(w, np.ones((2, 200)), advantages=[1.0, -1.0], proximal="learner",
+                               behaviour_weight="none", behaviour_weight_level="sequence")
+    assert np.isfinite(loss) and np.isfinite(g).all()
+    assert all(np.isfinite(v) for v in m.values()), m
+    np.testing.assert_allclose(g[0], -np.exp(20.0) / 400, rtol=1e-5)   # W = e^20, A = +1
+    assert m["offpolicy/behaviour_weight_max"] == pytest.approx(np.exp(20.0), rel=1e-5)
+    assert m["offpolicy/truncated_frac_high"] == 1.0     # the clamp changed every weight
+    # and the low side: w = e^-100 becomes e^-20, not 0
+    _, m, g = weighted_case(1.0 / w, np.ones((2, 200)), proximal="learner",
+                            behaviour_weight="none", behaviour_weight_level="sequence")
+    np.testing.assert_allclose(g[0], -np.exp(-20.0) / 400, rtol=1e-5)
+    assert m["offpolicy/truncated_frac_low"] == 1.0
+
+
+def test_off_policy_knobs_are_validated_and_described():
+    with pytest.raises(ValueError, match=r"grpo.tis_lower must be None .* \[0, 1\]"):
+        grpo.validate_config(cfg_with(tis_lower=1.5))
+    with pytest.raises(ValueError, match="grpo.tis_lower .* must be below grpo.tis_cap"):
+        grpo.validate_config(cfg_with(behaviour_weight="mask", tis_cap=0.8, tis_lower=0.9))
+    with pytest.raises(ValueError, match="grpo.minibatches must be an int >= 1"):
+        grpo.validate_config(cfg_with(minibatches=0))
+    with pytest.raises(ValueError, match="geometric"):
+        grpo.validate_config(cfg_with(behaviour_weight_level="batch"))
+    grpo.validate_config(cfg_with(behaviour_weight_level="geometric", tis_lower=0.0))
+    assert grpo.tis_lower(cfg_with(tis_cap=4.0)) == 0.25
+    line = grpo.describe(cfg_with(proximal="learner", behaviour_weight="mask"))
+    assert "mask at 2 per token, lower bound 0.5" in line
+    assert "one optimizer step per batch (r = 1: the clip does not act)" in line
+    line = grpo.describe(cfg_with(proximal="learner", minibatches=4))
+    assert "4 minibatches (optimizer steps) per batch" in line and "r = 1" not in line

@@ -180,12 +180,13 @@ def test_completion_logprobs_equal_logits_path_with_gradients():
 
 
 def _recorded_batch():
-    """A batch from the paged engine, which keeps the MoE routing record."""
+    """A batch from the paged engine, asked to keep the MoE routing record."""
     from ace_jax.runtime import engine
 
     model = qwen3.Qwen3ForCausalLM(configs.tiny_moe(), rngs=nnx.Rngs(0))
     sampling = SamplingConfig(max_new_tokens=8, group_size=G, temperature=1.0, prompt_bucket=8)
-    eng = engine.Engine(model, sampling, engine.EngineConfig(slots=4, page_size=4, max_context=24))
+    eng = engine.Engine(model, sampling, engine.EngineConfig(slots=4, page_size=4, max_context=24),
+                        record_routes=True)
     out = eng.generate(PROMPTS, jax.random.key(0))
     rewards = np.arange(len(PROMPTS) * G, dtype=np.float32) % 3
     return model, out, rollout_batch.make_train_batch(PROMPTS, out, rewards, prompt_bucket=8,
@@ -239,3 +240,108 @@ def test_routing_replay_dispatches_by_the_record_and_measures_the_mismatch(optim
     assert float(m_r3["offpolicy/routing_mismatch_frac"]) == 0.0
     assert all(np.array_equal(a, b) for a, b in zip(none_p, plain_p))
     assert not all(np.allclose(a, b) for a, b in zip(r3_p, plain_p))
+
+
+# ---------------------------------------------------------- minibatches, reference, measures
+
+@pytest.mark.parametrize("optim", [dict(microbatches=2),
+                                   dict(microbatches=2, share_prompts=True,
+                                        prompt_split="within_groups")],
+                         ids=["rows", "shared-within-groups"])
+def test_minibatch_proximal_logprobs_line_up_with_the_theta_pass(optim):
+    """grpo.minibatches = 2 under proximal=learner with a learning rate of 0: the proximal
+    forward's log-probs are the theta pass's (r = 1 to float rounding, for every row of both
+    minibatches and their microbatches), and two optimizer steps are counted."""
+    model, batch = _setup()
+    g, o = _cfgs(learning_rate=0.0, **optim)
+    g.proximal, g.minibatches = "learner", 2
+    lrn = learner.Learner.create(model, g, o, group_size=G)
+    m = lrn.step(batch)
+    assert int(lrn.state.step) == 2 and int(m["skipped"]) == 0
+    assert abs(float(m["ratio_mean"]) - 1.0) < 1e-5
+    assert float(m["offpolicy/clip_frac"]) == 0.0
+    for k, v in m.items():
+        assert np.isfinite(np.asarray(v)).all(), k
+
+
+def test_minibatches_make_the_learner_clip_act():
+    """proximal=learner: one step per batch has r = 1 exactly (no trust region); with two
+    minibatches the second is taken after the first update, r departs from 1 and the clip acts."""
+    model, batch = _setup()
+    g, o = _cfgs(learning_rate=1e-2)
+    g.proximal, g.epsilon_low, g.epsilon_high = "learner", 0.01, 0.01
+    one = learner.Learner.create(model, g, o, group_size=G).step(batch)
+    assert float(one["ratio_mean"]) == 1.0 and float(one["offpolicy/clip_frac"]) == 0.0
+    g.minibatches = 2
+    lrn = learner.Learner.create(model, g, o, group_size=G)
+    two = lrn.step(batch)
+    assert int(lrn.state.step) == 2
+    assert float(two["offpolicy/clip_frac"]) > 0.0
+    assert abs(float(two["ratio_mean"]) - 1.0) > 1e-4
+
+
+def test_minibatches_that_do_not_divide_are_refused():
+    model, batch = _setup()                                 # 12 rows, 3 groups of 4
+    g, o = _cfgs()
+    g.minibatches = 5
+    with pytest.raises(ValueError, match=r"grpo.minibatches x optim.microbatches = 5 x 1"):
+        learner.Learner.create(model, g, o, group_size=G).step(batch)
+    g.minibatches = 2
+    _, o = _cfgs(share_prompts=True)
+    with pytest.raises(ValueError, match="3 groups are not divisible by grpo.minibatches = 2"):
+        learner.Learner.create(model, g, o, group_size=G).step(batch)
+
+
+def test_beta_without_reference_logprobs_is_refused():
+    """The learner keeps no reference model: with beta > 0 a batch whose ref_logprobs are the
+    zeros make_train_batch fills in (or None) is refused at the step; real ones are used."""
+    model, batch = _setup()
+    g, o = _cfgs()
+    g.beta = 0.1
+    lrn = learner.Learner.create(model, g, o, group_size=G)
+    with pytest.raises(learner.MissingReferenceLogprobsError, match="grpo.beta=0.1 needs"):
+        lrn.step(batch)
+    with pytest.raises(learner.MissingReferenceLogprobsError):
+        lrn.step(batch._replace(ref_logprobs=None))
+    assert int(lrn.state.step) == 0
+    m = lrn.step(batch._replace(ref_logprobs=batch.behaviour_logprobs - 0.1))
+    assert int(m["skipped"]) == 0 and float(m["kl"]) > 0
+
+
+def test_microbatch_measures_combine_to_the_batch_values():
+    """ess is (sum w)^2 / (n sum w^2) of the whole batch (not the mean of the microbatches'),
+    the weight minimum ignores microbatches without completion tokens, truncated_frac is
+    completion-token weighted, and the sums behind ess are not reported."""
+    w = [np.array([1.0, 2.0]), np.array([4.0]), np.array([])]
+    n = np.array([len(x) for x in w], np.float32)
+    micro = {
+        "num_tokens": jnp.asarray(n), "num_completion_tokens": jnp.asarray(n),
+        "behaviour_weight_sum": jnp.asarray([x.sum() for x in w], jnp.float32),
+        "behaviour_weight_sq_sum": jnp.asarray([np.square(x).sum() for x in w], jnp.float32),
+        "offpolicy/ess": jnp.asarray([0.9, 1.0, 0.0]),
+        "offpolicy/behaviour_weight_min": jnp.asarray([1.0, 4.0, 0.0]),
+        "offpolicy/truncated_frac": jnp.asarray([0.5, 1.0, 0.0]),
+    }
+    out = learner._reduce_micro_metrics(micro)
+    assert float(out["offpolicy/ess"]) == pytest.approx(49 / 63, rel=1e-6)
+    assert float(out["offpolicy/behaviour_weight_min"]) == 1.0
+    assert float(out["offpolicy/truncated_frac"]) == pytest.approx(2 / 3, rel=1e-6)
+    assert "behaviour_weight_sum" not in out and "behaviour_weight_sq_sum" not in out
+
+
+def test_learner_step_writes_the_off_policy_measures():
+    model, batch = _setup()
+    g, o = _cfgs(microbatches=3)
+    g.proximal = "learner"
+    lagged = batch._replace(behaviour_logprobs=batch.behaviour_logprobs
+                            - 1.0 * batch.completion_mask * (np.arange(8)[None, :] % 2))
+    m = learner.Learner.create(model, g, o, group_size=G).step(lagged)
+    for name in ("truncated_frac", "truncated_frac_high", "truncated_frac_low", "ess",
+                 "behaviour_weight_min", "masked_frac", "clip_frac"):
+        assert f"offpolicy/{name}" in m, name
+    # every other position has w = e (> cap 2) under the theta pass: truncated, high
+    mask = np.asarray(batch.completion_mask)
+    want = mask[:, 1::2].sum() / mask.sum()
+    assert float(m["offpolicy/truncated_frac_high"]) == pytest.approx(want, rel=1e-5)
+    assert float(m["offpolicy/truncated_frac"]) == pytest.approx(want, rel=1e-5)
+    assert 0 < float(m["offpolicy/ess"]) < 1

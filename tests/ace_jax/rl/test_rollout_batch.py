@@ -227,3 +227,146 @@ def test_shared_prompts_give_the_full_row_values_and_gradients(moe_dispatch):
         _assert_close(a.get_value(), b.get_value(), terms * len(lengths), str(path))
     with pytest.raises(ValueError, match="groups of 4"):
         rollout_batch.completion_logprobs(model, batch, TEMPERATURE, group_size=4)
+
+
+# ------------------------------------------------------------------ the routing record, per shard
+
+def _routed_generation(seed: int = 0, g: int = 2, m: int = 5, layers: int = 3, k: int = 2):
+    """4 prompts of lengths 3, 7, 1, 5 (bucket 4 -> P = 8) with G samples each and a made-up
+    routing record: prompt b's routes all b * 10 + layer, completion routes random expert ids
+    (< 64) up to each row's length, NO_ROUTE past it."""
+    from ace_jax.runtime import generate
+    from ace_jax.runtime.engine import NO_ROUTE
+
+    rng = np.random.RandomState(seed)
+    prompts = [list(rng.randint(1, 100, n)) for n in (3, 7, 1, 5)]
+    n = len(prompts) * g
+    lengths = rng.randint(1, m + 1, n)
+    routes = np.full((n, m, layers, k), NO_ROUTE, np.uint8)
+    for i, n_tok in enumerate(lengths):
+        routes[i, :n_tok] = rng.randint(0, 64, (n_tok, layers, k))
+    prompt_routes = tuple(
+        np.broadcast_to((b * 10 + np.arange(layers))[None, :, None], (len(p), layers, k))
+        .astype(np.uint8) for b, p in enumerate(prompts))
+    gen = generate.GenerationResult(
+        tokens=rng.randint(1, 100, (n, m)).astype(np.int32),
+        logprobs=rng.randn(n, m).astype(np.float32), lengths=lengths.astype(np.int32),
+        finish_reason=np.zeros(n, np.int32),
+        prompt_index=np.repeat(np.arange(len(prompts), dtype=np.int32), g),
+        routes=routes, prompt_routes=prompt_routes)
+    return prompts, gen
+
+
+def _dense_routes(prompts, gen, p: int) -> np.ndarray:
+    """The record as make_train_batch built it before it went per shard: every prompt's routes
+    left-padded to P, gathered per row, then the completion routes."""
+    from ace_jax.runtime.engine import NO_ROUTE
+
+    padded = np.full((len(prompts), p) + gen.routes.shape[2:], NO_ROUTE, np.uint8)
+    for b, r in enumerate(gen.prompt_routes):
+        padded[b, p - len(r):] = r
+    return np.concatenate([padded[np.asarray(gen.prompt_index)], gen.routes], axis=1)
+
+
+@pytest.mark.parametrize("sizes", [dict(fsdp=8), dict(fsdp=4, tensor=2)])
+def test_routes_are_built_per_shard_from_host_memory(sizes, monkeypatch):
+    """With the learner's batch shardings (rows over fsdp; replicated over tensor in the second
+    case) every array of the batch arrives sharded: each device's shard of the routing record
+    [N, P + M, L, k] holds its rows of the old dense construction, and the record is assembled
+    only block by block, never whole (no call builds more rows than a shard has). The other
+    fields equal the unsharded batch's."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py simulates them on CPU)")
+    from ace_jax.runtime import placement as pl, sharding as sh
+
+    cfg = sh.default_config()
+    cfg.fsdp, cfg.tensor = sizes.get("fsdp", 1), sizes.get("tensor", 1)
+    place = pl.Placement.create(sh.make_mesh(cfg, jax.devices()[:8]),
+                                sh.rules_from_config(sh.DEFAULT_RULES))
+    prompts, gen = _routed_generation(g=4)                  # N = 16 rows
+    n, row_shards = 16, sizes["fsdp"]
+    rewards = np.arange(n, dtype=np.float32)
+    built_rows = []
+    block = rollout_batch.RouteRecord.block
+
+    def spy(self, index=()):
+        out = block(self, index)
+        built_rows.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(rollout_batch.RouteRecord, "block", spy)
+    batch = rollout_batch.make_train_batch(prompts, gen, rewards, prompt_bucket=4, pad_id=0,
+                                           shardings=place.batch)
+    monkeypatch.undo()
+    assert built_rows and max(built_rows) == n // row_shards, built_rows
+    want = _dense_routes(prompts, gen, 8)
+    assert batch.routes.shape == want.shape == (n, 8 + 5, 3, 2)
+    assert batch.routes.dtype == jnp.uint8
+    target = place.batch(batch)
+    assert batch.routes.sharding.is_equivalent_to(target.routes, 4)
+    for shard in batch.routes.addressable_shards:
+        assert shard.data.shape == (n // row_shards, 13, 3, 2)
+        np.testing.assert_array_equal(np.asarray(shard.data), want[shard.index])
+    np.testing.assert_array_equal(np.asarray(batch.routes), want)
+    assert rollout_batch.placed_on(batch, place.batch)
+
+    dense = rollout_batch.make_train_batch(prompts, gen, rewards, prompt_bucket=4, pad_id=0)
+    np.testing.assert_array_equal(np.asarray(dense.routes), want)
+    assert not rollout_batch.placed_on(dense, place.batch)
+    for name in rollout_batch.TrainBatch._fields:
+        got, ref = getattr(batch, name), getattr(dense, name)
+        assert got.dtype == ref.dtype, name
+        assert got.sharding.is_equivalent_to(getattr(target, name), got.ndim), name
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(ref), err_msg=name)
+
+
+def test_route_record_blocks_and_bad_records():
+    """`RouteRecord.block` of any row range equals the dense record's rows; parts that do not
+    fit (a prompt's routes longer than P, another width, non-uint8) are named."""
+    prompts, gen = _routed_generation(seed=3)
+    rec = rollout_batch.RouteRecord.create(gen.prompt_routes, gen.routes, gen.prompt_index, 8)
+    want = _dense_routes(prompts, gen, 8)
+    assert rec.shape == want.shape
+    np.testing.assert_array_equal(rec.block(), want)
+    np.testing.assert_array_equal(rec.block((slice(3, 6),)), want[3:6])
+    np.testing.assert_array_equal(rec.block((slice(1, 2), slice(6, 10))), want[1:2, 6:10])
+    with pytest.raises(ValueError, match="prompt 1's routes"):
+        rollout_batch.RouteRecord.create(gen.prompt_routes, gen.routes, gen.prompt_index, 6)
+    with pytest.raises(ValueError, match="uint8"):
+        rollout_batch.RouteRecord.create(gen.prompt_routes, gen.routes.astype(np.int32),
+                                         gen.prompt_index, 8)
+    with pytest.raises(ValueError, match="one prompt_routes entry per prompt"):
+        rollout_batch.make_train_batch(prompts, gen._replace(prompt_routes=gen.prompt_routes[:3]),
+                                       np.zeros(8), prompt_bucket=4, pad_id=0)
+
+
+@pytest.mark.parametrize("experts,ok", [(255, True), (256, False), (300, False)])
+def test_uint8_route_record_refuses_too_many_experts(experts, ok):
+    """The engine's prefill program, traced (as jit traces it when the engine builds it) for a
+    tiny MoE of ``experts`` experts with the routing record on: 255 experts (ids 0..254) fit
+    the uint8 record below its "no record" id 255; 256 or more are refused by name instead of
+    wrapping (expert 256 -> 0) or reading as "no record" (expert 255). Without the record the
+    program builds at any expert count."""
+    from ace_jax.runtime import engine, engine_programs
+
+    assert engine_programs.NO_ROUTE == engine.NO_ROUTE == 255
+    cfg = configs.tiny_moe(num_experts=experts, num_hidden_layers=1)
+    model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model, nnx.Param)
+    cache = jax.eval_shape(lambda: qwen3.init_paged_cache(cfg, 1, num_pages=4, page_size=4,
+                                                          pages_per_row=2))
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+
+    def trace(record: bool):
+        return jax.eval_shape(
+            lambda p, pools, ids, rows, start, n: engine_programs.prefill(
+                graphdef, p, pools, ids, rows, start, n, record_routes=record),
+            params, (cache.k, cache.v), i32(1, 4), i32(1, 2), i32(1), i32(1))
+
+    assert trace(False)[2] is None
+    if ok:
+        assert trace(True)[2].shape == (1, 4, 1, 2) and trace(True)[2].dtype == jnp.uint8
+    else:
+        with pytest.raises(engine_programs.RouteRecordError, match=f"{experts} experts"):
+            trace(True)
+    assert engine_programs.check_route_record(8) is None

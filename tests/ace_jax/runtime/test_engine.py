@@ -27,9 +27,10 @@ def _sampling(**kw):
     return generate.SamplingConfig(**{**base, **kw})
 
 
-def _engine(model, sampling, **kw):
+def _engine(model, sampling, record_routes=False, **kw):
     base = dict(slots=4, page_size=4, max_context=40, prefill_chunk=8, sync_every=3)
-    return engine.Engine(model, sampling, engine.EngineConfig(**{**base, **kw}))
+    return engine.Engine(model, sampling, engine.EngineConfig(**{**base, **kw}),
+                         record_routes=record_routes)
 
 
 def _assert_same(ref, out):
@@ -159,7 +160,7 @@ def test_the_routing_record_is_what_the_full_forward_routes(model):
     """Each prompt token's and each generated token's (the last included) MoE routes, as the
     engine recorded them, are the top-k of the full-sequence forward (fp32: no ties moved)."""
     s = _sampling(temperature=1.0, eos_ids=(), max_new_tokens=7, group_size=2)
-    out = _engine(model, s).generate(PROMPTS[2:], jax.random.key(5))
+    out = _engine(model, s, record_routes=True).generate(PROMPTS[2:], jax.random.key(5))
     cfg = model.config
     assert out.routes.shape == (4, 7, cfg.num_moe_layers, cfg.num_experts_per_tok)
     for row in range(4):
@@ -171,8 +172,37 @@ def test_the_routing_record_is_what_the_full_forward_routes(model):
         np.testing.assert_array_equal(out.routes[row], want[p:])
     # a dense policy records nothing
     dense = qwen3.Qwen3ForCausalLM(configs.tiny_dense(num_hidden_layers=2), rngs=nnx.Rngs(0))
-    res = _engine(dense, s).generate(PROMPTS[:1], jax.random.key(5))
+    res = _engine(dense, s, record_routes=True).generate(PROMPTS[:1], jax.random.key(5))
     assert res.routes is None and res.prompt_routes is None
+    # nor does an MoE policy unless asked (R3 and the routing metrics ask)
+    res = _engine(model, s).generate(PROMPTS[:1], jax.random.key(5))
+    assert res.routes is None and res.prompt_routes is None
+
+
+def test_tokens_carry_the_version_that_sampled_them_and_rows_decode_on_after_an_update(model):
+    """A weight update in the middle of a sample: the sample goes on (its pages kept), its
+    tokens before the update carry the old version and after it the new one; a `generate`
+    call meanwhile waits for its own requests only, the other's completions come out of the
+    next `step`; `snapshot` shows the running sample so far."""
+    s = _sampling(eos_ids=(), max_new_tokens=12)
+    eng = _engine(model, s)
+    rid = eng.submit(PROMPTS[0], n=1, key=jax.random.key(0), max_new_tokens=12)
+    assert eng.step() == []                          # 3 tokens at version 0
+    snap = eng.snapshot(rid)
+    assert [len(c.tokens) for c in snap] == [3] and snap[0].finish_reason is None
+    np.testing.assert_array_equal(snap[0].versions, [0, 0, 0])
+    params = nnx.state(model, nnx.Param)
+    eng.update_weights(jax.tree.map(lambda x: x * 1.01, params), version=5)
+    out = eng.generate([PROMPTS[1]], jax.random.key(1), dataclasses.replace(s, group_size=1,
+                                                                            max_new_tokens=3))
+    np.testing.assert_array_equal(out.versions[0, :int(out.lengths[0])], 5)
+    assert eng.busy                                  # the first request is still running
+    rest = eng.drain()
+    assert [(c.request, len(c.tokens)) for c in rest] == [(rid, 12)]
+    v = rest[0].versions
+    assert v[0] == 0 and v[-1] == 5 and list(v) == sorted(v) and set(v) == {0, 5}
+    assert rest[0].tokens[:3] == snap[0].tokens
+    assert eng.snapshot(rid) == [] and not eng.busy
 
 
 def test_shapes_are_fixed_nothing_compiles_after_the_first_run(model):

@@ -179,6 +179,22 @@ def test_each_check_names_its_keys(cfg, key, value, match):
         run_config.validate(cfg, num_devices=8, num_processes=1)
 
 
+def test_partial_rollouts_knobs(cfg):
+    """The factor is >= 1; with partial rollouts on, a token may wait at least one step beyond
+    the executions' lag (rl.max_token_staleness >= rl.max_staleness + 1)."""
+    cfg.rl.partial_rollouts, cfg.rl.max_staleness, cfg.rl.max_token_staleness = True, 1, 2
+    run_config.validate(cfg, num_devices=1, num_processes=1)
+    cfg.rl.max_token_staleness = 1
+    with pytest.raises(ConfigError, match=r"rl.max_token_staleness must be an int >= "
+                                          r"rl.max_staleness \+ 1 = 2 with partial rollouts on"):
+        run_config.validate(cfg, num_devices=1, num_processes=1)
+    cfg.rl.partial_rollouts = False      # off: the bound is not read
+    run_config.validate(cfg, num_devices=1, num_processes=1)
+    cfg.rl.partial_factor = 0.5
+    with pytest.raises(ConfigError, match="rl.partial_factor must be a number >= 1"):
+        run_config.validate(cfg, num_devices=1, num_processes=1)
+
+
 def test_share_prompts_needs_whole_groups_and_no_router_loss(cfg):
     cfg.optim.share_prompts = True
     cfg.rl.batch_states, cfg.optim.microbatches = 4, 2

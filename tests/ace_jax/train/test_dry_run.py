@@ -106,6 +106,78 @@ def test_reduced_config_compiles_on_8_devices_and_xla_agrees():
     assert comp["alias_bytes"] >= train["params (master, float32)"] * 3
 
 
+def test_routing_replay_puts_the_record_in_the_learner_batch():
+    """grpo.routing_replay = "R3": the abstract batch the learner step is lowered with carries
+    the routing record uint8 [32 rows, 80 tokens, L, K] split as the batch's rows (4 rows per
+    device), its line counts those bytes exactly and the learner total grows by as much; off,
+    the batch has no record and the line is 0."""
+    off = dry_run.run_dry_run(reduced_config())
+    cfg = reduced_config()
+    cfg.grpo.routing_replay = "R3"
+    on = dry_run.run_dry_run(cfg)
+    rows, t = 4, 80
+    record = rows * t * L * K
+    lines = {r["name"]: r for r in on["memory"]["train"]}
+    assert lines["MoE routing record (R3)"]["bytes"] == record == on["memory"]["routes_bytes"]
+    assert "exact, from shardings" in lines["MoE routing record (R3)"]["note"]
+    assert off["memory"]["routes_bytes"] == 0
+    assert on["memory"]["train_total"] - off["memory"]["train_total"] == record
+    batch_line = lambda r: next(i["bytes"] for i in r["memory"]["train"]  # noqa: E731
+                                if i["name"] == "batch (TrainBatch)")
+    assert batch_line(on) == batch_line(off)             # the record is not counted twice
+    assert on["lowering"]["learner_step"]["ok"], on["lowering"]["learner_step"]
+    assert on["memory"]["routes_compiled_bytes"] is None  # lowered, not compiled
+    assert dry_run_report.summary(on)["learner_routes_mb"] == round(record / 1e6, 3)
+    assert "learner_routes_mb" not in dry_run_report.summary(off)
+
+
+def test_routing_replay_compiled_learner_takes_the_record(monkeypatch):
+    """On the 8 simulated CPU devices, with R3: the compiled learner step's arguments are those
+    of the run without a record (params + optimizer state + batch + step counter, minus the
+    unused ref_logprobs: `test_reduced_config_compiles_on_8_devices_and_xla_agrees`) plus the
+    record's shard, 4 rows x 80 tokens x L x K bytes per device; the report reads the same
+    bytes back from the compiled program's input `routes`."""
+    monkeypatch.setattr(dry_run, "cost_programs", lambda *a, **k: {})   # not what this checks
+    cfg = reduced_config()
+    cfg.model.overrides.remat_policy = "none"
+    cfg.dry_run.lower = False
+    cfg.grpo.routing_replay = "R3"
+    report = dry_run.run_dry_run(cfg, devices=jax.devices(), compile=True)
+    comp = report["compiled"]["learner_step"]
+    assert comp["ok"], comp
+    train = {i["name"]: i["bytes"] for i in report["memory"]["train"]}
+    record = 4 * 80 * L * K
+    without = (train["params (master, float32)"] + train["optimizer state (AdamW mu, nu)"]
+               + train["batch (TrainBatch)"] - 4 * 16 * 4 + 4)
+    assert comp["argument_bytes"] == without + record, (comp["argument_bytes"], without)
+    assert report["memory"]["routes_compiled_bytes"] == record == train["MoE routing record (R3)"]
+    text = dry_run_report.format_report(report)
+    assert "the MoE routing record (R3)" in text
+
+
+def test_entry_parameter_bytes_reads_one_chips_shard():
+    """From optimised HLO (TPU-style tiled layouts included): the entry parameters whose
+    argument path ends in the name, at their per-chip shapes; nothing else counts."""
+    hlo = "\n".join([
+        "%fused (p: u8[2]) -> u8[2] {",
+        '  %p = u8[9,9]{1,0} parameter(0), metadata={op_name="batch.routes"}',
+        "}",
+        "",
+        "ENTRY %main.0_spmd (param: s32[], param.1: u8[4,80,2,2]) -> s32[] {",
+        '  %param = s32[4,80]{1,0:T(8,128)} parameter(0), sharding={replicated}, '
+        'metadata={op_name="batch.input_ids"}',
+        '  %param.1 = u8[4,80,2,2]{3,2,1,0:T(2,128)(4,1)} parameter(1), sharding={devices=[8,1,1,1]'
+        '<=[8]}, metadata={op_name="batch.routes"}',
+        '  %param.2 = f32[7]{0} parameter(2), metadata={op_name="state.routes_like"}',
+        "  %add = s32[] add(%param, %param)",
+        "}",
+    ])
+    assert dry_run_programs.entry_parameter_bytes(hlo, "routes") == 4 * 80 * 2 * 2
+    assert dry_run_programs.entry_parameter_bytes(hlo, "input_ids") == 4 * 80 * 4
+    assert dry_run_programs.entry_parameter_bytes(hlo, "rewards") == 0
+    assert dry_run_programs.entry_parameter_bytes("no entry", "routes") == 0
+
+
 def test_full_30b_config_lowers_and_matches_spec():
     cfg = _ace30b()
     cfg.dry_run.topology = ""           # lowering only: compiling 48 layers takes many minutes

@@ -1,5 +1,6 @@
 """StepRollouts: a dynamic-sampling refill appended to a step, and the groups the learner keeps."""
 import numpy as np
+import pytest
 
 from ace_jax.runtime import generate
 from ace_jax.train.rollouts import Rollout, StepRollouts
@@ -45,3 +46,34 @@ def test_extend_then_select_groups_keeps_rows_with_their_prompts():
     assert ids[2, :4].tolist() == [0, 4, 5, 6] and ids[0, :4].tolist() == [0, 0, 1, 2]
     np.testing.assert_array_equal(ids[:, 4:], s.gen.tokens[[0, 1, 4, 5]])
     np.testing.assert_array_equal(np.asarray(batch.rewards), [0, 0, 0, 0])
+
+
+def test_select_rows_keeps_each_rounds_prompt_routes():
+    """A refilled group: state 0's first sample from round 1 and its second from round 2 (the
+    same prompt text, forwarded again: another routing record of the prompt, here 7s instead
+    of 0s). Each kept row points at its own round's prompt routes, and the learner's batch
+    replays them (the prompt slots of row 1 hold 7s, of row 0 0s)."""
+    from ace_jax.runtime.engine import NO_ROUTE
+
+    s = _step(0, [[1, 2], [3]], routes=True)
+    more = _step(10, [[1, 2]], routes=True)
+    more.gen = more.gen._replace(prompt_routes=(np.full((2, 1, 2), 7, np.uint8),))
+    s.extend(more)
+    kept = s.select_rows([[0, 4], [2, 3]])       # rows 0 (round 1) and 4 (round 2) of [1, 2]
+    assert [r.text for r in kept.rollouts] == ["0/0", "10/0", "1/0", "1/1"]
+    idx = kept.gen.prompt_index.tolist()
+    assert kept.prompts[idx[0]] == kept.prompts[idx[1]] == [1, 2]
+    assert kept.prompts[idx[2]] == kept.prompts[idx[3]] == [3]
+    own = [kept.gen.prompt_routes[i] for i in idx]
+    np.testing.assert_array_equal(own[0], np.zeros((2, 1, 2), np.uint8))
+    np.testing.assert_array_equal(own[1], np.full((2, 1, 2), 7, np.uint8))
+    np.testing.assert_array_equal(own[2], np.ones((1, 1, 2), np.uint8))
+    np.testing.assert_array_equal(kept.gen.routes, s.gen.routes[[0, 4, 2, 3]])
+    batch = kept.train_batch(prompt_bucket=4, pad_id=0)
+    routes = np.asarray(batch.routes)                         # [4, 4 + M, 1, 2]
+    assert (routes[:, :2] == NO_ROUTE).all()                  # left padding of the 2-token prompt
+    assert (routes[0, 2:4] == 0).all() and (routes[1, 2:4] == 7).all()
+    assert (routes[2:, 3] == 1).all() and (routes[2:, 2] == NO_ROUTE).all()
+    np.testing.assert_array_equal(routes[:, 4:], s.gen.routes[[0, 4, 2, 3]])
+    with pytest.raises(ValueError, match="one prompt"):
+        s.select_rows([[0, 2]])                               # prompts [1, 2] and [3]

@@ -1,6 +1,6 @@
-"""``python -m ace_jax.train``: the entry point answers --help from outside the checkout, maps a
-config's ``mode`` to its environment and refuses an unknown one before any work; the trainer
-refuses an environment of another mode. (A whole run through it: test_ideator_trainer's launch
+"""``python -m ace_jax`` (``ace_jax/__main__.py``): the entry point answers --help from outside
+the checkout, maps a config's ``mode`` to its environment and refuses an unknown one before any
+work; the trainer refuses an environment of another mode. (A whole run through it: test_ideator_trainer's launch
 test; through launch/tpu_train.py, its thin wrapper: tests/launch/test_tpu_train.py.)"""
 import os
 import pathlib
@@ -9,18 +9,17 @@ import sys
 
 import pytest
 
-from ace_jax import config_utils
-from ace_jax.train import __main__ as train_main
+from ace_jax import __main__ as ace_main, config_utils
 from ace_jax.train import environment
 from ace_jax.train.setup import SetupError
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run(*args, cwd):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
-    return subprocess.run([sys.executable, "-m", "ace_jax.train", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "ace_jax", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -43,8 +42,8 @@ def test_an_unknown_mode_is_refused_with_the_valid_ones(tmp_path):
 @pytest.mark.parametrize("config", ["local.py", "ideator.py"])
 def test_each_mode_gets_the_environment_of_that_mode(config):
     cfg = config_utils.load_config_file(str(REPO / "configs" / config))
-    assert train_main.ENVIRONMENTS.get(cfg.mode)(cfg).mode == cfg.mode
-    assert sorted(train_main.ENVIRONMENTS.names()) == ["acegrpo", "ideator"]
+    assert ace_main.ENVIRONMENTS.get(cfg.mode)(cfg).mode == cfg.mode
+    assert sorted(ace_main.ENVIRONMENTS.names()) == ["acegrpo", "ideator"]
 
 
 def test_the_trainer_refuses_an_environment_of_another_mode(tmp_path):

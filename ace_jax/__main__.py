@@ -1,11 +1,11 @@
 """Train an agent: the library's entry point for a training run (the project's main job).
 
-  python -m ace_jax.train --config=configs/local.py              # 2-core CPU, the default
-  python -m ace_jax.train --config=configs/ace30b.py             # TPU pod (every host)
-  python -m ace_jax.train --config=configs/ace30b.py --dry_run   # memory / step-time plan
-  python -m ace_jax.train --config=configs/local.py --config.rl.group_size=8
-  python -m ace_jax.train --config=configs/local.py:smoke        # a minutes-long smoke run
-  python -m ace_jax.train --config=configs/ideator.py            # MLE-Ideator (mode "ideator")
+  python -m ace_jax --config=configs/local.py              # 2-core CPU, the default
+  python -m ace_jax --config=configs/ace30b.py             # TPU pod (every host)
+  python -m ace_jax --config=configs/ace30b.py --dry_run   # memory / step-time plan
+  python -m ace_jax --config=configs/local.py --config.rl.group_size=8
+  python -m ace_jax --config=configs/local.py:smoke        # a minutes-long smoke run
+  python -m ace_jax --config=configs/ideator.py            # MLE-Ideator (mode "ideator")
 
 (``launch/tpu_train.py`` takes the same flags.) Any setting is overridable with
 ``--config.<section>.<key>=<value>``; a misspelt key is refused with the list of valid keys, and a
@@ -13,9 +13,10 @@ config whose values cannot work together (``ace_jax.train.config.validate``) is 
 heavy work. The config's ``mode`` picks the environment (``ENVIRONMENTS``). Re-running the same
 command after an interruption resumes the run.
 
-An entry point, not a module of the ``train`` room: it wires every environment to the trainer,
-so it may import any room (``ace_jax.ideator`` included) and nothing imports it but tests
-(tests/test_layout.py).
+The package's entry point, above every room: it wires every environment to the trainer, so it
+may import any room (``ace_jax.ideator`` included) and nothing imports it but tests
+(tests/test_layout.py). It sits at the top of ``ace_jax/`` because a room's ``__main__.py`` obeys
+its room's declared imports, and the ``train`` room imports nothing of ``ideator``.
 """
 import sys
 

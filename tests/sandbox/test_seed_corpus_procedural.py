@@ -1,0 +1,95 @@
+"""The procedural family's baseline scripts (sandbox/seed_corpus/procedural.py) and what of them
+enters the SFT corpus: the training instances only, never a held-out or held-out-family one."""
+import ast
+import json
+
+import pytest
+
+from sandbox import seed_corpus
+from sandbox.seed_corpus import procedural as proc_scripts
+from sandbox.tasks import procedural, registry
+
+TRAIN = set(procedural.split_ids("train"))
+HELD = set(procedural.split_ids("heldout")) | set(procedural.split_ids("heldout_family"))
+
+
+def _procedural(ids):
+    return {t for t in ids if procedural.is_procedural(t)}
+
+
+def test_baseline_scripts_compile_and_name_the_instance_columns():
+    for t in procedural.all_ids()[::7]:
+        spec = procedural.make_spec(*procedural.parse_task_id(t))
+        scripts = proc_scripts.baseline_scripts(t)
+        assert [s.name for s in scripts] == sorted(s.name for s in scripts) and len(scripts) == 8
+        for s in scripts:
+            ast.parse(s.code)
+            assert s.task_id == t
+            for needle in ('pd.read_csv("./input/train.csv")', 'print(f"VALIDATION_METRIC:',
+                           '"./submission/submission.csv"', "train_test_split(",
+                           f"ID, TARGET = {json.dumps(spec.id_column)}, {json.dumps(spec.target)}"):
+                assert needle in s.code, (t, s.name, needle)
+            for c in spec.feature_names:
+                assert json.dumps(c) in s.code, (t, s.name, c)
+            assert "sandbox" not in s.code and "sklearn.datasets" not in s.code
+        assert len({s.code for s in scripts}) == 8
+        names = {s.name for s in scripts}
+        assert all(w in names and s in names for w, s in proc_scripts.declared_pairs(t))
+    with pytest.raises(KeyError, match="not a registered procedural instance"):
+        proc_scripts.baseline_scripts("iris-species")
+
+
+def test_sft_corpus_holds_training_instances_only():
+    """Everything the SFT corpus is built from (sandbox.seed_corpus: the task ids with seed
+    scripts, their scripts, the improve pairs measured or declared, the scored references)
+    names procedural training instances only."""
+    assert _procedural(seed_corpus.sft_task_ids()) == TRAIN
+    assert seed_corpus.procedural_task_ids() == sorted(TRAIN)
+    assert not _procedural(seed_corpus.task_ids())         # offline files only
+    for t in sorted(TRAIN)[::10]:
+        assert {s.task_id for s in seed_corpus.list_scripts(t)} == {t}
+    for t in sorted(HELD):
+        with pytest.raises(KeyError, match="held out"):
+            seed_corpus.list_scripts(t)
+    for measured_only in (True, False):
+        pairs = seed_corpus.improvement_pairs(seed=0, measured_only=measured_only)
+        ids = _procedural(w.task_id for w, _ in pairs) | _procedural(s.task_id for _, s in pairs)
+        assert ids and ids <= TRAIN and not ids & HELD
+        assert all(w.task_id == s.task_id for w, s in pairs)
+    rows = seed_corpus.procedural_pair_rows(seed=0)
+    assert rows and {r["task_id"] for r in rows} == TRAIN
+    measured = [(w.task_id, w.name, s.name) for w, s in seed_corpus.improvement_pairs(seed=0)
+                if procedural.is_procedural(w.task_id)]
+    assert measured == [(r["task_id"], r["weak"], r["strong"]) for r in rows if r["improves"]]
+    assert len(measured) >= 2 * len(TRAIN)   # most declared pairs really improve
+
+
+def test_reference_scores_cover_every_instance_from_the_compact_sweep():
+    for t in (sorted(TRAIN)[0], sorted(HELD)[0]):
+        scores = seed_corpus.reference_scores(t, seed=0)
+        assert set(scores) <= {s.name for s in proc_scripts.baseline_scripts(t)}
+        assert len(scores) >= 6
+    assert seed_corpus.reference_scores("iris-species", seed=0)   # offline: results.json
+    assert seed_corpus.reference_scores(sorted(TRAIN)[0], seed=9) == {}
+
+
+def test_sft_examples_from_training_instances_and_refused_for_held_out(tmp_path):
+    """``ace_jax.train.sft.build_sft_examples`` (the warm start's corpus) on procedural tasks:
+    drafts, improve and debug examples of training instances; a held-out instance is refused."""
+    from ace_jax.train import sft
+
+    train_ids = sorted(TRAIN)[:2]
+    tasks = [registry.load_task(t, tmp_path, seed=0) for t in train_ids]
+    cfg = sft.default_config()
+    cfg.kinds = ("draft", "improve", "debug")
+    examples = sft.build_sft_examples(tasks, cfg)
+    assert {e.task_id for e in examples} == set(train_ids)
+    assert {e.kind for e in examples} == {"draft", "improve", "debug"}
+    for t in train_ids:
+        drafts = [e for e in examples if e.task_id == t and e.kind == "draft"]
+        assert len(drafts) == 8
+        spec = procedural.make_spec(*procedural.parse_task_id(t))
+        assert spec.target in drafts[0].prompt
+    held = registry.load_task(sorted(HELD)[0], tmp_path, seed=0)
+    with pytest.raises(KeyError, match="held out"):
+        sft.build_sft_examples([held], cfg)
