@@ -3,6 +3,8 @@
   python launch/tpu_train.py --config=configs/local.py
   python launch/tpu_train.py --config=configs/local.py --config.rl.group_size=4 --config.rl.num_steps=30
   python launch/tpu_train.py --config=configs/local.py:smoke   # a minutes-long smoke run (tests)
+  python launch/tpu_train.py --config=configs/local.py:procedural        # the procedural family
+  python launch/tpu_train.py --config=configs/local.py:procedural_smoke  # its smoke run
 
 The run config is ``ace_jax.train.config.default_config()``: every section is the
 ``default_config()`` of the module that reads it, so each constant is documented next to its use;
@@ -11,13 +13,16 @@ this file only states what differs for the local run. Its ``rl`` section is the 
 
 ``get_config(arg)``: no arg = the embedded default; ``smoke`` = the same run shrunk to a smaller
 model, 3 warm-start steps and 5 RL steps on two tasks with the ``process`` sandbox (what the
-launch tests run; a notebook's quick look).
+launch tests run; a notebook's quick look); ``procedural`` = the same run on the procedural task
+family's training instances with the held-out probe on its held-out instances and held-out family
+(``_procedural``); ``procedural_smoke`` = that run shrunk as ``smoke`` is, on two training
+instances and four held-out ones.
 """
 import ml_collections
 
 from ace_jax.train import config as run_config
 
-ARGS = ("", "smoke")
+ARGS = ("", "smoke", "procedural", "procedural_smoke")
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -93,8 +98,12 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.probe.every = 10
     c.probe.heldout_tasks = ("linnerud-physiology", "photo-patches")
 
-    if arg == "smoke":
+    if arg in ("procedural", "procedural_smoke"):
+        _procedural(c)
+    if arg in ("smoke", "procedural_smoke"):
         _smoke(c)
+    if arg == "procedural_smoke":
+        _procedural_smoke(c)
     return c
 
 
@@ -110,3 +119,44 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
     c.sandbox.backend = "process"
     c.tasks.ids = ("iris-species", "wine-cultivar")
     c.probe.every, c.probe.heldout_tasks = 2, ("linnerud-physiology",)
+
+
+def _procedural(c: ml_collections.ConfigDict) -> None:
+    """RL (and the warm start) on every training instance of the procedural family
+    (``sandbox.tasks.procedural``, split "train": 151 instances of 4 generator kinds); the probe
+    in-distribution on 8 of them (2 per kind, a draft and an improve state each, 2 samples: 32
+    completions) and held out on every held-out instance (split "heldout": 41) and every instance
+    of the held-out family (split "heldout_family": 48), one draft each (they have no seed
+    scripts), 8 samples per state: 712 held-out completions per probe, enough for a 0.05 change in
+    ``probe/heldout_valid_rate`` (the resolution is in ``ace_jax/train/probe.py``'s docstring).
+    A probe completion took ~0.8 s on 2 cores in the offline-suite runs (~10 min for this probe),
+    so a probe every 20 updates (with the default 20 steps: before the first update and after the
+    last; ``--config.rl.num_steps=40``: at 0, 20 and 40)."""
+    from sandbox.tasks import procedural
+
+    c.name = "local-procedural"
+    c.workdir = "runs/local_procedural"
+    c.tasks.ids = tuple(procedural.split_ids("train"))
+    c.probe.train_tasks = tuple(t for k in procedural.TRAIN_KINDS
+                                for t in [i for i in c.tasks.ids if i.split("-")[1] == k][:2])
+    c.probe.heldout_tasks = (tuple(procedural.split_ids("heldout"))
+                             + tuple(procedural.split_ids("heldout_family")))
+    c.probe.every = 20
+    c.probe.samples = 2
+    c.probe.heldout_samples = 8
+
+
+def _procedural_smoke(c: ml_collections.ConfigDict) -> None:
+    """``smoke`` on two procedural training instances, probed on two held-out instances and two
+    of the held-out family (3 samples each: sampled apart from the training tasks' 2)."""
+    from sandbox.tasks import procedural
+
+    def first(split, kind):
+        return next(t for t in procedural.split_ids(split) if t.split("-")[1] == kind)
+
+    c.name = "local-procedural-smoke"
+    c.tasks.ids = (first("train", "linear"), first("train", "rules"))
+    c.probe.train_tasks = ()
+    c.probe.heldout_tasks = (first("heldout", "linear"), first("heldout", "clusters"),
+                             *procedural.split_ids("heldout_family")[:2])
+    c.probe.every, c.probe.samples, c.probe.heldout_samples = 2, 2, 3

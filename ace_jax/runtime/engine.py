@@ -456,6 +456,13 @@ class Engine:
                 for slot, owner in enumerate(self._slot_owner)
                 if owner is not None and owner[0] == request]
 
+    def first_versions(self, request: int) -> dict[int, int]:
+        """{sample: the policy version of its first token} of the samples of ``request`` in a
+        slot that have one (their oldest token: a sample's versions never decrease)."""
+        return {owner[1]: self._slot_versions[slot][0]
+                for slot, owner in enumerate(self._slot_owner)
+                if owner is not None and owner[0] == request and self._slot_versions[slot]}
+
     def finished(self) -> list[Completion]:
         """The completions a `generate` call finished for other requests since the last
         `step` (which would return them first); taken, they are not returned again."""

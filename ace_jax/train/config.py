@@ -139,18 +139,20 @@ def tasks_config() -> ml_collections.ConfigDict:
 DYNAMIC_SAMPLING = ("dapo", "reinforce_ada")   # rl.dynamic_sampling (Trainer._refill)
 
 
-def _check_partial(rl: ml_collections.ConfigDict) -> None:
-    """``rl.partial_factor`` >= 1; with partial rollouts on, ``rl.max_token_staleness`` leaves
-    room for a token to wait one step beyond the executions' lag (>= rl.max_staleness + 1)."""
+def _check_partial(rl: ml_collections.ConfigDict, minibatches: int) -> None:
+    """``rl.partial_factor`` >= 1; with partial rollouts on, ``rl.max_token_staleness`` (in
+    policy versions: ``grpo.minibatches`` per learned step) leaves room for a token to wait one
+    step beyond the executions' lag: >= (rl.max_staleness + 1) x grpo.minibatches."""
     f = rl.partial_factor
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 1:
         raise ConfigError(f"rl.partial_factor must be a number >= 1 (groups the engine holds "
                           f"per group a step takes), got {f!r}")
-    bound = rl.max_token_staleness
+    bound, least = rl.max_token_staleness, (int(rl.max_staleness) + 1) * int(minibatches)
     if rl.partial_rollouts and (isinstance(bound, bool) or not isinstance(bound, int)
-                                or bound < int(rl.max_staleness) + 1):
-        raise ConfigError(f"rl.max_token_staleness must be an int >= rl.max_staleness + 1 = "
-                          f"{int(rl.max_staleness) + 1} with partial rollouts on, got {bound!r}")
+                                or bound < least):
+        raise ConfigError(f"rl.max_token_staleness must be an int >= (rl.max_staleness + 1) x "
+                          f"grpo.minibatches = {least} with partial rollouts on, got {bound!r}")
+
 
 # A run config holds RUN_SEED (-1) here by default: the run's ``seed`` (`resolve_seeds`).
 DERIVED_SEEDS = ("lp.seed", "sft.seed")
@@ -265,7 +267,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
             or rl.token_budget < 0:
         raise ConfigError(f"rl.token_budget must be an int >= 0 (0 = off), got "
                           f"{rl.token_budget!r}")
-    _check_partial(rl)
+    _check_partial(rl, cfg.grpo.minibatches)
     k = rl.max_staleness
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ConfigError(f"rl.max_staleness must be an int >= 0, got {k!r}")

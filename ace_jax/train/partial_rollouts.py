@@ -76,11 +76,12 @@ class Group:
     def complete(self) -> bool:
         return all(c is not None for c in self.done)
 
-    def oldest_version(self, running: dict) -> Optional[int]:
-        """The policy version of the group's oldest token (finished samples, the parts before a
-        resume and ``running``: {sample: its snapshot}); None before its first token."""
-        parts = [c for c in self.done + self.prefix if c is not None] + list(running.values())
-        versions = [int(c.versions.min()) for c in parts if len(c.tokens)]
+    def oldest_version(self, running: Sequence[int]) -> Optional[int]:
+        """The policy version of the group's oldest token (of its finished samples, the parts
+        before a resume and ``running``: its running samples' first versions); None before its
+        first token."""
+        parts = [c for c in self.done + self.prefix if c is not None and len(c.tokens)]
+        versions = [int(c.versions.min()) for c in parts] + list(running)
         return min(versions) if versions else None
 
 
@@ -90,12 +91,15 @@ class PartialRollouts:
     Args:
       engine: the paged engine (its weights and versions are the trainer's to update).
       group_size: G. batch_groups: B, the groups a step takes. factor: groups held per B.
-      max_token_staleness: the bound on a learned token's staleness (>= 1).
+      max_token_staleness: the bound on a learned token's staleness (>= 1), in versions.
       key: PRNG key; group ``seq`` samples with ``fold_in(key, seq)``.
+      versions_per_step: policy versions one learned step advances (the learner's optimizer
+        steps per batch, ``grpo.minibatches``).
     """
 
     def __init__(self, engine: engine_lib.Engine, *, group_size: int, batch_groups: int,
-                 factor: float, max_token_staleness: int, key: jax.Array):
+                 factor: float, max_token_staleness: int, key: jax.Array,
+                 versions_per_step: int = 1):
         if factor < 1:
             raise ValueError(f"rl.partial_factor must be >= 1 (groups held per group a step "
                              f"takes), got {factor}")
@@ -103,7 +107,7 @@ class PartialRollouts:
             raise ValueError(f"rl.max_token_staleness must be >= 1, got {max_token_staleness}")
         self.engine, self.group_size, self.batch_groups = engine, group_size, batch_groups
         self.capacity = math.ceil(factor * batch_groups)
-        self.bound = max_token_staleness
+        self.bound, self.per_step = max_token_staleness, versions_per_step
         self.key = key
         self.groups: dict[int, Group] = {}        # seq -> group in flight, in submission order
         self._owner: dict[tuple[int, int], tuple[int, int]] = {}  # (request, j) -> (seq, g)
@@ -125,14 +129,15 @@ class PartialRollouts:
 
     def collect(self, learn_version: int) -> list[Group]:
         """Steps the engine until B groups are complete and every group that must be learned on
-        now (its oldest token would pass the bound at ``learn_version + 1``) is complete;
-        returns those, then the oldest complete groups up to B, oldest first."""
+        now (its oldest token would pass the bound at the next step's version, ``learn_version
+        + versions_per_step``) is complete; returns those, then the oldest complete groups up
+        to B, oldest first."""
         self._take_finished()
         while True:
-            running = self._running()
+            first = self._first_versions()
             forced = [g for s, g in self.groups.items()
-                      if (v := g.oldest_version(running.get(s, {}))) is not None
-                      and learn_version + 1 - v > self.bound]
+                      if (v := g.oldest_version(first.get(s, ()))) is not None
+                      and learn_version + self.per_step - v > self.bound]
             complete = [g for g in self.groups.values() if g.complete]
             if all(g.complete for g in forced) and len(complete) >= self.batch_groups:
                 break
@@ -231,6 +236,14 @@ class PartialRollouts:
         g.done[i] = c
         if g.prompt_routes is None and c.prompt_routes is not None:
             g.prompt_routes = c.prompt_routes[:len(g.prompt)]
+
+    def _first_versions(self) -> dict[int, list[int]]:
+        """{group seq: its running samples' first-token versions}."""
+        out: dict[int, list[int]] = {}
+        for rid in {rid for rid, _ in self._owner}:
+            for j, v in self.engine.first_versions(rid).items():
+                out.setdefault(self._owner[rid, j][0], []).append(v)
+        return out
 
     def _running(self) -> dict[int, dict[int, engine_lib.Completion]]:
         """{group seq: {sample: its snapshot}} of the samples now in a slot."""

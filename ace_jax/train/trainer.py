@@ -192,6 +192,7 @@ class Trainer:
             self.partial = partial_rollouts.PartialRollouts(
                 self.generator, group_size=cfg.rl.group_size, batch_groups=cfg.rl.batch_states,
                 factor=cfg.rl.partial_factor, max_token_staleness=cfg.rl.max_token_staleness,
+                versions_per_step=int(cfg.grpo.minibatches),
                 key=jax.random.fold_in(jax.random.key(cfg.seed), 1))
         if cfg.grpo.routing_replay != "none" and not (
                 isinstance(self.generator, engine.Engine) and self.model.config.num_moe_layers):
@@ -339,7 +340,10 @@ class Trainer:
             return [partial_rollouts.NewGroup(s, p) for s, p in zip(states, prompts)]
 
         self.partial.top_up(draw, step)
-        groups = self.partial.collect(int(self.learner.state.step) + len(self.in_flight))
+        # the version that will learn on this step: one update (grpo.minibatches optimizer
+        # steps) per step still in flight before it
+        groups = self.partial.collect(int(self.learner.state.step) + len(self.in_flight)
+                                      * self.partial.per_step)
         gen = partial_rollouts.generation(self.partial, groups, pad_id=self.pad_id,
                                           max_new_tokens=self.cfg.sampling.max_new_tokens)
         out = self._step_rollouts(step, [g.state for g in groups], [g.prompt for g in groups],

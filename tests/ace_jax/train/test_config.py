@@ -186,8 +186,13 @@ def test_partial_rollouts_knobs(cfg):
     run_config.validate(cfg, num_devices=1, num_processes=1)
     cfg.rl.max_token_staleness = 1
     with pytest.raises(ConfigError, match=r"rl.max_token_staleness must be an int >= "
-                                          r"rl.max_staleness \+ 1 = 2 with partial rollouts on"):
+                                          r"\(rl.max_staleness \+ 1\) x grpo.minibatches = 2 "
+                                          r"with partial rollouts on"):
         run_config.validate(cfg, num_devices=1, num_processes=1)
+    cfg.rl.max_token_staleness, cfg.grpo.minibatches = 3, 2   # versions: 2 per learned step
+    with pytest.raises(ConfigError, match="grpo.minibatches = 4"):
+        run_config.validate(cfg, num_devices=1, num_processes=1)
+    cfg.grpo.minibatches = 1
     cfg.rl.partial_rollouts = False      # off: the bound is not read
     run_config.validate(cfg, num_devices=1, num_processes=1)
     cfg.rl.partial_factor = 0.5
