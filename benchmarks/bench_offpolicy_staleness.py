@@ -38,14 +38,14 @@ KEEP = ("steps", "minutes", "rl_steps_per_min", "rl_steps_per_min_with_compile",
 
 
 def commit() -> tuple[str, bool]:
-    """(short hash of HEAD, whether tracked files have uncommitted changes); ("unknown", False)
-    outside a git checkout."""
+    """(short hash of HEAD, whether tracked files outside results/ (the raw data these runs
+    write) have uncommitted changes); ("unknown", False) outside a git checkout."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()
     try:
         return git("rev-parse", "--short=7", "HEAD"), bool(
-            git("status", "--porcelain", "--untracked-files=no"))
+            git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"))
     except (OSError, subprocess.CalledProcessError):
         return "unknown", False
 
