@@ -27,7 +27,7 @@ With ``--out FILE`` the JSON line is also appended to FILE with the commit it ra
 table in docs/offpolicy.md is generated from ``results/partial_rollouts/raw.jsonl`` by
 ``python -m ace_jax.experiments.tables``.
 
-  python benchmarks/bench_rollouts.py [--steps 8] [--budget 256] [--factor 2] [--bound 2]
+  python benchmarks/bench_rollouts.py [--steps 8] [--budget 256] [--factor 3] [--bound 3]
       [--out results/partial_rollouts/raw.jsonl]
 """
 from __future__ import annotations
@@ -64,8 +64,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--budget", type=int, default=256, help="max completion tokens")
     ap.add_argument("--min-length", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=96, help="prompt tokens per group")
-    ap.add_argument("--factor", type=float, default=2.0, help="rl.partial_rollouts")
-    ap.add_argument("--bound", type=int, default=2, help="rl.max_token_staleness")
+    from ace_jax.train import config as run_config
+
+    rl = run_config.rl_config()   # the run config's defaults
+    ap.add_argument("--factor", type=float, default=rl.partial_factor, help="rl.partial_factor")
+    ap.add_argument("--bound", type=int, default=rl.max_token_staleness,
+                    help="rl.max_token_staleness")
     ap.add_argument("--sync-every", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="", help="append the JSON line (with its commit) here")

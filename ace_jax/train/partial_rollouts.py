@@ -2,8 +2,9 @@
 first groups that complete, so no step waits for its longest sample.
 
 ``rl.partial_rollouts = True`` (off: each step submits its B groups and drains them) keeps
-``ceil(rl.partial_factor * B)`` groups of G samples in the paged engine (`ace_jax.runtime.engine.Engine`). A
-step (``collect``) steps the engine until B groups are complete, and takes them oldest first;
+``ceil(rl.partial_factor * B)`` groups of G samples in the paged engine
+(`ace_jax.runtime.engine.Engine`). A step (``collect``) steps the engine until B groups are
+complete, and takes them oldest first;
 the others keep decoding, under the new weights once the learner has updated (their pages kept,
 each token stamped with the policy version that sampled it and its behaviour log-prob, its
 routes when recorded), and ``top_up`` refills the engine with new groups. The engine admits

@@ -213,7 +213,8 @@ def _part_way(meta) -> bool:
 # partial rollouts on, the engine holding 2 x B groups of the smoke run's two tasks (repeats
 # allowed); completions long and hot enough that about half end early (EOS), so that samples
 # start at different times and a checkpoint catches some part-way
-PARTIAL = ["--config.rl.partial_rollouts=True", "--config.lp.allow_repeats=True",
+PARTIAL = ["--config.rl.partial_rollouts=True", "--config.rl.partial_factor=2",
+           "--config.lp.allow_repeats=True",
            "--config.rl.num_steps=10", "--config.sampling.max_new_tokens=400",
            "--config.sampling.temperature=3.0", "--config.engine.slots=2",
            "--config.checkpoint.save_interval_steps=1", "--config.checkpoint.async_save=False"]
