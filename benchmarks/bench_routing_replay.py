@@ -50,7 +50,7 @@ def measure(seed: int, dtype: str, new_tokens: int) -> dict:
     sampling = generate.SamplingConfig(max_new_tokens=new_tokens, group_size=g, temperature=1.0,
                                        prompt_bucket=16, eos_ids=())
     eng = engine.Engine(model, sampling, engine.EngineConfig(
-        slots=8, max_context=max(map(len, prompts)) + new_tokens))
+        slots=8, max_context=max(map(len, prompts)) + new_tokens), record_routes=True)
     out = eng.generate(prompts, jax.random.key(seed))
     batch = rollout_batch.make_train_batch(prompts, out, np.zeros(b * g), prompt_bucket=16,
                                            pad_id=0)
