@@ -124,13 +124,13 @@ def partial_rollouts(results: str) -> str:
     if not rows:
         return (f"No runs yet: `python {ROLLOUTS_RUNNER} --out "
                 "results/partial_rollouts/raw.jsonl`.")
-    out = ["| commit | length law | slots | factor | bound | useful tok/s drained | partial | "
-           "speed-up | row-steps / useful token, drained -> partial | staleness max | "
-           "lost | duplicated |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["budget"], r["factor"], r["bound"])):
+    out = ["| commit | length law | slots | timed steps | factor | bound | useful tok/s drained | "
+           "partial | speed-up | row-steps / useful token, drained -> partial | staleness max | "
+           "lost | duplicated |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["budget"], r["steps"], r["factor"], r["bound"])):
         d, p = r["drained"], r["partial"]
         out.append(f"| {r['commit']}{'+dirty' if r['dirty'] else ''} | {r['length_law']} | "
-                   f"{r['slots']} | {r['factor']:g} | {r['bound']} | "
+                   f"{r['slots']} | {r['steps']} | {r['factor']:g} | {r['bound']} | "
                    f"{d['useful_tokens_per_s']:.0f} | {p['useful_tokens_per_s']:.0f} | "
                    f"{r['useful_speedup']:.2f}x | {d['row_steps_per_useful_token']:.2f} -> "
                    f"{p['row_steps_per_useful_token']:.2f} | {r['staleness_max']} | "

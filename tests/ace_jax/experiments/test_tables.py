@@ -370,3 +370,22 @@ def test_a_new_staleness_run_fails_the_check_until_the_tables_are_regenerated(tm
     assert tables.main(["--root", str(root)]) == 0
     assert "| 0 | 0 | 23d0d3c | 20 | 8.88 |" in (root / "docs/offpolicy.md").read_text()
     assert tables.main(["--check", "--root", str(root)]) == 0
+
+
+def test_the_partial_rollouts_table_reads_the_benchmarks_lines_and_a_change_fails_the_check(
+        tmp_path, capsys):
+    """Each raw line of benchmarks/bench_rollouts.py is one row; one changed value (a lost
+    sample) fails `--check` on docs/offpolicy.md until the tables are regenerated."""
+    root = _copy_repo(tmp_path)
+    raw = root / "results/partial_rollouts/raw.jsonl"
+    lines = raw.read_text().splitlines()
+    table = tables.TABLES.get("partial_rollouts")(str(root / "results"))
+    assert len(table.splitlines()) == 2 + len(lines)
+    first = json.loads(lines[0])
+    assert f"| {first['useful_speedup']:.2f}x |" in table
+    first["lost"] = 1
+    raw.write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    assert tables.main(["--check", "--root", str(root)]) == 1
+    assert "docs/offpolicy.md: partial_rollouts" in capsys.readouterr().out
+    assert tables.main(["--root", str(root)]) == 0
+    assert "| 1 | 0 |" in tables.TABLES.get("partial_rollouts")(str(root / "results"))
