@@ -334,7 +334,7 @@ class Trainer:
         def draw(n):   # at least what a step takes, more when the buffer has them
             nonlocal truncated
             states = self._select(step, n, minimum=max(
-                0, self.cfg.rl.batch_states - len(self.partial.groups)) or 1)
+                0, self.cfg.rl.batch_states - len(self.partial.groups)))
             prompts, cut = self._prompts(states)
             truncated += cut
             return [partial_rollouts.NewGroup(s, p) for s, p in zip(states, prompts)]
