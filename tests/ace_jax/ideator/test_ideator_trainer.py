@@ -152,7 +152,7 @@ def scripted_generator(tokenizer, texts):
         def __init__(self, model, sampling, **kw):
             self.sampling = sampling
 
-        def update_weights(self, params):
+        def update_weights(self, params, version=None):
             pass
 
         def generate(self, prompts, key, sampling=None):
