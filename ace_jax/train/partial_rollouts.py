@@ -29,7 +29,6 @@ earlier tokens' keys and values are recomputed by the prefill under the resumed 
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import math
 from typing import Any, Callable, NamedTuple, Optional, Sequence
@@ -38,6 +37,7 @@ import jax
 import numpy as np
 
 from ace_jax.runtime import engine as engine_lib, generate
+from ace_jax.train import rollouts as rollouts_lib
 
 
 class NewGroup(NamedTuple):
@@ -269,17 +269,12 @@ def _join(a: engine_lib.Completion, b: engine_lib.Completion) -> engine_lib.Comp
 
 
 def _array_json(a: Optional[np.ndarray]) -> Optional[dict]:
-    """A uint8 routing record as JSON (shape and base64 bytes), None as None."""
-    if a is None:
-        return None
-    return dict(shape=list(a.shape),
-                data=base64.b64encode(np.ascontiguousarray(a, np.uint8)).decode())
+    """A routing record as JSON (`rollouts_lib.uint8_json`), None as None."""
+    return None if a is None else rollouts_lib.uint8_json(a)
 
 
 def _array_from_json(d: Optional[dict]) -> Optional[np.ndarray]:
-    if d is None:
-        return None
-    return np.frombuffer(base64.b64decode(d["data"]), np.uint8).reshape(d["shape"])
+    return None if d is None else rollouts_lib.uint8_from_json(d)
 
 
 def _completion_json(c: engine_lib.Completion) -> dict:

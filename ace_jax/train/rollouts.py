@@ -263,13 +263,23 @@ class StepRollouts:
                    group_ids=d.get("group_ids"))
 
 
+def uint8_json(a: np.ndarray) -> dict:
+    """A uint8 array (a routing record) as JSON: its shape and its bytes in base64."""
+    return dict(shape=list(a.shape),
+                data=base64.b64encode(np.ascontiguousarray(a, np.uint8)).decode())
+
+
+def uint8_from_json(d: dict) -> np.ndarray:
+    """Inverse of `uint8_json`."""
+    return np.frombuffer(base64.b64decode(d["data"]), np.uint8).reshape(d["shape"])
+
+
 def _routes_json(gen: generate.GenerationResult) -> dict:
-    """The MoE routing record (if any) as JSON: each array's shape and its uint8 bytes in
-    base64 (the completion routes cut to each row's length)."""
+    """The MoE routing record (if any) as JSON (`uint8_json`; the completion routes cut to
+    each row's length)."""
     if gen.routes is None:
         return {}
-    pack = lambda a: dict(shape=list(a.shape),   # noqa: E731
-                          data=base64.b64encode(np.ascontiguousarray(a, np.uint8)).decode())
+    pack = uint8_json
     return dict(routes=[pack(gen.routes[i, :gen.lengths[i]]) for i in range(len(gen.lengths))],
                 prompt_routes=[pack(r) for r in gen.prompt_routes])
 
@@ -278,7 +288,7 @@ def _routes_from_json(d: dict, max_new_tokens: int) -> tuple:
     """(routes uint8 [N, M, L, k] or None, prompt_routes tuple or None) from `_routes_json`."""
     if "routes" not in d:
         return None, None
-    unpack = lambda x: np.frombuffer(base64.b64decode(x["data"]), np.uint8).reshape(x["shape"])  # noqa: E731
+    unpack = uint8_from_json
     rows = [unpack(x) for x in d["routes"]]
     out = np.full((len(rows), max_new_tokens) + rows[0].shape[1:], NO_ROUTE, np.uint8)
     for i, r in enumerate(rows):
