@@ -29,6 +29,8 @@ import pathlib
 import subprocess
 import sys
 
+from ace_jax.experiments import provenance
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OUT = "results/offpolicy_staleness/raw.jsonl"
 # What one line keeps of bench_local_run's result (the rest is in the run's work directory).
@@ -38,16 +40,8 @@ KEEP = ("steps", "minutes", "rl_steps_per_min", "rl_steps_per_min_with_compile",
 
 
 def commit() -> tuple[str, bool]:
-    """(short hash of HEAD, whether tracked files outside results/ (the raw data these runs
-    write) have uncommitted changes); ("unknown", False) outside a git checkout."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    try:
-        return git("rev-parse", "--short=7", "HEAD"), bool(
-            git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"))
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown", False
+    """(short hash of HEAD, whether tracked files outside results/ have uncommitted changes)."""
+    return provenance.commit(REPO, short=True)
 
 
 def record(k: int, seed: int, result: dict, *, overrides: list[str], head: str, dirty: bool,

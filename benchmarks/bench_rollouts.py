@@ -168,9 +168,9 @@ def main(argv=None) -> dict:
           f"({partial['row_steps_per_useful_token']:.2f} row-steps per useful token), token "
           f"staleness {partial['staleness_hist']}")
     if args.out:
-        from bench_offpolicy_staleness import commit
+        from ace_jax.experiments import provenance
 
-        head, dirty = commit()
+        head, dirty = provenance.commit(short=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(dict(result, commit=head, dirty=dirty)) + "\n")
     print(json.dumps(result))

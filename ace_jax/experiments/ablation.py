@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ace_jax.experiments import provenance
 from ace_jax.train import metrics as metrics_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -85,7 +86,10 @@ def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "config
     Returns a RunResult; a non-zero exit or a timeout sets ``error`` to the log tail (the full
     log is ``<workdir>.log``) instead of raising, so one failed run does not stop an ablation.
     A run that already finished with the same resolved config (its fingerprint: the config
-    file's contents, not its path, and the overrides) is not started again (``reused``); an
+    file's contents, not its path, and the overrides) is not started again (``reused``); its
+    marker (``DONE_MARKER``) records in ``commits`` the commit of every start that ran it (a
+    resumed run may span several) and whether tracked files differed from it
+    (``provenance.commit``; each start appends its line to ``<workdir>.commits``). An
     unfinished one resumes from its last checkpoint, and so does a finished one whose config
     changed (more ``rl.num_steps`` extends it; for a change that makes its checkpoints another
     experiment's, use another workdir).
@@ -106,6 +110,9 @@ def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "config
         os.remove(marker)      # another config: the job runs (resuming the run's checkpoints)
     cmd = job_command(workdir, overrides, config)
     log_path = workdir.rstrip("/") + ".log"
+    head, dirty = provenance.commit(REPO)
+    with open(workdir.rstrip("/") + ".commits", "a") as f:   # the code of each start
+        f.write(json.dumps({"commit": head, "dirty": dirty}) + "\n")
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         try:
@@ -117,6 +124,9 @@ def run_job(workdir: str, overrides: Mapping[str, Any], *, config: str = "config
     seconds = time.perf_counter() - t0
     if rc == 0:
         os.makedirs(workdir, exist_ok=True)
+        with open(workdir.rstrip("/") + ".commits") as f:
+            job["commits"] = list({json.dumps(json.loads(line), sort_keys=True): json.loads(line)
+                                   for line in f if line.strip()}.values())
         with open(marker, "w") as f:
             json.dump(job, f)
         return RunResult(workdir, seconds)

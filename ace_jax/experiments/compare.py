@@ -30,19 +30,21 @@ import gzip
 import io
 import json
 import os
-import subprocess
 import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ace_jax.experiments import ablation
+from ace_jax.experiments import ablation, provenance
 from ace_jax.train import metrics as metrics_lib
 
 # The per-step metrics kept in the raw data (those present in a line; empty cells otherwise).
 KEEP = ("probe/updates", "probe/valid_rate", "probe/score", "probe/humanrank",
         "probe/valid_rate_train", "probe/score_train", "probe/humanrank_train",
         "probe/valid_rate_heldout", "probe/score_heldout", "probe/humanrank_heldout",
+        "probe/heldout_valid_rate", "probe/heldout_score",
+        "probe/heldout_instances_valid_rate", "probe/heldout_instances_score",
+        "probe/heldout_family_valid_rate", "probe/heldout_family_score",
         "rollout/valid_rate", "score/dev_norm_all", "reward/mean", "grpo/zero_var_frac",
         "rollout/root_frac", "rollout/completion_tokens_mean", "rollout/generated_tokens",
         "rollout/refill_rounds",
@@ -71,7 +73,9 @@ def run(root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int], 
         overrides: Mapping[str, Any] = (), config: str = "configs/local.py",
         warm_root: str = "", progress: bool = True) -> dict[str, dict[int, ablation.RunResult]]:
     """Per seed (in order): its warm start (in ``warm_root``, default ``root``), then every arm
-    from it. Returns arm -> seed -> result (a seed whose warm start failed has no runs)."""
+    from it. An arm's overrides win over the runner's: ``rl.num_steps=0,model.init_from_run=``
+    with more ``sft.steps`` makes an arm a warm start of its own (an SFT control). Returns
+    arm -> seed -> result (a seed whose warm start failed has no runs)."""
     out: dict[str, dict[int, ablation.RunResult]] = {a: {} for a in arms}
     for seed in seeds:
         base = {**dict(overrides), "seed": seed}
@@ -82,8 +86,8 @@ def run(root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int], 
             print(f"FAILED warm start of seed {seed}: {warm.error}", file=sys.stderr)
             continue
         jobs = [(f"{a}/seed{seed}", os.path.join(root, a, f"seed{seed}"),
-                 {**base, **dict(o), "rl.num_steps": steps,
-                  "model.init_from_run": warm.workdir}) for a, o in arms.items()]
+                 {**base, "rl.num_steps": steps, "model.init_from_run": warm.workdir,
+                  **dict(o)}) for a, o in arms.items()]
         for (a, _), res in zip(arms.items(), ablation.run_jobs(
                 jobs, desc=f"seed {seed}", progress=progress, config=config)):
             if res.error:
@@ -177,36 +181,37 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return [float(x) for x in out]
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ablation.REPO, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+WARM = "warm"   # the arm name of the warm starts in the raw data (with ``export(warm_root=)``)
 
 
 def export(out_dir: str, root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
-           *, command: str, config: str, overrides: Mapping[str, Any] = ()) -> dict:
+           *, command: str, config: str, overrides: Mapping[str, Any] = (),
+           warm_root: str | None = None) -> dict:
     """Writes ``metrics.csv.gz`` and ``runs.json`` of the finished runs under ``root`` to
-    ``out_dir``; returns the runs.json content."""
+    ``out_dir``; returns the runs.json content. With ``warm_root`` the warm starts are
+    exported too, as arm ``WARM`` (their probe is the one of every arm's first parameters).
+    A run's entry in runs.json names the commits it ran on (``ablation.run_job``'s marker;
+    absent for runs made before markers recorded them)."""
     os.makedirs(out_dir, exist_ok=True)
     rows, runs = [], []
-    for arm in arms:
-        for seed in seeds:
-            workdir = os.path.join(root, arm, f"seed{seed}")
-            marker = os.path.join(workdir, ablation.DONE_MARKER)
-            if not os.path.exists(marker):
-                continue
-            with open(marker) as f:
-                job = json.load(f)
-            rows += rows_of(os.path.join(workdir, "metrics.jsonl"), arm, seed)
-            runs.append({"arm": arm, "seed": seed, "fingerprint": job["fingerprint"]})
+    dirs = [(arm, seed, os.path.join(root, arm, f"seed{seed}")) for arm in arms for seed in seeds]
+    if warm_root is not None:
+        dirs = [(WARM, seed, os.path.join(warm_root, f"warm{seed}")) for seed in seeds] + dirs
+    for arm, seed, workdir in dirs:
+        marker = os.path.join(workdir, ablation.DONE_MARKER)
+        if not os.path.exists(marker):
+            continue
+        with open(marker) as f:
+            job = json.load(f)
+        rows += rows_of(os.path.join(workdir, "metrics.jsonl"), arm, seed)
+        runs.append({"arm": arm, "seed": seed, "fingerprint": job["fingerprint"],
+                     **({"commits": job["commits"]} if "commits" in job else {})})
     write_csv(rows, os.path.join(out_dir, "metrics.csv.gz"))
-    info = {"command": command, "commit": _commit(), "config": config,
+    info = {"command": command, "commit": provenance.commit(ablation.REPO)[0], "config": config,
             "overrides": {k: str(v) for k, v in dict(overrides).items()},
             "arms": {a: {k: str(v) for k, v in o.items()} for a, o in arms.items()},
             "seeds": list(seeds), "runs": runs,
-            "complete": len(runs) == len(arms) * len(seeds)}
+            "complete": sum(r["arm"] != WARM for r in runs) == len(arms) * len(seeds)}
     with open(os.path.join(out_dir, "runs.json"), "w") as f:
         json.dump(info, f, indent=1)
         f.write("\n")
@@ -226,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--config", default="configs/local.py")
     p.add_argument("--results", default="results", help="where results/<name>/ goes")
+    p.add_argument("--export_warm", action="store_true",
+                   help="export the warm starts' metrics too (arm 'warm': their probe is the "
+                        "arms' first, for arms run with probe.at_start=False)")
     p.add_argument("--export_only", action="store_true",
                    help="write the raw data of the finished runs, start none")
     args, extra = p.parse_known_args(argv)
@@ -249,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m ace_jax.experiments.compare " + " ".join(
         sys.argv[1:] if argv is None else argv)
     info = export(os.path.join(args.results, args.name), root, arms, seeds, command=command,
-                  config=args.config, overrides={**overrides, "rl.num_steps": args.steps})
+                  config=args.config, overrides={**overrides, "rl.num_steps": args.steps},
+                  warm_root=(args.warm_root or root) if args.export_warm else None)
     print(f"{len(info['runs'])} of {len(arms) * len(seeds)} runs in "
           f"{os.path.join(args.results, args.name)} (complete: {info['complete']})")
     return 1 if failed else 0

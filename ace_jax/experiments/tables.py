@@ -140,15 +140,24 @@ def partial_rollouts(results: str) -> str:
 
 # ------------------------------------------------------------------------ compare experiments
 
-def probe_gains(rows: Sequence[dict], key: str) -> dict[tuple[str, int], float]:
-    """(arm, seed) -> ``key`` at the last probe minus at the first (updates 0)."""
+def probe_gains(rows: Sequence[dict], key: str, baseline: str = ""
+                ) -> dict[tuple[str, int], float]:
+    """(arm, seed) -> ``key`` at the last probe minus at the first (updates 0). With
+    ``baseline`` (the warm starts' arm, ``compare.WARM``) the first probe is that arm's of the
+    same seed, for every arm: the parameters every arm of the seed started from (arms run with
+    ``probe.at_start=False`` do not probe them again), so the baseline arm's own gain is 0 and
+    an arm whose one probe is at 0 updates (an SFT control) gains its probe minus the warm
+    start's."""
+    probes: dict[tuple[str, int], list] = {}
+    for r in rows:
+        if key in r and "probe/updates" in r:
+            probes.setdefault((r["arm"], r["seed"]), []).append((r["probe/updates"], r[key]))
     out = {}
-    for arm, seed in sorted({(r["arm"], r["seed"]) for r in rows}):
-        probes = sorted((r["probe/updates"], r[key]) for r in rows
-                        if r["arm"] == arm and r["seed"] == seed and key in r
-                        and "probe/updates" in r)
-        if len(probes) >= 2 and probes[0][0] == 0:
-            out[(arm, seed)] = probes[-1][1] - probes[0][1]
+    for (arm, seed), got in sorted(probes.items()):
+        got.sort()
+        first = probes.get((baseline, seed), [None])[0] if baseline else got[0]
+        if first is not None and first[0] == 0 and (baseline or len(got) >= 2):
+            out[(arm, seed)] = got[-1][1] - first[1]
     return out
 
 
@@ -178,7 +187,7 @@ def _p(p: float, digits: int = 3) -> str:
 
 def compare_table(results: str, name: str, arms: Sequence[str],
                   pairs: Sequence[tuple[str, str]], keys: Sequence[str] = PROBE_KEYS,
-                  cost: bool = False, family: bool = False) -> str:
+                  cost: bool = False, family: bool = False, baseline: str = "") -> str:
     """``results/<name>``: per probe key each arm's gain (last probe - first, over the seeds
     it finished) and, per pair (x, y), the paired difference x - y over the seeds both
     finished, with 95% Student-t intervals and the effect the design detects at 80% power.
@@ -187,17 +196,21 @@ def compare_table(results: str, name: str, arms: Sequence[str],
     both Holm-adjusted within the family (``compare.holm``), and its Bonferroni interval (each
     at 1 - 0.05 / m: simultaneous 95% coverage for the m pairs); a line under the table says,
     per key, whether Holm rejects any pair at 5%.
-    ``cost``: a table of updates and generated completion tokens per arm too."""
+    ``cost``: a table of updates and generated completion tokens per arm too.
+    ``baseline``: the gains' first probe is that arm's (``probe_gains``); a pair (x, baseline)
+    is then x's gain itself. Runs that record their commits (``ablation.run_job``) are listed
+    by commit under the tables."""
     folder = os.path.join(results, name)
     info = json.load(open(os.path.join(folder, "runs.json")))
     rows = compare.read_csv(os.path.join(folder, "metrics.csv.gz"))
     done = {(r["arm"], r["seed"]) for r in info["runs"]}
     seeds = {arm: [s for s in info["seeds"] if (arm, s) in done] for arm in arms}
-    out = [f"{len(done)} of {len(info['arms']) * len(info['seeds'])} runs finished"
+    planned = len(info["arms"]) * len(info["seeds"])
+    out = [f"{sum(a != compare.WARM for a, _ in done)} of {planned} runs finished"
            + ("" if info["complete"] else " (incomplete: no conclusion is drawn)") + ".", "",
            "| probe key | " + " | ".join(f"gain {a}" for a in arms) + " |",
            "|---|" + "---|" * len(arms)]
-    gains = {key: probe_gains(rows, key) for key in keys}
+    gains = {key: probe_gains(rows, key, baseline) for key in keys}
     for key, g in gains.items():
         out.append(f"| {key} | " + " | ".join(
             _interval([g[(a, s)] for s in seeds[a] if (a, s) in g]) for a in arms) + " |")
@@ -255,6 +268,14 @@ def compare_table(results: str, name: str, arms: Sequence[str],
                       if "rollout/refill_rounds" in r]
             out.append(f"| {a} | {_interval(upd, 1, False)} | {_interval(tok, 0, False)} | "
                        f"{np.mean(refill) if refill else float('nan'):.2f} |")
+    commits: dict[str, list[str]] = {}
+    for r in info["runs"]:
+        for c in r.get("commits", ()):
+            commits.setdefault(c["commit"][:7] + (" (uncommitted changes)" if c["dirty"] else ""),
+                               []).append(f"{r['arm']}/{r['seed']}")
+    if commits:
+        out += ["", "| commit | runs that ran on it |", "|---|---|"]
+        out += [f"| {c} | {len(runs)}: {', '.join(runs)} |" for c, runs in commits.items()]
     return "\n".join(out)
 
 

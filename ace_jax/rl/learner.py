@@ -3,7 +3,8 @@
 ``Learner.step(batch)`` does, inside one ``jax.jit``:
 
 1. group-relative advantages and the zero-variance-group filter from the batch's rewards
-   (over the whole batch, so neither minibatches nor microbatches change them);
+   (over the whole batch, so neither minibatches nor microbatches change them), or the
+   batch's own ``advantages`` when the host computed them (Reinforce-Ada's global baseline);
 2. with ``grpo.minibatches`` = m > 1, the batch split into m minibatches (`microbatch_split`),
    one optimizer step each (PPO's minibatches); under ``grpo.proximal="learner"`` the proximal
    log-probs are computed once for the whole batch by a no-grad forward before the first
@@ -328,7 +329,8 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
     n = batch.input_ids.shape[0]
     m = minibatches(grpo_cfg)
     grouped = grpo.group_rewards(batch.rewards, group_size)
-    advantages = grpo.compute_advantages(grouped, grpo_cfg).reshape(n)
+    advantages = (grpo.compute_advantages(grouped, grpo_cfg).reshape(n)
+                  if batch.advantages is None else batch.advantages)   # the host's (Reinforce-Ada)
     zero_var = grpo.zero_variance_groups(grouped, grpo_cfg.zero_variance_atol)
     if grpo_cfg.filter_zero_variance_groups:
         sequence_mask = jnp.repeat(~zero_var, group_size)

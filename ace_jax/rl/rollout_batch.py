@@ -32,6 +32,9 @@ class TrainBatch(NamedTuple):
       routes: None, or uint8 [N, P + M, L_moe, k]: the sampler's routing record (the experts
         each MoE layer sent each token to; `engine.NO_ROUTE` on padding), for routing replay
         (``grpo.routing_replay="R3"``) and the ``offpolicy/*routing*`` measures.
+      advantages: None, or float32 [N]: advantages the host computed (Reinforce-Ada's, from
+        the global statistics of every sample of a state, `dynamic_sampling.global_advantages`);
+        None = the learner computes them from ``rewards`` per group (``grpo.advantage_estimator``).
     """
 
     input_ids: jax.Array
@@ -42,6 +45,7 @@ class TrainBatch(NamedTuple):
     rewards: jax.Array
     ref_logprobs: jax.Array
     routes: jax.Array | None = None
+    advantages: jax.Array | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -118,7 +122,7 @@ class RouteRecord(NamedTuple):
 
 
 def _host_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult, rewards, *,
-                prompt_bucket: int, pad_id: int, ref_logprobs=None
+                prompt_bucket: int, pad_id: int, ref_logprobs=None, advantages=None
                 ) -> tuple[dict[str, np.ndarray], RouteRecord | None]:
     """The TrainBatch's fields but ``routes`` as host numpy arrays of their final dtypes, and
     the routing record (None without one); see `make_train_batch`."""
@@ -141,6 +145,11 @@ def _host_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult
         behaviour_logprobs=np.asarray(gen.logprobs, np.float32),
         rewards=rew,
         ref_logprobs=ref.astype(np.float32))
+    if advantages is not None:
+        adv = np.asarray(advantages, np.float32)
+        if adv.shape != (n,):
+            raise ValueError(f"advantages must have shape ({n},), got {adv.shape}")
+        fields["advantages"] = adv
     record = None
     if gen.routes is not None:
         if gen.prompt_routes is None or len(gen.prompt_routes) != len(prompts):
@@ -153,10 +162,11 @@ def _host_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult
 
 def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationResult,
                      rewards, *, prompt_bucket: int, pad_id: int, ref_logprobs=None,
-                     shardings: BatchShardings | None = None) -> TrainBatch:
+                     advantages=None, shardings: BatchShardings | None = None) -> TrainBatch:
     """Builds a TrainBatch from the prompts and the grouped generation that answered them.
 
     ``rewards`` float [N]; rows are ordered as in ``gen`` (prompt-major, G samples each).
+    ``advantages`` None or float [N] (`TrainBatch.advantages`: computed on the host).
 
     ``shardings`` None: every array on the default device (the routing record assembled whole
     first). Else the batch's target shardings (`BatchShardings`, e.g. the learner's
@@ -167,7 +177,7 @@ def make_train_batch(prompts: Sequence[Sequence[int]], gen: generate.GenerationR
     process). The learner then takes the batch as placed (`placed_on`).
     """
     fields, record = _host_batch(prompts, gen, rewards, prompt_bucket=prompt_bucket,
-                                 pad_id=pad_id, ref_logprobs=ref_logprobs)
+                                 pad_id=pad_id, ref_logprobs=ref_logprobs, advantages=advantages)
     if shardings is None:
         return TrainBatch(**{k: jnp.asarray(v) for k, v in fields.items()},
                           routes=None if record is None else jnp.asarray(record.block()))

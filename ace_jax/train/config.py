@@ -114,7 +114,8 @@ def rl_config() -> ml_collections.ConfigDict:
     # to dynamic_sampling_rounds more generation rounds per step (0 = off) look for signal.
     # "dapo": draw new states for the missing informative groups (DAPO's refill);
     # "reinforce_ada": G more samples of each state whose samples so far all agree, then a
-    # group of G balanced between its best and worst samples (Reinforce-Ada's resampling).
+    # group of G balanced between its best and worst samples, its advantages from the mean and
+    # std of all the state's samples (Reinforce-Ada's resampling and global baseline).
     c.dynamic_sampling = "dapo"
     c.dynamic_sampling_rounds = 0
     # The buffer starts from one empty draft per task; True also seeds the reference solutions
@@ -262,6 +263,11 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
         raise ConfigError(f"rl.dynamic_sampling={rl.dynamic_sampling!r}; valid: "
                           f"{', '.join(DYNAMIC_SAMPLING)}")
     rounds = rl.dynamic_sampling_rounds
+    if rl.dynamic_sampling == "reinforce_ada" and rounds and \
+            cfg.grpo.advantage_estimator not in ("grpo", "drgrpo"):
+        raise ConfigError("rl.dynamic_sampling='reinforce_ada' computes its global-baseline "
+                          "advantages as grpo.advantage_estimator 'grpo' or 'drgrpo' does, got "
+                          f"{cfg.grpo.advantage_estimator!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ConfigError(f"rl.dynamic_sampling_rounds must be an int >= 0 (0 = off), got "
                           f"{rounds!r}")

@@ -15,8 +15,8 @@ log = logging.getLogger("ace_jax.train.dynamic_sampling")
 
 
 def refill(s: StepRollouts, *, kind: str, rounds: int, batch_states: int, group_size: int,
-           atol: float, draw: Callable[[int], list], roll_out: Callable[[list], StepRollouts]
-           ) -> StepRollouts:
+           atol: float, draw: Callable[[int], list], roll_out: Callable[[list], StepRollouts],
+           eps: float = 1e-6, std_ddof: int = 1, normalise: bool = True) -> StepRollouts:
     """What the learner learns on for step ``s`` (rewarded, B = ``batch_states`` groups of
     G = ``group_size`` rows): ``s`` itself when ``rounds`` is 0.
 
@@ -29,13 +29,18 @@ def refill(s: StepRollouts, *, kind: str, rounds: int, batch_states: int, group_
       informative groups first, then zero-variance ones to keep B.
     * ``"reinforce_ada"``: each of the step's states whose samples so far all agree gets G
       more; a state that found a spread learns on G of its samples balanced between its
-      best (ceil(G/2)) and worst (floor(G/2)) rewards, the others on their first G.
+      best (ceil(G/2)) and worst (floor(G/2)) rewards, the others on their first G. As in
+      Reinforce-Ada, the advantages are computed from the global statistics of every sample of
+      the state (`global_advantages`), not from the G kept: the learner takes them as they are
+      (``StepRollouts.advantages``).
 
     Every round's rows are appended to ``s`` (``StepRollouts.extend``): their executions
     grow the buffer and are logged like the step's own, and ``s.gen_tokens`` counts them.
 
     Args:
       kind: "dapo" | "reinforce_ada"; atol: ``grpo.zero_variance_atol``.
+      eps / std_ddof / normalise: Reinforce-Ada's advantage, (r - mean) / (std + eps) with
+        ``normalise`` (GRPO's estimator), r - mean without (Dr.GRPO's).
       draw: n -> n new buffer states for this step (``learnability.InsufficientStatesError``
         when the sampler has none left).
       roll_out: states -> their G completions each for this step, generated with the current
@@ -78,7 +83,13 @@ def refill(s: StepRollouts, *, kind: str, rounds: int, batch_states: int, group_
     if len(s.prompts) == b:
         return s
     if ada:
-        return s.select_rows([balanced_group(own[i], s.rewards(), g, atol) for i in range(b)])
+        rewards = s.rewards()
+        groups = [balanced_group(own[i], rewards, g, atol) for i in range(b)]
+        out = s.select_rows(groups)
+        out.advantages = np.concatenate([
+            global_advantages(rewards, own[i], grp, atol=atol, eps=eps, std_ddof=std_ddof,
+                              normalise=normalise) for i, grp in enumerate(groups)])
+        return out
     keep = informative()
     chosen = sorted((keep + [i for i in range(len(s.prompts)) if i not in keep])[:b])
     return s.select_groups(chosen, g)
@@ -94,3 +105,20 @@ def balanced_group(rows: Sequence[int], rewards: np.ndarray, group_size: int,
     ranked = sorted(rows, key=lambda i: (-rewards[i], i))
     return sorted(ranked[:(group_size + 1) // 2] + ranked[len(ranked) - group_size // 2:])
 
+
+
+def global_advantages(rewards: np.ndarray, rows: Sequence[int], kept: Sequence[int], *,
+                      atol: float, eps: float, std_ddof: int, normalise: bool = True
+                      ) -> np.ndarray:
+    """float32 [len(kept)]: the advantages of a state's ``kept`` rows with Reinforce-Ada's
+    global baseline: the mean (and, with ``normalise``, the std with ``std_ddof``) of the
+    rewards of all its sample ``rows`` (every round's), not of the kept ones alone; 0 when all
+    its rewards agree within ``atol`` (no signal, as the learner's zero-variance rule)."""
+    r = np.asarray(rewards, np.float64)
+    every, k = r[list(rows)], r[list(kept)]
+    if every.max() - every.min() <= atol:
+        return np.zeros(len(kept), np.float32)
+    adv = k - every.mean()
+    if normalise:
+        adv = adv / (every.std(ddof=std_ddof) + eps)
+    return adv.astype(np.float32)

@@ -118,6 +118,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.kinds = KINDS              # the states of each task: draft and / or improve
     c.samples = 2                # completions per state of a training task
     c.heldout_samples = 0        # completions per held-out state; 0 = samples
+    # Probe the parameters before the first update (after 0 updates). False skips it: a run
+    # started from another run's checkpoint whose own last probe measured the same parameters
+    # with the same states and keys (an experiment's shared warm start, whose run with
+    # rl.num_steps=0 probes them once for all its arms).
+    c.at_start = True
     return c
 
 
@@ -247,6 +252,7 @@ class Probe:
     seed: int
     every: int
     heldout_samples: int = 0
+    at_start: bool = True
 
     @classmethod
     def from_config(cls, cfg: ml_collections.ConfigDict, train_tasks: Sequence[Any],
@@ -268,12 +274,14 @@ class Probe:
                               kinds=tuple(p.kinds), corpus_seed=int(cfg.tasks.seed))
         tasks = {t.task_id: t for t in (*train_tasks, *heldout_tasks)}
         return cls(states, tasks, {i: task_targets(t) for i, t in tasks.items()},
-                   int(p.samples), int(cfg.seed), int(p.every), int(p.heldout_samples))
+                   int(p.samples), int(cfg.seed), int(p.every), int(p.heldout_samples),
+                   bool(p.at_start))
 
     def due(self, updates: int) -> bool:
         """Whether the parameters after ``updates`` learner updates are probed on the way:
-        every ``every`` updates (the trainer probes after the last update too)."""
-        return updates % self.every == 0
+        every ``every`` updates, the first (0 updates) only ``at_start`` (the trainer probes
+        after the last update too)."""
+        return updates % self.every == 0 and (updates > 0 or self.at_start)
 
     def batches(self) -> list[tuple[list[int], int, jax.Array]]:
         """The generation calls of one probe: (state indices, completions per state, key).

@@ -73,6 +73,7 @@ class StepRollouts:
     learner_version: Optional[int] = None
     refill_rounds: int = 0     # dynamic sampling's extra generation rounds (Trainer._refill)
     group_ids: Optional[list[int]] = None
+    advantages: Optional[np.ndarray] = None   # float32 [rows]: the host's (Reinforce-Ada)
 
     @classmethod
     def from_generation(cls, step: int, states: Sequence[Any], prompts: list[list[int]],
@@ -132,7 +133,7 @@ class StepRollouts:
         in the learner's shardings, `rollout_batch.make_train_batch`)."""
         return rollout_batch.make_train_batch(self.prompts, self.gen, self.rewards(),
                                               prompt_bucket=prompt_bucket, pad_id=pad_id,
-                                              shardings=shardings)
+                                              advantages=self.advantages, shardings=shardings)
 
     # ------------------------------------------------------------------ dynamic sampling
 

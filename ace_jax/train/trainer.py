@@ -426,7 +426,9 @@ class Trainer:
             s, kind=cfg.dynamic_sampling, rounds=cfg.dynamic_sampling_rounds,
             batch_states=cfg.batch_states, group_size=cfg.group_size,
             atol=self.cfg.grpo.zero_variance_atol, draw=lambda n: self._select(clock, n),
-            roll_out=roll_out)
+            roll_out=roll_out, eps=self.cfg.grpo.advantage_eps,
+            std_ddof=self.cfg.grpo.advantage_std_ddof,
+            normalise=self.cfg.grpo.advantage_estimator != "drgrpo")
 
     def _learn(self, s: StepRollouts, learn_on: Optional[StepRollouts] = None
                ) -> tuple[dict, float]:

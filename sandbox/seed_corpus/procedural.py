@@ -7,9 +7,9 @@ scripts, i.e. SFT corpus (``sandbox.seed_corpus.list_scripts`` refuses a held-ou
 Nothing is written to disk: a script is a pure function of the instance, like its data.
 
 Every script has the offline corpus's shape (``sandbox/seed_corpus/generate.py``): read
-``./input``, name the id / target / feature columns of this instance, impute + scale numeric
-columns, impute + one-hot categorical ones, count-vectorise a token column, hold out 20 % of
-train, print ``VALIDATION_METRIC: <float>``, refit on all of train, write
+``./input``, find the id / target / feature columns in the data (``render``), impute + scale
+numeric columns, impute + one-hot categorical ones, count-vectorise a token column, hold out
+20 % of train, print ``VALIDATION_METRIC: <float>``, refit on all of train, write
 ``./submission/submission.csv``.
 """
 from __future__ import annotations
@@ -124,26 +124,29 @@ def _merge_imports(lines: set[str]) -> list[str]:
 
 
 def render(task_id: str, name: str, imports: str, ctor: str) -> str:
-    """One baseline script for instance ``task_id`` with the model ``ctor``."""
+    """One baseline script for instance ``task_id`` with the model ``ctor``.
+
+    The script reads the column roles from the data, not from a list of this instance's names:
+    the id is test.csv's first column, the target the train.csv column test.csv lacks, the
+    numeric features those pandas reads as numbers and the rest categorical (a token column,
+    in the held-out family only, is named and count-vectorised). So the script of one model
+    and one metric is the same text on every instance of the training kinds, and a policy that
+    reads the prompt's metric can write a valid one for an instance it never saw: the prompt
+    (``ace_jax.env.agent.brief_description``) names the columns but not their types."""
     spec = _spec(task_id)
     metric = spec.metric
     classification = spec.target_type != "regression"
     kind = {"log_loss": "proba", "auc": "score"}.get(metric, "label" if classification else "real")
     ctor = ctor.format(dummy="prior" if kind in ("proba", "score") else "most_frequent")
-    num, cat, text = spec.names_of("num", "int"), spec.names_of("cat"), spec.text_column
+    text = spec.text_column
     sk = {imports, "from sklearn.compose import ColumnTransformer",
           "from sklearn.impute import SimpleImputer",
           "from sklearn.model_selection import train_test_split",
-          "from sklearn.pipeline import make_pipeline"}
-    parts = []
-    if num:
-        sk.add("from sklearn.preprocessing import StandardScaler")
-        parts.append("(\"num\", make_pipeline(SimpleImputer(strategy=\"median\"), "
-                     "StandardScaler()), NUM)")
-    if cat:
-        sk.add("from sklearn.preprocessing import OneHotEncoder")
-        parts.append("(\"cat\", make_pipeline(SimpleImputer(strategy=\"most_frequent\"), "
-                     "OneHotEncoder(handle_unknown=\"ignore\")), CAT)")
+          "from sklearn.pipeline import make_pipeline",
+          "from sklearn.preprocessing import OneHotEncoder, StandardScaler"}
+    parts = ["(\"num\", make_pipeline(SimpleImputer(strategy=\"median\"), StandardScaler()), NUM)",
+             "(\"cat\", make_pipeline(SimpleImputer(strategy=\"most_frequent\"), "
+             "OneHotEncoder(handle_unknown=\"ignore\")), CAT)"]
     if text:
         sk.add("from sklearn.feature_extraction.text import CountVectorizer")
         parts.append("(\"text\", CountVectorizer(token_pattern=r\"\\S+\"), TEXT)")
@@ -152,15 +155,15 @@ def render(task_id: str, name: str, imports: str, ctor: str) -> str:
     lines = ["import os", "", "import numpy as np", "import pandas as pd"]
     lines += _merge_imports(sk) + ["", "train = pd.read_csv(\"./input/train.csv\")",
                            "test = pd.read_csv(\"./input/test.csv\")",
-                           f"ID, TARGET = {json.dumps(spec.id_column)}, {json.dumps(spec.target)}"]
-    if num:
-        lines.append(f"NUM = {_list_literal(num, 6)}")
-    if cat:
-        lines.append(f"CAT = {_list_literal(cat, 6)}")
+                           "ID = test.columns[0]",
+                           "TARGET = [c for c in train.columns if c not in test.columns][0]",
+                           "X, y = train.drop(columns=[ID, TARGET]), train[TARGET]",
+                           "X_test = test.drop(columns=[ID])"]
     if text:
         lines.append(f"TEXT = {json.dumps(text)}")
-    lines += ["X, y = train.drop(columns=[ID, TARGET]), train[TARGET]",
-              "X_test = test.drop(columns=[ID])",
+    lines += ["NUM = list(X.select_dtypes(\"number\").columns)",
+              "CAT = [c for c in X.columns if c not in NUM"
+              + (" and c != TEXT]" if text else "]"),
               "prep = ColumnTransformer([\n    " + ",\n    ".join(parts) + "],\n"
               "    sparse_threshold=0)",
               f"model = make_pipeline(prep, {ctor})"]
@@ -183,7 +186,7 @@ def render(task_id: str, name: str, imports: str, ctor: str) -> str:
         lines.append("sub = pd.DataFrame({ID: test[ID], TARGET: model.predict(X_test)})")
     lines += ["os.makedirs(\"./submission\", exist_ok=True)",
               "sub.to_csv(\"./submission/submission.csv\", index=False)"]
-    doc = f"\"\"\"{task_id}: {name.replace('_', ' ')} baseline.\"\"\""
+    doc = f"\"\"\"{name.replace('_', ' ')} baseline.\"\"\""
     return doc + "\n" + "\n".join(lines) + "\n"
 
 

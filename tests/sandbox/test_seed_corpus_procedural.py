@@ -17,7 +17,10 @@ def _procedural(ids):
     return {t for t in ids if procedural.is_procedural(t)}
 
 
-def test_baseline_scripts_compile_and_name_the_instance_columns():
+def test_baseline_scripts_compile_and_find_the_columns_in_the_data():
+    """No script names an instance's id, target or (but a held-out-family token column)
+    feature: one model's script is the same text on every training-kind instance of a metric."""
+    by_metric_model: dict = {}
     for t in procedural.all_ids()[::7]:
         spec = procedural.make_spec(*procedural.parse_task_id(t))
         scripts = proc_scripts.baseline_scripts(t)
@@ -27,14 +30,42 @@ def test_baseline_scripts_compile_and_name_the_instance_columns():
             assert s.task_id == t
             for needle in ('pd.read_csv("./input/train.csv")', 'print(f"VALIDATION_METRIC:',
                            '"./submission/submission.csv"', "train_test_split(",
-                           f"ID, TARGET = {json.dumps(spec.id_column)}, {json.dumps(spec.target)}"):
+                           "ID = test.columns[0]"):
                 assert needle in s.code, (t, s.name, needle)
-            for c in spec.feature_names:
-                assert json.dumps(c) in s.code, (t, s.name, c)
+            named = [c for c in (spec.id_column, spec.target, *spec.feature_names)
+                     if json.dumps(c) in s.code]
+            assert named == ([spec.text_column] if spec.text_column else []), (t, s.name)
             assert "sandbox" not in s.code and "sklearn.datasets" not in s.code
+            if not spec.text_column:
+                by_metric_model.setdefault((spec.metric, s.name), set()).add(s.code)
         assert len({s.code for s in scripts}) == 8
         names = {s.name for s in scripts}
         assert all(w in names and s in names for w, s in proc_scripts.declared_pairs(t))
+    assert all(len(codes) == 1 for codes in by_metric_model.values())
+
+
+def test_the_roles_a_script_reads_from_the_data_are_the_instance_s(tmp_path):
+    """The id, target, numeric and categorical columns the scripts' lines find in an
+    instance's prepared train.csv / test.csv are those its generator made, in its order."""
+    import pandas as pd
+
+    for t in procedural.all_ids()[::5]:
+        spec = procedural.make_spec(*procedural.parse_task_id(t))
+        procedural.prepare_instance(spec, tmp_path / t, 0)
+        train = pd.read_csv(tmp_path / t / "public" / "train.csv")
+        test = pd.read_csv(tmp_path / t / "public" / "test.csv")
+        env = {"train": train, "test": test}
+        code = proc_scripts.baseline_scripts(t)[0].code
+        lines = [x for x in code.splitlines()
+                 if x.startswith(("ID =", "TARGET =", "X, y =", "X_test =", "TEXT =", "NUM =",
+                                  "CAT ="))]
+        exec("\n".join(lines), env)
+        assert (env["ID"], env["TARGET"]) == (spec.id_column, spec.target), t
+        assert env["NUM"] == spec.names_of("num", "int"), t
+        assert env["CAT"] == spec.names_of("cat"), t
+
+
+def test_baseline_scripts_refuse_a_non_procedural_id():
     with pytest.raises(KeyError, match="not a registered procedural instance"):
         proc_scripts.baseline_scripts("iris-species")
 

@@ -1,5 +1,6 @@
 """The ablation runner: override rendering, failure reporting, the summary table."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def test_a_finished_job_is_reused_only_with_the_same_resolved_config(tmp_path, m
         returncode = 0
 
     def fake_run(cmd, **kw):  # the training run itself is exercised by the notebook test
-        if "--print_config" in cmd:
+        if "--print_config" in cmd or cmd[0] == "git":
             return real_run(cmd, **kw)
         calls.append(cmd)
         return Done()
@@ -61,6 +62,11 @@ def test_a_finished_job_is_reused_only_with_the_same_resolved_config(tmp_path, m
     other = ablation.run_job(workdir, {"rl.num_steps": 3}, config=str(config))
     assert not first.reused and again.reused and not other.reused
     assert len(calls) == 2
+    # the marker names the code the run ran on (this checkout's HEAD)
+    with open(os.path.join(workdir, ablation.DONE_MARKER)) as f:
+        head = real_run(["git", "rev-parse", "HEAD"], cwd=ablation.REPO, capture_output=True,
+                        text=True).stdout.strip()
+        assert [c["commit"] for c in json.load(f)["commits"]] == [head]
     # the same path and overrides, other contents: not reused
     config.write_text(open(source).read().replace("c.sft.steps = 200", "c.sft.steps = 199"))
     edited = ablation.run_job(workdir, {"rl.num_steps": 3}, config=str(config))

@@ -345,3 +345,19 @@ def test_learner_step_writes_the_off_policy_measures():
     assert float(m["offpolicy/truncated_frac_high"]) == pytest.approx(want, rel=1e-5)
     assert float(m["offpolicy/truncated_frac"]) == pytest.approx(want, rel=1e-5)
     assert 0 < float(m["offpolicy/ess"]) < 1
+
+
+def test_the_batch_own_advantages_replace_the_group_ones():
+    """A batch carrying advantages (Reinforce-Ada's global baseline) is learned on with them:
+    the group advantages passed explicitly give the same update as none, and other
+    advantages another."""
+    model, batch = _setup(seed=2)
+    g, o = _cfgs()
+    adv = grpo.compute_advantages(batch.rewards.reshape(-1, G), g).reshape(-1)
+
+    def loss(b):
+        return float(learner.Learner.create(model, g, o, group_size=G).step(b)["loss"])
+
+    base = loss(batch)
+    assert loss(batch._replace(advantages=adv)) == pytest.approx(base, rel=1e-5, abs=1e-7)
+    assert loss(batch._replace(advantages=2 * adv)) == pytest.approx(2 * base, rel=1e-4)

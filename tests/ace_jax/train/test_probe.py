@@ -70,6 +70,10 @@ def test_the_probe_is_the_same_for_every_sampler_and_objective(tasks):
 def test_due_every_n_updates_and_after_the_last(tasks):
     p = probe.Probe.from_config(_cfg(every=3), *tasks)
     assert [u for u in range(8) if p.due(u)] == [0, 3, 6]
+    c = _cfg(every=3)
+    c.probe.at_start = False      # a run whose warm start probed its first parameters
+    p = probe.Probe.from_config(c, *tasks)
+    assert [u for u in range(8) if p.due(u)] == [3, 6]
 
 
 def test_summarize_known_outcomes():
