@@ -204,7 +204,8 @@ def compare_table(results: str, name: str, arms: Sequence[str],
     info = json.load(open(os.path.join(folder, "runs.json")))
     rows = compare.read_csv(os.path.join(folder, "metrics.csv.gz"))
     done = {(r["arm"], r["seed"]) for r in info["runs"]}
-    seeds = {arm: [s for s in info["seeds"] if (arm, s) in done] for arm in arms}
+    seeds = {arm: [s for s in info["seeds"] if (arm, s) in done]
+             for arm in (*arms, *([baseline] if baseline else []))}
     planned = len(info["arms"]) * len(info["seeds"])
     out = [f"{sum(a != compare.WARM for a, _ in done)} of {planned} runs finished"
            + ("" if info["complete"] else " (incomplete: no conclusion is drawn)") + ".", "",
@@ -294,6 +295,25 @@ def samplers_budget(results: str) -> str:
     others = ("uniform", "dapo", "reinforce_ada")
     return compare_table(results, "samplers_budget", ("lp", *others),
                          [("lp", o) for o in others], cost=True, family=True)
+
+
+# The held-out probe (issue 51): both held-out groups together, then each, then in-distribution.
+HELDOUT_KEYS = ("probe/heldout_valid_rate", "probe/heldout_score",
+                "probe/heldout_instances_valid_rate", "probe/heldout_instances_score",
+                "probe/heldout_family_valid_rate", "probe/heldout_family_score",
+                "probe/valid_rate_train", "probe/score_train")
+PROCEDURAL_ARMS = ("lp", "uniform", "uniform_cap", "dapo", "reinforce_ada", "sft")
+
+
+@TABLES.register("procedural_heldout")
+def procedural_heldout(results: str) -> str:
+    """``results/procedural_heldout`` (plan.md there): every arm's gain over its seed's warm
+    start on the held-out probe, and one family of six paired comparisons per key: the
+    default's gain (lp - warm), LP against truly uniform, uniform with the child cap, DAPO and
+    Reinforce-Ada, and RL against the compute-matched SFT control (lp - sft)."""
+    return compare_table(results, "procedural_heldout", PROCEDURAL_ARMS,
+                         [("lp", compare.WARM), *[("lp", a) for a in PROCEDURAL_ARMS[1:]]],
+                         keys=HELDOUT_KEYS, cost=True, family=True, baseline=compare.WARM)
 
 
 # ------------------------------------------------------------------------ ideator with room

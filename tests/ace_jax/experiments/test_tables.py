@@ -389,3 +389,39 @@ def test_the_partial_rollouts_table_reads_the_benchmarks_lines_and_a_change_fail
     assert "docs/offpolicy.md: partial_rollouts" in capsys.readouterr().out
     assert tables.main(["--root", str(root)]) == 0
     assert "| 1 | 0 |" in tables.TABLES.get("partial_rollouts")(str(root / "results"))
+
+
+def test_the_heldout_table_measures_every_arm_from_its_seed_s_warm_start(tmp_path):
+    """results/procedural_heldout: the arms probe only after their last update (probe.at_start
+    = False) and the SFT control only once (rl.num_steps = 0); each gain is taken from the warm
+    start's probe of the same seed, and lp - warm is the default's gain itself. Runs list the
+    commits they ran on."""
+    key = "probe/heldout_valid_rate"
+    warm, final = {0: 0.2, 1: 0.3}, {"lp": {0: 0.5, 1: 0.4}, "sft": {0: 0.25, 1: 0.35}}
+    rows = [{"arm": "warm", "seed": s, "step": 0, "probe/updates": 0.0, key: v}
+            for s, v in warm.items()]
+    for s in warm:
+        rows.append({"arm": "lp", "seed": s, "step": 0, "rollout/generated_tokens": 10.0})
+        rows.append({"arm": "lp", "seed": s, "step": 2, "probe/updates": 2.0,
+                     key: final["lp"][s]})
+        rows.append({"arm": "sft", "seed": s, "step": 0, "probe/updates": 0.0,
+                     key: final["sft"][s]})
+    folder = tmp_path / "procedural_heldout"
+    folder.mkdir()
+    compare.write_csv(rows, str(folder / "metrics.csv.gz"))
+    c = {"commit": "f" * 40, "dirty": False}
+    runs = [{"arm": a, "seed": s, "fingerprint": "x", "commits": [c]}
+            for a in ("warm", "lp", "sft") for s in warm]
+    (folder / "runs.json").write_text(json.dumps({
+        "arms": {a: {} for a in tables.PROCEDURAL_ARMS}, "seeds": [0, 1], "runs": runs,
+        "complete": False}))
+    text = tables.procedural_heldout(str(tmp_path))
+    assert text.startswith("4 of 12 runs finished (incomplete")
+    gain = {a: [final[a][s] - warm[s] for s in warm] for a in final}
+    row = next(x for x in text.splitlines() if x.startswith(f"| {key} | lp - warm |"))
+    mean, low, high = ablation.mean_interval(gain["lp"])
+    assert f"| {mean:+.3f} [{low:+.3f}, {high:+.3f}] |" in row
+    row = next(x for x in text.splitlines() if x.startswith(f"| {key} | lp - sft |"))
+    mean, low, high = ablation.mean_interval([a - b for a, b in zip(gain["lp"], gain["sft"])])
+    assert f"| {mean:+.3f} [{low:+.3f}, {high:+.3f}] |" in row
+    assert "| fffffff | 6: warm/0, warm/1, lp/0, lp/1, sft/0, sft/1 |" in text
