@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
     from flax import nnx
 
     from ace_jax import config_utils
-    from ace_jax.runtime import engine, generate
+    from ace_jax.runtime import engine, engine_config, generate
     from models import configs as model_configs, qwen3
 
     if args.rollouts:
@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
     base = generate.SamplingConfig(max_new_tokens=max_new, group_size=len(requests[0][1][0]),
                                    temperature=0.0, eos_ids=(), prompt_bucket=64)
     static = generate.Generator(model, base)
-    eng = engine.Engine(model, base, engine.EngineConfig(
+    eng = engine.Engine(model, base, engine_config.EngineConfig(
         slots=args.slots, page_size=args.page_size, max_context=max_prompt + max_new,
         prefill_chunk=args.prefill_chunk, sync_every=args.sync_every,
         shared_prefixes=args.shared_prefixes, prefix_rows=len(requests[0][1][0])))

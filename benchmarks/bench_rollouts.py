@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
     from flax import nnx
 
     from ace_jax import config_utils
-    from ace_jax.runtime import engine, generate
+    from ace_jax.runtime import engine, engine_config, generate
     from ace_jax.train import partial_rollouts as pr
     from models import configs as model_configs, qwen3
 
@@ -96,8 +96,9 @@ def main(argv=None) -> dict:
     groups = [(rng.integers(1, mc.vocab_size, args.prompt).tolist(),
                log_uniform_lengths(rng, g, args.min_length, args.budget)) for _ in range(pool)]
     sampling = generate.SamplingConfig(max_new_tokens=args.budget, temperature=1.0, eos_ids=())
-    shapes = engine.EngineConfig(slots=b * g, page_size=16, max_context=args.prompt + args.budget,
-                                 prefill_chunk=128, sync_every=args.sync_every)
+    shapes = engine_config.EngineConfig(slots=b * g, page_size=16,
+                                        max_context=args.prompt + args.budget,
+                                        prefill_chunk=128, sync_every=args.sync_every)
 
     def new_weights(version):
         return jax.tree.map(lambda x: x * (1.0 + 1e-3 * (version % 7)), params)

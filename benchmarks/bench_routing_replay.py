@@ -36,7 +36,7 @@ def measure(seed: int, dtype: str, new_tokens: int) -> dict:
 
     from ace_jax import config_utils
     from ace_jax.rl import rollout_batch
-    from ace_jax.runtime import engine, generate
+    from ace_jax.runtime import engine, engine_config, generate
     from ace_jax.train import setup
     from models import qwen3
 
@@ -49,7 +49,7 @@ def measure(seed: int, dtype: str, new_tokens: int) -> dict:
                for k in rng.integers(48, 160, b)]
     sampling = generate.SamplingConfig(max_new_tokens=new_tokens, group_size=g, temperature=1.0,
                                        prompt_bucket=16, eos_ids=())
-    eng = engine.Engine(model, sampling, engine.EngineConfig(
+    eng = engine.Engine(model, sampling, engine_config.EngineConfig(
         slots=8, max_context=max(map(len, prompts)) + new_tokens), record_routes=True)
     out = eng.generate(prompts, jax.random.key(seed))
     batch = rollout_batch.make_train_batch(prompts, out, np.zeros(b * g), prompt_bucket=16,

@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.configs import ATTENTION_IMPLS
-from models.kernel_mesh import mesh_specs
+from models.kernel_mesh import mesh_specs, row_split
 
 __all__ = [
     "ATTENTION_IMPLS",
@@ -499,17 +499,16 @@ def _page_slots(page_table: jax.Array, start: jax.Array, t: int, page_size: int)
 
 def _page_shards(batch: int, nkv: int, num_pages: int):
     """How a paged op splits under the tracing mesh: None without a mesh (or with nothing to
-    split), else (mesh, batch axes, head axis, row shards) as `kernel_mesh.mesh_specs` splits
+    split), else (mesh, batch axes, head axis, row shards) as `kernel_mesh.row_split` splits
     the Pallas kernels. Rows AND the pool's pages are split over the batch axes, KV heads over
     'tensor': each device holds its rows' pages, and a row's page ids index the pages of its own
     shard (`ace_jax.runtime.engine.Engine` keeps a free list per shard)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return None
-    batch_axes, head_axis = mesh_specs(mesh, batch, nkv)
+    batch_axes, head_axis, shards = row_split(mesh, batch, nkv)
     if batch_axes is None and head_axis is None:
         return None
-    shards = int(np.prod([mesh.shape[a] for a in batch_axes or ()]))
     if num_pages % shards:
         raise ValueError(f"a page pool of {num_pages} pages does not split over the {shards} row "
                          f"shards of mesh axes {batch_axes}: make engine.num_pages a multiple")

@@ -3,7 +3,9 @@ batch axes, KV heads over 'tensor' (`models.attention.splash_attention`,
 `models.decode_kernel.decode_stats`)."""
 from __future__ import annotations
 
-__all__ = ["BATCH_MESH_AXES", "HEAD_MESH_AXIS", "mesh_specs"]
+import math
+
+__all__ = ["BATCH_MESH_AXES", "HEAD_MESH_AXIS", "mesh_specs", "row_split"]
 
 BATCH_MESH_AXES = ("data", "fsdp", "expert")  # mesh axes a batch may be split over, in order
 HEAD_MESH_AXIS = "tensor"
@@ -25,3 +27,12 @@ def mesh_specs(mesh, batch: int, kv_heads: int):
     n = mesh.shape.get(HEAD_MESH_AXIS, 1)
     head_axis = HEAD_MESH_AXIS if n > 1 and kv_heads % n == 0 else None
     return tuple(batch_axes) or None, head_axis
+
+
+def row_split(mesh, rows: int, kv_heads: int):
+    """(row mesh axes, head mesh axis or None, row shards) of ``rows`` rows with ``kv_heads`` KV
+    heads over ``mesh``: the axes as `mesh_specs` splits them, and the number of shards the rows
+    (and a page pool split with them) fall into, the product of the row axes' sizes (1 when the
+    rows are not split)."""
+    axes, head_axis = mesh_specs(mesh, rows, kv_heads)
+    return axes, head_axis, math.prod(mesh.shape[a] for a in axes or ())

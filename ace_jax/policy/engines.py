@@ -85,7 +85,7 @@ class JaxEngine:
     def add(self, pending: Pending, seed: Optional[int]) -> None:
         import jax
 
-        from ace_jax.runtime import engine as engine_lib
+        from ace_jax.runtime.engine_config import EngineCapacityError
 
         r = pending.request
         prompt = self.policy.encode(r.messages)[0]
@@ -93,7 +93,7 @@ class JaxEngine:
         try:
             rid = self.engine.submit(prompt, n=r.n, key=jax.random.fold_in(jax.random.key(seed), 0),
                                      max_new_tokens=r.max_tokens, temperature=r.temperature)
-        except engine_lib.EngineCapacityError as e:
+        except EngineCapacityError as e:
             raise RequestError(f"the request does not fit the server's engine: {e}") from e
         streams = [SampleStream(self.tokenizer, max_tokens=r.max_tokens, stop=r.stop,
                                 eos_ids=self.policy.sampling.eos_ids) for _ in range(r.n)]

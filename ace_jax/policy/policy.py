@@ -178,10 +178,10 @@ class JaxPolicy:
         """The ``EngineConfig`` for replies of up to ``max_new_tokens`` (default the policy's)
         after a prompt of up to ``max_prompt_tokens``: ``slots`` rows (default the policy's),
         ``sync_every`` decode steps per host round trip."""
-        from ace_jax.runtime import engine
+        from ace_jax.runtime.engine_config import EngineConfig
 
-        d = engine.EngineConfig()
-        return engine.EngineConfig(
+        d = EngineConfig()
+        return EngineConfig(
             slots=slots or self.slots, sync_every=sync_every or d.sync_every,
             max_context=self.max_prompt_tokens + (max_new_tokens or self.sampling.max_new_tokens))
 
@@ -541,7 +541,7 @@ def follow(*, poll_s: float = 30.0) -> int:
     import logging
 
     import jax
-    from ace_jax.runtime import engine as engine_lib
+    from ace_jax.runtime.engine_config import EngineConfig
 
     if jax.process_index() == 0:
         raise PolicyError("process 0 leads; follow() is for the other processes")
@@ -559,7 +559,7 @@ def follow(*, poll_s: float = 30.0) -> int:
             return calls
         if op == "engine":
             policy = _MIRROR.policies[msg["policy"]]
-            engines[msg["engine"]] = policy._new_engine(engine_lib.EngineConfig(**msg["config"]))
+            engines[msg["engine"]] = policy._new_engine(EngineConfig(**msg["config"]))
         elif op == "call":
             calls += 1
             try:

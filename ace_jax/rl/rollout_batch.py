@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ace_jax.runtime import generate
-from ace_jax.runtime.engine import NO_ROUTE
+from ace_jax.runtime.engine_programs import NO_ROUTE
 from models import qwen3
 
 
@@ -30,8 +30,8 @@ class TrainBatch(NamedTuple):
       rewards: float32 [N] one scalar per completion; rows are group-major (G per prompt).
       ref_logprobs: float32 [N, M] frozen reference log-probs (zeros when the KL term is off).
       routes: None, or uint8 [N, P + M, L_moe, k]: the sampler's routing record (the experts
-        each MoE layer sent each token to; `engine.NO_ROUTE` on padding), for routing replay
-        (``grpo.routing_replay="R3"``) and the ``offpolicy/*routing*`` measures.
+        each MoE layer sent each token to; `engine_programs.NO_ROUTE` on padding), for routing
+        replay (``grpo.routing_replay="R3"``) and the ``offpolicy/*routing*`` measures.
       advantages: None, or float32 [N]: advantages the host computed (Reinforce-Ada's, from
         the global statistics of every sample of a state, `dynamic_sampling.global_advantages`);
         None = the learner computes them from ``rewards`` per group (``grpo.advantage_estimator``).
@@ -62,7 +62,7 @@ class RouteRecord(NamedTuple):
     """A batch's MoE routing record in host memory, as the sampler returned it: each prompt's
     routes once and each row's completion routes. `block` assembles any block of the learner's
     uint8 ``[N, P + M, L_moe, k]`` record (``[left-padded prompt routes | completion routes]``,
-    `engine.NO_ROUTE` on padding), so a device's shard is built without the whole array
+    `engine_programs.NO_ROUTE` on padding), so a device's shard is built without the whole array
     (``N x (P + M) x L_moe x k`` bytes: 2.4 GB at 512 rows of 8k + 4k tokens, 48 x 8) ever
     existing on the host or on one device.
 

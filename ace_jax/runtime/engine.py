@@ -17,8 +17,8 @@ request or one sample: its slot and pages freed at once); ``generate`` (`Generat
 contract; it waits for its own requests only: others keep decoding, and their completions
 come out of the next ``step``); ``update_weights`` (new parameters and their policy version:
 running samples go on decoding under them, each token stamped with the version that sampled
-it, `Completion.versions`); ``stats``. Its callers: the trainer (`make_sampler`), the server
-(`ace_jax.policy.engines.JaxEngine`) and evaluation (`ace_jax.policy.policy.JaxPolicy`).
+it, `Completion.versions`); ``stats``. Its callers: the trainer (`sampler.make_sampler`), the
+server (`ace_jax.policy.engines.JaxEngine`) and evaluation (`ace_jax.policy.policy.JaxPolicy`).
 
 Programs (``engine_programs``, jitted once per engine): ``prefill`` (one prompt chunk into its
 pages, the logits of its last real token), ``admit`` (waiting samples into free slots: page
@@ -36,7 +36,7 @@ up to the rounding of the two attention paths; greedy equal token for token in t
 Pages: page 0 is never handed out (slots without a row point at it); a sample reserves the pages
 its prompt and full budget need when it is admitted (no preemption, no mid-run failure); a
 request that could never fit (context longer than ``pages_per_row`` pages, or more pages than
-the pool) is refused by `Engine.submit` with `EngineCapacityError`.
+the pool) is refused by `Engine.submit` with `engine_config.EngineCapacityError`.
 
 Sharded (``placement`` with a mesh of several devices, or a sampler ``layout`` of its own): the
 slots, the pool's pages and the prefix entries split into R row shards over the mesh's batch
@@ -58,224 +58,17 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import math
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 
 from ace_jax.runtime import engine_programs, generate, multihost
+from ace_jax.runtime.completions import Completion, generation_result
+from ace_jax.runtime.engine_config import EngineConfig, empty_state, row_shards, state_shardings
 from models import qwen3
-
-
-class EngineCapacityError(ValueError):
-    """A request that the engine's fixed shapes can never hold; the message names the knob."""
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """The engine's fixed shapes (each change compiles the programs again).
-
-    Attributes:
-      slots: rows decoded together (a decode step runs all of them).
-      page_size: token slots per page.
-      max_context: prompt + completion tokens one row can hold (rounded up to whole pages).
-      num_pages: pages in the pool (page 0 is reserved); 0 = room for every slot at
-        ``max_context`` plus one prompt (no admission ever waits for pages).
-      prefill_chunk: prompt tokens per prefill call.
-      sync_every: decode steps per host round trip (finished rows idle until the next one).
-      shared_prefixes: prompts whose full pages a decode step reads once for all their
-        running samples (cascade attention, `qwen3.PagedPrefix`); 0 = off (every row reads its
-        whole table, the prompt's pages once per sample). A request that finds no free entry,
-        and the samples of a request past ``prefix_rows``, read their whole tables.
-      prefix_rows: running samples per shared prefix.
-    """
-
-    slots: int = 8
-    page_size: int = 16
-    max_context: int = 1024
-    num_pages: int = 0
-    prefill_chunk: int = 128
-    sync_every: int = 8
-    shared_prefixes: int = 0
-    prefix_rows: int = 8
-
-    def __post_init__(self):
-        for name in ("slots", "page_size", "max_context", "prefill_chunk", "sync_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_pages", "shared_prefixes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"engine.{name} must be >= 0, got {getattr(self, name)}")
-        if self.prefix_rows < 1:
-            raise ValueError(f"engine.prefix_rows must be >= 1, got {self.prefix_rows}")
-
-    @property
-    def pages_per_row(self) -> int:
-        return -(-self.max_context // self.page_size)
-
-    @property
-    def pool_pages(self) -> int:
-        """Pages in the pool, page 0 included."""
-        return self.num_pages or 1 + (self.slots + 1) * self.pages_per_row
-
-
-KINDS = ("auto", "paged", "static")
-
-
-def default_config() -> ml_collections.ConfigDict:
-    """The ``engine`` config section: which sampler the trainer runs, and the paged engine's
-    shapes (see `EngineConfig`)."""
-    d = EngineConfig()
-    c = ml_collections.ConfigDict()
-    # "paged": this module's `Engine`; "static": `generate.Generator` (one batch, one dense
-    # cache). Both run sharded, in the learner's or the sampler's own layout (the engine's
-    # slots and pages split per row shard). "auto": paged on one device, else static (the
-    # sharded engine has not run on a pod yet).
-    c.kind = "auto"
-    c.slots = d.slots
-    c.page_size = d.page_size
-    c.max_context = 0                 # 0: rl.max_prompt_tokens + sampling.max_new_tokens
-    c.num_pages = d.num_pages         # 0: every slot at max_context, plus one prompt
-    c.prefill_chunk = d.prefill_chunk
-    c.sync_every = d.sync_every
-    c.shared_prefixes = d.shared_prefixes   # prompts read once per step for all their samples
-    c.prefix_rows = d.prefix_rows
-    # Keep the MoE routing record (uint8 [tokens, L_moe, k] per sample) for the
-    # offpolicy/router_* metrics; R3 (grpo.routing_replay) keeps it whatever this says.
-    c.record_routes = False
-    return c
-
-
-def resolve_kind(kind: str, num_devices: int) -> str:
-    """"paged" or "static" for ``engine.kind`` on a mesh of ``num_devices`` ("auto": paged on
-    one device; on several the static generator, until the sharded engine has run on a pod);
-    ValueError for an unknown kind."""
-    if kind not in KINDS:
-        raise ValueError(f"engine.kind must be one of {list(KINDS)}, got {kind!r}")
-    if kind == "auto":
-        return "paged" if num_devices == 1 else "static"
-    return kind
-
-
-def row_shards(placement, config: EngineConfig, kv_heads: int) -> tuple[int, int]:
-    """(row shards, pool pages) of an engine on ``placement`` (None: one device): the slots
-    split over the mesh axes that `models.attention._page_shards` splits the paged ops' rows
-    over, and the pool with them (``num_pages`` 0: room for every slot of a shard plus one
-    prompt, in every shard). ValueError naming the knob that does not split."""
-    if placement is None:
-        return 1, config.pool_pages
-    from models import kernel_mesh  # local: only a sharded engine needs it
-
-    axes, _ = kernel_mesh.mesh_specs(placement.mesh, config.slots, kv_heads)
-    k = math.prod(placement.mesh.shape[a] for a in axes or ())
-    if config.shared_prefixes % k:
-        raise ValueError(f"engine.shared_prefixes = {config.shared_prefixes} does not split over "
-                         f"the {k} row shards of mesh axes {axes}: make it a multiple of {k}")
-    if not config.num_pages:
-        return k, k * (1 + (config.slots // k + 1) * config.pages_per_row)
-    if config.num_pages % k:
-        raise ValueError(f"engine.num_pages = {config.num_pages} does not split over the {k} row "
-                         f"shards of mesh axes {axes}: make it a multiple of {k}")
-    return k, config.num_pages
-
-
-def make_sampler(model: nnx.Module, sampling: generate.SamplingConfig,
-                 cfg: ml_collections.ConfigDict, *, max_context: int, placement=None, layout=None,
-                 record_routes: bool = False):
-    """The trainer's sampler for the ``engine`` section ``cfg``: an `Engine`, or a
-    `generate.Generator` (see `default_config`). Both have ``generate(prompts, key)`` and
-    ``update_weights(params, version)``. ``max_context``: used when ``cfg.max_context`` is 0;
-    ``record_routes``: the engine keeps the MoE routing record (also when
-    ``cfg.record_routes``)."""
-    devices = 1 if placement is None else placement.mesh.size
-    if resolve_kind(cfg.kind, devices) == "static":
-        return generate.Generator(model, sampling, placement=placement, layout=layout)
-    return Engine(model, sampling, engine_config(cfg, max_context), placement=placement,
-                  layout=layout, record_routes=record_routes or bool(cfg.record_routes))
-
-
-def engine_config(cfg: ml_collections.ConfigDict, max_context: int) -> EngineConfig:
-    """The `EngineConfig` of the ``engine`` section ``cfg`` (``max_context``: used when
-    ``cfg.max_context`` is 0)."""
-    shapes = {f.name: cfg[f.name] for f in dataclasses.fields(EngineConfig)}
-    shapes["max_context"] = cfg.max_context or max_context
-    return EngineConfig(**shapes)
-
-
-def empty_state(mc, config: EngineConfig, pool_pages: int, window: int
-                ) -> engine_programs.SlotState:
-    """The device state of ``config.slots`` slots with no row, for a model of ``mc``: a pool of
-    ``pool_pages`` pages, stop-sequence windows of ``window`` tokens."""
-    s = config.slots
-    cache = qwen3.init_paged_cache(mc, s, num_pages=pool_pages, page_size=config.page_size,
-                                   pages_per_row=config.pages_per_row)
-    return engine_programs.SlotState(
-        pools=(cache.k, cache.v), page_table=cache.page_table, lengths=cache.lengths,
-        logits=jnp.zeros((s, mc.vocab_size), jnp.float32),
-        keys=jax.random.split(jax.random.key(0), s), produced=jnp.zeros((s,), jnp.int32),
-        budget=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
-        reason=jnp.zeros((s,), jnp.int32), window=jnp.full((s, window), -2, jnp.int32),
-        temperature=jnp.zeros((s,), jnp.float32))
-
-
-def state_shardings(mesh, mc, state: engine_programs.SlotState) -> engine_programs.SlotState:
-    """The shardings of the slots' device state ``state`` (arrays or abstract) on ``mesh``,
-    split as the paged ops split it: the pools' pages and the per-slot arrays over the row
-    shards' mesh axes, the pools' KV heads over 'tensor'."""
-    from models import kernel_mesh  # local: only a sharded engine needs it
-
-    rows, heads = kernel_mesh.mesh_specs(mesh, state.done.shape[0], mc.num_key_value_heads)
-    P = jax.sharding.PartitionSpec
-    named = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))  # noqa: E731
-    pool = named(None, rows, None, heads)
-    out = jax.tree.map(lambda _: named(rows), state)
-    return out._replace(pools=jax.tree.map(lambda _: pool, state.pools))
-
-
-def pack_step(tokens, logprobs, emitted, done, reason) -> jax.Array:
-    """What the host needs of a decode call, as one int32 array [S, 3 * steps + 2] (one
-    gather across processes instead of five): tokens [S, steps], the float32 log-probs' bits
-    [S, steps], emitted [S, steps], done [S], reason [S]. `unpack_step` inverts it."""
-    bits = jax.lax.bitcast_convert_type(logprobs.astype(jnp.float32), jnp.int32)
-    return jnp.concatenate([tokens, bits, emitted.astype(jnp.int32), done[:, None].astype(
-        jnp.int32), reason[:, None]], axis=1)
-
-
-def unpack_step(packed: np.ndarray, steps: int) -> tuple:
-    """(tokens, logprobs, emitted, done, reason) host arrays of a `pack_step` result."""
-    tokens, bits, emitted = (packed[:, i * steps:(i + 1) * steps] for i in range(3))
-    return (tokens, bits.view(np.float32), emitted.astype(bool),
-            packed[:, 3 * steps].astype(bool), packed[:, 3 * steps + 1])
-
-
-NO_ROUTE = engine_programs.NO_ROUTE
-"""The uint8 routing record's "no record" id (`Completion.routes`; the model keeps its own
-router's choice for such a token)."""
-
-
-class Completion(NamedTuple):
-    """One finished sample: ``tokens`` / ``logprobs`` (behaviour log-probs, float32) of its
-    ``len(tokens)`` generated tokens (EOS / stop tokens included), ``finish_reason`` a
-    `generate.FinishReason` (None for a sample still running, `Engine.snapshot`). With
-    ``record_routes`` and an MoE policy, the routing record (R3): ``routes`` uint8
-    [len(tokens), L_moe, k], the experts each MoE layer sent each generated token to (the last
-    token included: it is forwarded in the step that samples it), and ``prompt_routes`` uint8
-    [len(prompt), L_moe, k], the prompt's (shared by the request's samples); None otherwise.
-    ``versions`` int32 [len(tokens)]: the policy version (`Engine.update_weights`) whose
-    parameters sampled each token."""
-
-    request: int
-    sample: int
-    tokens: list[int]
-    logprobs: np.ndarray
-    finish_reason: int | None
-    routes: np.ndarray | None = None
-    prompt_routes: np.ndarray | None = None
-    versions: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -375,16 +168,8 @@ class Engine:
         self._next_id = 0
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
                           peak_pages=0)
-        self._prefill = jax.jit(functools.partial(engine_programs.prefill,
-                                                  record_routes=self.record_routes),
-                                static_argnums=(0,), donate_argnums=(2,))
-        self._admit = jax.jit(engine_programs.admit, donate_argnums=(0,))
-        self._retire = jax.jit(engine_programs.retire, donate_argnums=(0,))
-        self._decode = jax.jit(functools.partial(engine_programs.decode,
-                                                 record_routes=self.record_routes),
-                               static_argnums=(0, 1), donate_argnums=(5,))
-        self._slice_layers = jax.jit(engine_programs.layer_params, static_argnums=(0,))
-        self._pack = jax.jit(pack_step)
+        (self._prefill, self._admit, self._retire, self._decode, self._slice_layers,
+         self._pack) = engine_programs.jitted(self.record_routes)
         self._layers = self._sliced_layers()
 
     # ------------------------------------------------------------------ public surface
@@ -408,7 +193,8 @@ class Engine:
         the sampling config's) and generates at most ``max_new_tokens`` (one for all, or one
         per sample; default the sampling config's). Returns the request id.
 
-        Raises EngineCapacityError when the request can never fit the engine's shapes."""
+        Raises `engine_config.EngineCapacityError` when the request can never fit the
+        engine's shapes (`EngineConfig.check_fits`)."""
         prompt = [int(t) for t in prompt]
         if max_new_tokens is None:
             max_new_tokens = self.sampling.max_new_tokens
@@ -423,18 +209,7 @@ class Engine:
         temperature = self.sampling.temperature if temperature is None else float(temperature)
         if not temperature >= 0.0:
             raise ValueError(f"submit: temperature must be >= 0, got {temperature}")
-        m = max(budgets)
-        if len(prompt) + m > cfg.pages_per_row * cfg.page_size:
-            raise EngineCapacityError(
-                f"prompt of {len(prompt)} + {m} new tokens exceeds engine.max_context = "
-                f"{cfg.max_context} ({cfg.pages_per_row} pages of {cfg.page_size})")
-        need = self._prompt_pages(len(prompt)) + self._sample_pages(len(prompt), m)
-        room = self._pool_pages // self._shards - 1
-        if need > room:
-            where = f" in each of its {self._shards} row shards" if self._shards > 1 else ""
-            raise EngineCapacityError(
-                f"a sample of this request needs {need} pages, the pool has {room}{where} "
-                f"(engine.num_pages)")
+        cfg.check_fits(len(prompt), max(budgets), self._shards, self._pool_pages)
         if not jax.dtypes.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)     # a raw uint32 key (jax.random.PRNGKey)
         key = self._put(key)
@@ -524,7 +299,8 @@ class Engine:
         # the host's share of the call: S x (3 x steps + 2) int32 (ace30b: 512 x 98 x 4 B =
         # 200 kB), and the routes only when recorded (S x steps x L_moe x k bytes)
         self._bind_waiting()     # host work (and prefills) for what waits, while it decodes
-        tokens, logprobs, emitted, done, reason = unpack_step(multihost.host_value(packed), steps)
+        tokens, logprobs, emitted, done, reason = engine_programs.unpack_step(
+            multihost.host_value(packed), steps)
         routes = None if routes is None else multihost.host_value(routes)
         self.stats["tokens"] += int(emitted.sum())
         for slot, owner in enumerate(self._slot_owner):
@@ -586,39 +362,9 @@ class Engine:
         ids = {self.submit(p, n=g, key=jax.random.fold_in(key, b), max_new_tokens=m,
                            temperature=cfg.temperature): b
                for b, p in enumerate(prompts)}
-        n = len(prompts) * g
-        tokens = np.full((n, m), cfg.pad_id, np.int32)
-        logprobs = np.zeros((n, m), np.float32)
-        lengths = np.zeros((n,), np.int32)
-        reason = np.zeros((n,), np.int32)
-        routes, prompt_routes = None, [None] * len(prompts)
-        versions = np.zeros((n, m), np.int32)
-        for c in self.wait_for(ids):
-            row = ids[c.request] * g + c.sample
-            tokens[row, :len(c.tokens)] = c.tokens
-            logprobs[row, :len(c.tokens)] = c.logprobs
-            lengths[row], reason[row] = len(c.tokens), c.finish_reason
-            versions[row, :len(c.tokens)] = c.versions
-            if c.routes is not None:
-                if routes is None:
-                    routes = np.full((n, m) + c.routes.shape[1:], NO_ROUTE, np.uint8)
-                routes[row, :len(c.tokens)] = c.routes
-                prompt_routes[ids[c.request]] = c.prompt_routes
-        prompt_index = np.repeat(np.arange(len(prompts), dtype=np.int32), g)
-        # host arrays (as the trainer wants them): no transfer, no per-shape program
-        return generate.GenerationResult(tokens, logprobs, lengths, reason, prompt_index,
-                                         routes, None if routes is None else tuple(prompt_routes),
-                                         versions)
+        return generation_result(self.wait_for(ids), ids, len(prompts), g, m, cfg.pad_id)
 
     # ------------------------------------------------------------------ pages and slots
-    def _prompt_pages(self, p: int) -> int:
-        return -(-p // self.config.page_size)
-
-    def _sample_pages(self, p: int, m: int) -> int:
-        """Pages a sample owns: from its prompt's last partial page (its copy) to its budget."""
-        ps = self.config.page_size
-        return -(-(p + m) // ps) - p // ps
-
     def _sliced_layers(self):
         """The per-layer weights of ``self.params`` (`engine_programs.layer_params`)."""
         with self._context():
@@ -706,15 +452,15 @@ class Engine:
             req = self._requests[rid]
             if req.shard is not None:
                 continue
-            p = len(req.prompt)
-            need = self._prompt_pages(p) + self._sample_pages(p, req.budgets[req.queue[0]])
+            p, cfg = len(req.prompt), self.config
+            need = cfg.prompt_pages(p) + cfg.sample_pages(p, req.budgets[req.queue[0]])
             room = [(len(self._free_slots(k)), -k) for k in range(self._shards)
                     if k not in busy and need <= len(self._free_pages[k]) and self._free_slots(k)]
             if not room:
                 break
             req.shard = -max(room)[1]
             busy.add(req.shard)
-            req.prompt_pages = self._take_pages(req.shard, self._prompt_pages(p))
+            req.prompt_pages = self._take_pages(req.shard, cfg.prompt_pages(p))
             new.append(req)
         if new:
             self._prefill_requests(new)
@@ -732,9 +478,10 @@ class Engine:
             while req.queue:
                 sample = req.queue[0]
                 free = self._free_slots(shard)
-                if not free or self._sample_pages(p, req.budgets[sample]) > len(self._free_pages[shard]):
+                need = self.config.sample_pages(p, req.budgets[sample])
+                if not free or need > len(self._free_pages[shard]):
                     break
-                own = self._take_pages(shard, self._sample_pages(p, req.budgets[sample]))
+                own = self._take_pages(shard, need)
                 shared = req.prompt_pages[:p // ps]
                 for q in shared:
                     self._page_refs[shard, q] += 1

@@ -1,22 +1,26 @@
-"""The rollout engine's device programs (``ace_jax.runtime.engine.Engine`` jits each once):
-``prefill`` (one prompt chunk into its pages), ``admit`` (waiting samples into free slots),
-``decode`` (``steps`` decode steps of every slot) and ``retire`` (cancelled rows marked done),
-over the slots' device state ``SlotState``. The host-side scheduling (requests, pages, slots) is
-``engine.py``'s.
+"""The rollout engine's device programs (``ace_jax.runtime.engine.Engine`` jits each once,
+`jitted`): ``prefill`` (one prompt chunk into its pages), ``admit`` (waiting samples into free
+slots), ``decode`` (``steps`` decode steps of every slot) and ``retire`` (cancelled rows marked
+done), over the slots' device state ``SlotState``; ``pack_step`` puts what the host needs of a
+decode call into one array (`unpack_step`, on the host, takes it apart). The host-side
+scheduling (requests, pages, slots) is ``engine.py``'s.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ace_jax.runtime import generate
 from models import qwen3
 
 NO_ROUTE = 255
-"""The uint8 routing record's "no record" id (`engine.NO_ROUTE`): expert ids must stay below it."""
+"""The uint8 routing record's "no record" id (`completions.Completion.routes`; the model keeps
+its own router's choice for such a token): expert ids must stay below it."""
 
 
 class RouteRecordError(ValueError):
@@ -159,3 +163,34 @@ def decode(graphdef, steps, params, layers, knobs, state: SlotState, prefix=None
     if routes is not None:
         routes = jnp.swapaxes(routes, 0, 1)
     return state, tokens.T, logprobs.T, emitted.T, routes
+
+
+def pack_step(tokens, logprobs, emitted, done, reason) -> jax.Array:
+    """What the host needs of a decode call, as one int32 array [S, 3 * steps + 2] (one
+    gather across processes instead of five): tokens [S, steps], the float32 log-probs' bits
+    [S, steps], emitted [S, steps], done [S], reason [S]. `unpack_step` inverts it."""
+    bits = jax.lax.bitcast_convert_type(logprobs.astype(jnp.float32), jnp.int32)
+    return jnp.concatenate([tokens, bits, emitted.astype(jnp.int32), done[:, None].astype(
+        jnp.int32), reason[:, None]], axis=1)
+
+
+def unpack_step(packed: np.ndarray, steps: int) -> tuple:
+    """(tokens, logprobs, emitted, done, reason) host arrays of a `pack_step` result."""
+    tokens, bits, emitted = (packed[:, i * steps:(i + 1) * steps] for i in range(3))
+    return (tokens, bits.view(np.float32), emitted.astype(bool),
+            packed[:, 3 * steps].astype(bool), packed[:, 3 * steps + 1])
+
+
+def jitted(record_routes: bool) -> tuple:
+    """The programs as `engine.Engine` calls them, jitted (once per engine): (``prefill``,
+    ``admit``, ``retire``, ``decode``, ``layer_params``, ``pack_step``), the graphdef (and
+    decode's ``steps``) static, the pools and the slots' state donated. ``record_routes``:
+    prefill and decode return the MoE routing record."""
+    return (jax.jit(functools.partial(prefill, record_routes=record_routes),
+                    static_argnums=(0,), donate_argnums=(2,)),
+            jax.jit(admit, donate_argnums=(0,)),
+            jax.jit(retire, donate_argnums=(0,)),
+            jax.jit(functools.partial(decode, record_routes=record_routes),
+                    static_argnums=(0, 1), donate_argnums=(5,)),
+            jax.jit(layer_params, static_argnums=(0,)),
+            jax.jit(pack_step))

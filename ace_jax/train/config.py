@@ -13,7 +13,7 @@ place that lists the sections) and ``configs/*.py`` state only what differs from
   ``sampler_mesh`` ``ace_jax.runtime.sampler_layout...``         the sampler's own layout
   ``rl``         `rl_config`                                     the RL loop
   ``sampling``   ``ace_jax.runtime.generate.default_config``     rollout sampling
-  ``engine``     ``ace_jax.runtime.engine.default_config``       the rollout engine
+  ``engine``     ``ace_jax.runtime.engine_config...``            the rollout engine
   ``grpo``       ``ace_jax.rl.grpo.default_config``              the GRPO loss
   ``optim``      ``ace_jax.rl.learner.default_config``           optimizer and schedule
   ``buffer``     ``ace_jax.curriculum.buffer.default_config``    the Evolving Data Buffer
@@ -50,7 +50,8 @@ from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards, tasks
 from ace_jax.registry import UnknownNameError
 from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, compile_cache, engine, generate, sampler_layout, sharding
+from ace_jax.runtime import (checkpoint, compile_cache, engine_config, generate, sampler_layout,
+                             sharding)
 from models import moe_sharding
 from ace_jax.train import probe, sft
 from sandbox import pool
@@ -179,7 +180,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sampler_mesh = sampler_layout.default_config()
     c.rl = rl_config()
     c.sampling = generate.default_config()
-    c.engine = engine.default_config()
+    c.engine = engine_config.default_config()
     c.grpo = grpo.default_config()
     c.optim = learner.default_config()
     c.buffer = buffer.default_config()
@@ -329,8 +330,8 @@ def _check_engine(cfg: ml_collections.ConfigDict, num_devices: Optional[int]) ->
     n = jax.device_count() if num_devices is None else num_devices
     ctx = cfg.rl.max_prompt_tokens + cfg.sampling.max_new_tokens
     try:
-        engine.resolve_kind(e.kind, n)
-        engine.engine_config(e, max_context=ctx)
+        engine_config.resolve_kind(e.kind, n)
+        engine_config.engine_config(e, max_context=ctx)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if e.max_context and e.max_context < ctx:

@@ -21,8 +21,8 @@ from jax.sharding import NamedSharding
 
 from ace_jax.rl import learner
 from ace_jax.rl.rollout_batch import TrainBatch
-from ace_jax.runtime import (engine, engine_programs, generate, placement as placement_lib, sampler_layout,
-                             sharding, tpu_compile)
+from ace_jax.runtime import (engine_config, engine_programs, generate, placement as placement_lib,
+                             sampler_layout, sharding, tpu_compile)
 from models import attention, configs as model_configs, kernel_mesh, qwen3
 
 
@@ -130,7 +130,7 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
                                                                      platform)
         if compile:
             compiled["generate_rollout"] = _compile(lowered, lowering["generate_rollout"])
-        if engine.resolve_kind(config.engine.kind, splace.mesh.size) == "paged":
+        if engine_config.resolve_kind(config.engine.kind, splace.mesh.size) == "paged":
             for name, (info, lowered) in engine_programs_lowered(
                     config, shp, layout, graphdef, params, platform=platform).items():
                 lowering[name] = info
@@ -148,17 +148,18 @@ def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, in
     whole page pool and the shared prefixes) and ``engine_prefill`` (`engine_programs.prefill`:
     one ``engine.prefill_chunk`` of a prompt per row shard). Their arguments are what the engine
     holds: the sampler's params and their per-layer slices, the slots' state with the pool, split
-    as `engine.state_shardings` splits it; the host inputs replicated. ``graphdef`` / ``params``:
-    the learner's (abstract). Returns {name: (info, lowered)} (`_trace_and_lower`)."""
+    as `engine_config.state_shardings` splits it; the host inputs replicated. ``graphdef`` /
+    ``params``: the learner's (abstract). Returns {name: (info, lowered)} (`_trace_and_lower`)."""
     splace, smc = layout.placement, layout.model_config
-    ecfg = engine.engine_config(config.engine, max_context=shp["prompt_len"] + shp["new_tokens"])
-    shards, pool_pages = engine.row_shards(splace, ecfg, smc.num_key_value_heads)
+    ecfg = engine_config.engine_config(config.engine,
+                                       max_context=shp["prompt_len"] + shp["new_tokens"])
+    shards, pool_pages = engine_config.row_shards(splace, ecfg, smc.num_key_value_heads)
     knobs, _ = _knobs_and_key(config, smc, splace)
-    empty = functools.partial(engine.empty_state, smc, ecfg, pool_pages,
+    empty = functools.partial(engine_config.empty_state, smc, ecfg, pool_pages,
                               int(knobs.stop_table.shape[1]))
     abstract = jax.eval_shape(empty)
     state = jax.tree.map(with_sharding, abstract,
-                         engine.state_shardings(splace.mesh, smc, abstract))
+                         engine_config.state_shardings(splace.mesh, smc, abstract))
     sgraph, sparams = layout.graphdef(graphdef), layout.abstract_params(params)
     rep = sharding.replicated(splace.mesh)
     host = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
@@ -320,8 +321,8 @@ def paged_decode_program(config: ml_collections.ConfigDict, mc: model_configs.Mo
     knobs, key = _knobs_and_key(config, mc, splace)
     prefix_pages = p // page
     own, own_max = own_pages(p, page, new_tokens), own_pages(p, page, m - 1)
-    batch_axes, head_axis = kernel_mesh.mesh_specs(splace.mesh, n, smc.num_key_value_heads)
-    shards = math.prod(splace.mesh.shape[a] for a in batch_axes or ())
+    batch_axes, head_axis, shards = kernel_mesh.row_split(splace.mesh, n,
+                                                          smc.num_key_value_heads)
     if n % shards or (n // g) % shards:
         raise ValueError(f"{n} rows in groups of {g} do not split over the {shards} row shards "
                          f"of the sampler mesh")

@@ -37,6 +37,8 @@ import jax
 import numpy as np
 
 from ace_jax.runtime import engine as engine_lib, generate
+from ace_jax.runtime.completions import Completion
+from ace_jax.runtime.engine_programs import NO_ROUTE
 from ace_jax.train import rollouts as rollouts_lib
 
 
@@ -58,7 +60,7 @@ class Group:
       seq: submission order: the group's id in the rollouts log and the checkpoint.
       state: the state it answers (``state_id`` is what a checkpoint keeps).
       prompt: token ids. budgets: max new tokens per sample. sampled_at: the RL step that drew it.
-      done: each sample's finished `engine.Completion` (None while it runs).
+      done: each sample's finished `completions.Completion` (None while it runs).
       prefix: each sample's part from before a resume (an unfinished `Completion`, or None).
       prompt_routes: the prompt's routing record, uint8 [len(prompt), L_moe, k] (recorded
         routes only; else None).
@@ -164,7 +166,7 @@ class PartialRollouts:
         self.groups.clear()
         self._owner.clear()
 
-    def completions(self, g: Group) -> list[engine_lib.Completion]:
+    def completions(self, g: Group) -> list[Completion]:
         """The group's G finished samples, each whole: the part before a resume (if any)
         followed by the rest."""
         return [_join(p, c) if p is not None else c for p, c in zip(g.prefix, g.done)]
@@ -231,7 +233,7 @@ class PartialRollouts:
         for c in self.engine.finished():
             self._take(c)
 
-    def _take(self, c: engine_lib.Completion) -> None:
+    def _take(self, c: Completion) -> None:
         seq, i = self._owner.pop((c.request, c.sample))
         g = self.groups[seq]
         g.done[i] = c
@@ -246,9 +248,9 @@ class PartialRollouts:
                 out.setdefault(self._owner[rid, j][0], []).append(v)
         return out
 
-    def _running(self) -> dict[int, dict[int, engine_lib.Completion]]:
+    def _running(self) -> dict[int, dict[int, Completion]]:
         """{group seq: {sample: its snapshot}} of the samples now in a slot."""
-        out: dict[int, dict[int, engine_lib.Completion]] = {}
+        out: dict[int, dict[int, Completion]] = {}
         for rid in {rid for rid, _ in self._owner}:
             for c in self.engine.snapshot(rid):
                 seq, i = self._owner[rid, c.sample]
@@ -256,16 +258,15 @@ class PartialRollouts:
         return out
 
 
-def _join(a: engine_lib.Completion, b: engine_lib.Completion) -> engine_lib.Completion:
+def _join(a: Completion, b: Completion) -> Completion:
     """Sample part ``a`` (before a resume) followed by ``b`` (its continuation): b's finish
     reason; the prompt's routes are ``b``'s first ones (its prompt is a's prompt + a's tokens)."""
     cat = lambda x, y: None if x is None or y is None else np.concatenate([x, y])  # noqa: E731
     prompt_routes = (None if b.prompt_routes is None
                      else b.prompt_routes[:len(b.prompt_routes) - len(a.tokens)])
-    return engine_lib.Completion(b.request, b.sample, list(a.tokens) + list(b.tokens),
-                                 cat(a.logprobs, b.logprobs), b.finish_reason,
-                                 cat(a.routes, b.routes), prompt_routes,
-                                 cat(a.versions, b.versions))
+    return Completion(b.request, b.sample, list(a.tokens) + list(b.tokens),
+                      cat(a.logprobs, b.logprobs), b.finish_reason, cat(a.routes, b.routes),
+                      prompt_routes, cat(a.versions, b.versions))
 
 
 def _array_json(a: Optional[np.ndarray]) -> Optional[dict]:
@@ -277,16 +278,16 @@ def _array_from_json(d: Optional[dict]) -> Optional[np.ndarray]:
     return None if d is None else rollouts_lib.uint8_from_json(d)
 
 
-def _completion_json(c: engine_lib.Completion) -> dict:
+def _completion_json(c: Completion) -> dict:
     return dict(tokens=list(map(int, c.tokens)), logprobs=np.asarray(c.logprobs).tolist(),
                 versions=np.asarray(c.versions).tolist(), finish_reason=c.finish_reason,
                 routes=_array_json(c.routes))
 
 
-def _completion_from_json(d: dict) -> engine_lib.Completion:
-    return engine_lib.Completion(-1, -1, list(d["tokens"]), np.asarray(d["logprobs"], np.float32),
-                                 d["finish_reason"], _array_from_json(d.get("routes")), None,
-                                 np.asarray(d["versions"], np.int32))
+def _completion_from_json(d: dict) -> Completion:
+    return Completion(-1, -1, list(d["tokens"]), np.asarray(d["logprobs"], np.float32),
+                      d["finish_reason"], _array_from_json(d.get("routes")), None,
+                      np.asarray(d["versions"], np.int32))
 
 
 def generation(rollouts: PartialRollouts, groups: Sequence[Group], *, max_new_tokens: int,
@@ -306,7 +307,7 @@ def generation(rollouts: PartialRollouts, groups: Sequence[Group], *, max_new_to
         versions[i, :lengths[i]] = c.versions
     routes = prompt_routes = None
     if comps and all(c.routes is not None for c in comps):
-        routes = np.full((n, m) + comps[0].routes.shape[1:], engine_lib.NO_ROUTE, np.uint8)
+        routes = np.full((n, m) + comps[0].routes.shape[1:], NO_ROUTE, np.uint8)
         for i, c in enumerate(comps):
             routes[i, :lengths[i]] = c.routes
         prompt_routes = tuple(g.prompt_routes for g in groups)

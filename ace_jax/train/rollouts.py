@@ -16,7 +16,7 @@ import numpy as np
 
 from ace_jax.rl import rollout_batch
 from ace_jax.runtime import generate
-from ace_jax.runtime.engine import NO_ROUTE
+from ace_jax.runtime.engine_programs import NO_ROUTE
 from sandbox.result import ExecutionResult
 
 

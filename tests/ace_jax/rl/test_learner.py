@@ -181,11 +181,12 @@ def test_completion_logprobs_equal_logits_path_with_gradients():
 
 def _recorded_batch():
     """A batch from the paged engine, asked to keep the MoE routing record."""
-    from ace_jax.runtime import engine
+    from ace_jax.runtime import engine, engine_config
 
     model = qwen3.Qwen3ForCausalLM(configs.tiny_moe(), rngs=nnx.Rngs(0))
     sampling = SamplingConfig(max_new_tokens=8, group_size=G, temperature=1.0, prompt_bucket=8)
-    eng = engine.Engine(model, sampling, engine.EngineConfig(slots=4, page_size=4, max_context=24),
+    eng = engine.Engine(model, sampling, engine_config.EngineConfig(slots=4, page_size=4,
+                                                                    max_context=24),
                         record_routes=True)
     out = eng.generate(PROMPTS, jax.random.key(0))
     rewards = np.arange(len(PROMPTS) * G, dtype=np.float32) % 3

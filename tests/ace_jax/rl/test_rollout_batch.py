@@ -236,7 +236,7 @@ def _routed_generation(seed: int = 0, g: int = 2, m: int = 5, layers: int = 3, k
     routing record: prompt b's routes all b * 10 + layer, completion routes random expert ids
     (< 64) up to each row's length, NO_ROUTE past it."""
     from ace_jax.runtime import generate
-    from ace_jax.runtime.engine import NO_ROUTE
+    from ace_jax.runtime.engine_programs import NO_ROUTE
 
     rng = np.random.RandomState(seed)
     prompts = [list(rng.randint(1, 100, n)) for n in (3, 7, 1, 5)]
@@ -260,7 +260,7 @@ def _routed_generation(seed: int = 0, g: int = 2, m: int = 5, layers: int = 3, k
 def _dense_routes(prompts, gen, p: int) -> np.ndarray:
     """The record as make_train_batch built it before it went per shard: every prompt's routes
     left-padded to P, gathered per row, then the completion routes."""
-    from ace_jax.runtime.engine import NO_ROUTE
+    from ace_jax.runtime.engine_programs import NO_ROUTE
 
     padded = np.full((len(prompts), p) + gen.routes.shape[2:], NO_ROUTE, np.uint8)
     for b, r in enumerate(gen.prompt_routes):
@@ -348,9 +348,9 @@ def test_uint8_route_record_refuses_too_many_experts(experts, ok):
     the uint8 record below its "no record" id 255; 256 or more are refused by name instead of
     wrapping (expert 256 -> 0) or reading as "no record" (expert 255). Without the record the
     program builds at any expert count."""
-    from ace_jax.runtime import engine, engine_programs
+    from ace_jax.runtime import engine_programs
 
-    assert engine_programs.NO_ROUTE == engine.NO_ROUTE == 255
+    assert engine_programs.NO_ROUTE == 255
     cfg = configs.tiny_moe(num_experts=experts, num_hidden_layers=1)
     model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, params = nnx.split(model, nnx.Param)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ace_jax.runtime import engine, generate
+from ace_jax.runtime import engine, engine_config, generate, sampler
 from models import configs, qwen3
 from tests.numerics import assert_close
 
@@ -29,7 +29,7 @@ def _sampling(**kw):
 
 def _engine(model, sampling, record_routes=False, **kw):
     base = dict(slots=4, page_size=4, max_context=40, prefill_chunk=8, sync_every=3)
-    return engine.Engine(model, sampling, engine.EngineConfig(**{**base, **kw}),
+    return engine.Engine(model, sampling, engine_config.EngineConfig(**{**base, **kw}),
                          record_routes=record_routes)
 
 
@@ -76,7 +76,7 @@ def test_shared_prefixes_read_once_decode_what_the_static_generator_does(model, 
     assert sorted(eng._free_prefixes[0]) == [0, 1] and (pre.rows == -1).all() and not pre.lengths.any()
     assert eng._page_refs == {} and sum(map(len, eng._free_pages)) == eng.config.pool_pages - 1
     with pytest.raises(ValueError, match="engine.prefix_rows must be >= 1"):
-        engine.EngineConfig(prefix_rows=0)
+        engine_config.EngineConfig(prefix_rows=0)
 
 
 def test_eos_stop_sequences_and_budgets_end_rows_as_in_the_static_generator(model):
@@ -246,14 +246,15 @@ def test_a_small_pool_makes_rows_wait_not_fail(model):
 
 def test_requests_that_cannot_fit_are_refused_by_name(model):
     eng = _engine(model, _sampling(), max_context=16, num_pages=5)     # page 0 + 4
-    with pytest.raises(engine.EngineCapacityError, match="engine.max_context = 16"):
+    with pytest.raises(engine_config.EngineCapacityError, match="engine.max_context = 16"):
         eng.submit([1] * 10, key=jax.random.key(0), max_new_tokens=8)
-    with pytest.raises(engine.EngineCapacityError, match=r"needs 5 pages, the pool has 4 \(engine.num_pages\)"):
+    with pytest.raises(engine_config.EngineCapacityError,
+                       match=r"needs 5 pages, the pool has 4 \(engine.num_pages\)"):
         eng.submit([1] * 9, key=jax.random.key(0), max_new_tokens=7)
     with pytest.raises(ValueError, match="at least one token"):
         eng.submit([], key=jax.random.key(0))
     with pytest.raises(ValueError, match="engine.page_size must be >= 1"):
-        engine.EngineConfig(page_size=0)
+        engine_config.EngineConfig(page_size=0)
     # nothing was queued by the refusals
     assert eng.drain() == []
 
@@ -271,22 +272,22 @@ def test_update_weights_changes_what_is_sampled(model):
 
 
 def test_kind_resolution_and_the_trainer_factory(model):
-    assert engine.resolve_kind("auto", 1) == "paged"
-    assert engine.resolve_kind("auto", 8) == "static"
-    assert engine.resolve_kind("paged", 8) == "paged"
+    assert engine_config.resolve_kind("auto", 1) == "paged"
+    assert engine_config.resolve_kind("auto", 8) == "static"
+    assert engine_config.resolve_kind("paged", 8) == "paged"
     with pytest.raises(ValueError, match="engine.kind must be one of"):
-        engine.resolve_kind("vllm", 1)
+        engine_config.resolve_kind("vllm", 1)
     from ace_jax.runtime import sampler_layout
 
-    cfg = engine.default_config()
+    cfg = engine_config.default_config()
     s = _sampling()
     # what the trainer passes on one device: the learner's own ("shared") layout -> the engine
     shared = sampler_layout.SamplerLayout(None, model.config, True)
     for layout in (None, shared):
-        assert isinstance(engine.make_sampler(model, s, cfg, max_context=64, layout=layout),
+        assert isinstance(sampler.make_sampler(model, s, cfg, max_context=64, layout=layout),
                           engine.Engine)
     cfg.kind = "static"
-    assert isinstance(engine.make_sampler(model, s, cfg, max_context=64, layout=shared),
+    assert isinstance(sampler.make_sampler(model, s, cfg, max_context=64, layout=shared),
                       generate.Generator)
 
 
@@ -334,7 +335,7 @@ def test_a_sharded_engine_decodes_what_the_static_generator_does(model, temperat
     place = pl.Placement.create(sh.make_mesh(mesh_cfg), SHARD_RULES)
     placed = nnx.clone(model)
     place.place_params(placed)
-    eng = engine.Engine(placed, s, engine.EngineConfig(
+    eng = engine.Engine(placed, s, engine_config.EngineConfig(
         slots=8, page_size=4, max_context=40, prefill_chunk=8, sync_every=3, shared_prefixes=4,
         prefix_rows=2), placement=place)
     assert eng._shards == 4 and eng._pool_pages % 4 == 0
@@ -354,12 +355,14 @@ def test_a_sharded_engine_decodes_what_the_static_generator_does(model, temperat
     assert eng._page_refs == {} and all(len(f) == eng._pool_pages // 4 - 1 for f in eng._free_pages)
     assert [sorted(f) for f in eng._free_prefixes] == [[0], [1], [2], [3]]
     with pytest.raises(ValueError, match="engine.shared_prefixes = 2 does not split over the 4 row"):
-        engine.Engine(placed, s, engine.EngineConfig(slots=8, shared_prefixes=2), placement=place)
+        engine.Engine(placed, s, engine_config.EngineConfig(slots=8, shared_prefixes=2),
+                      placement=place)
     with pytest.raises(ValueError, match="engine.num_pages = 30 does not split over the 4 row shards"):
-        engine.Engine(placed, s, engine.EngineConfig(slots=8, num_pages=30), placement=place)
-    with pytest.raises(engine.EngineCapacityError,
+        engine.Engine(placed, s, engine_config.EngineConfig(slots=8, num_pages=30),
+                      placement=place)
+    with pytest.raises(engine_config.EngineCapacityError,
                        match="needs 5 pages, the pool has 4 in each of its 4 row shards"):
-        engine.Engine(placed, s, engine.EngineConfig(slots=8, page_size=4, num_pages=20),
+        engine.Engine(placed, s, engine_config.EngineConfig(slots=8, page_size=4, num_pages=20),
                       placement=place).submit([1] * 9, key=jax.random.key(0), max_new_tokens=7)
 
 
@@ -385,11 +388,11 @@ def test_the_engine_decodes_in_the_samplers_own_layout(model, temperature, tenso
     if tensor > 1:
         own.moe_parallelism, own.rules.experts = "expert_tensor", "expert,tensor"
     layout = sampler_layout.SamplerLayout.from_config(own, learner, model.config)
-    cfg = engine.default_config()
+    cfg = engine_config.default_config()
     cfg.update(kind="paged", slots=8, page_size=4, max_context=40, prefill_chunk=8, sync_every=3,
                shared_prefixes=8, prefix_rows=2)
     s = _sampling(temperature=temperature)
-    eng = engine.make_sampler(placed, s, cfg, max_context=40, placement=learner, layout=layout)
+    eng = sampler.make_sampler(placed, s, cfg, max_context=40, placement=learner, layout=layout)
     assert isinstance(eng, engine.Engine) and eng._shards == 8 // tensor
     assert eng.placement is layout.placement and eng.graphdef is not nnx.graphdef(placed)
     flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(eng.params)}

@@ -10,7 +10,7 @@ from ace_jax.config_utils import ConfigError
 from ace_jax.curriculum import buffer, learnability
 from ace_jax.env import agent, rewards
 from ace_jax.rl import grpo, learner
-from ace_jax.runtime import checkpoint, engine, generate, sampler_layout, sharding
+from ace_jax.runtime import checkpoint, engine_config, generate, sampler_layout, sharding
 from ace_jax.train import config as run_config, probe, sft
 from sandbox import pool
 
@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 OWNERS = {"model": run_config.model_config, "mesh": sharding.default_config,
           "sampler_mesh": sampler_layout.default_config,
           "rl": run_config.rl_config, "sampling": generate.default_config,
-          "engine": engine.default_config,
+          "engine": engine_config.default_config,
           "grpo": grpo.default_config, "optim": learner.default_config,
           "buffer": buffer.default_config, "lp": learnability.default_config,
           "sandbox": pool.default_config, "agent": agent.default_config,

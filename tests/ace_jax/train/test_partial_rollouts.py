@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ace_jax.runtime import engine, generate
+from ace_jax.runtime import engine, engine_config, generate
 from ace_jax.train import partial_rollouts as pr
 from models import configs, qwen3
 
@@ -28,9 +28,8 @@ def model():
 
 def _engine(model, version=0):
     s = generate.SamplingConfig(max_new_tokens=40, temperature=1.0, eos_ids=())  # no early stop
-    return engine.Engine(model, s, engine.EngineConfig(slots=4, page_size=4, max_context=48,
-                                                       prefill_chunk=8, sync_every=2),
-                         version=version)
+    return engine.Engine(model, s, engine_config.EngineConfig(
+        slots=4, page_size=4, max_context=48, prefill_chunk=8, sync_every=2), version=version)
 
 
 def _draw(budgets, start):

@@ -53,7 +53,7 @@ def test_select_rows_keeps_each_rounds_prompt_routes():
     same prompt text, forwarded again: another routing record of the prompt, here 7s instead
     of 0s). Each kept row points at its own round's prompt routes, and the learner's batch
     replays them (the prompt slots of row 1 hold 7s, of row 0 0s)."""
-    from ace_jax.runtime.engine import NO_ROUTE
+    from ace_jax.runtime.engine_programs import NO_ROUTE
 
     s = _step(0, [[1, 2], [3]], routes=True)
     more = _step(10, [[1, 2]], routes=True)
