@@ -105,6 +105,63 @@ def collective_bytes(hlo: str) -> dict[str, int]:
     return out
 
 
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_LAID_OUT = re.compile(r"(?P<dtype>pred|[subf]\d+|bf16)\[(?P<dims>[\d,]*)\]"
+                       r"(?:\{(?P<layout>[^}]*)\})?")
+_COPY = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+) = (?P<shape>\(?[^ ]+?\{[^}]*\}[^=]*?) "
+                   r"(?P<op>copy|copy-start)\(")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%(?P<name>[\w.\-]+) \(")
+_BODY = re.compile(r"\bbody=%(?P<name>[\w.\-]+)")
+
+
+def padded_bytes(shape: str) -> int:
+    """Bytes of one array in an optimised HLO's notation, e.g. ``bf16[2,545,128,1,128]{4,3,2,1,
+    0:T(2,128)(2,1)}``, with its first tile's padding: the most minor dim (the first of the
+    minor-to-major list) rounded up to the tile's last size, the next to its first (a head dim
+    of 1 under ``T(2,128)`` takes 2). Without a layout or tile, the dense size."""
+    m = _LAID_OUT.search(shape)
+    if not m:
+        raise ValueError(f"not an HLO array shape: {shape!r}")
+    dims = [int(d) for d in m["dims"].split(",") if d]
+    layout = m["layout"] or ""
+    order, _, tiles = layout.partition(":")
+    tile = re.match(r"T\((\d+)(?:,(\d+))?\)", tiles)
+    minor = [int(x) for x in order.split(",") if x.strip()] if order.strip() else []
+    if tile and minor:
+        sizes = [int(tile[2] or tile[1]), int(tile[1])] if tile[2] else [int(tile[1])]
+        for dim, t in zip(minor, sizes):
+            dims[dim] = -(-dims[dim] // t) * t
+    n = 1
+    for d in dims:
+        n *= d
+    return n * _DTYPE_BYTES[m["dtype"]]
+
+
+def large_copies(hlo: str, min_bytes: int) -> list[dict]:
+    """The ``copy`` / ``copy-start`` instructions of an optimised HLO text whose result holds at
+    least ``min_bytes`` (`padded_bytes`: the layout's padding counted), e.g. a KV page pool
+    converted to another layout. Per copy: name, shape, bytes (padded), its computation and
+    ``in_loop`` (the computation is a ``while`` body: it runs every iteration). Each instruction
+    counts once, like ``cost_analysis`` (a loop body's copy is one entry)."""
+    bodies = {m["name"] for m in _BODY.finditer(hlo)}
+    out, computation = [], ""
+    for line in hlo.splitlines():
+        h = _HEADER.match(line)
+        if h:
+            computation = h["name"]
+            continue
+        m = _COPY.match(line)
+        if not m:
+            continue
+        shape = _LAID_OUT.search(m["shape"])   # copy-start: (destination, source, context)
+        size = padded_bytes(shape.group(0))
+        if size >= min_bytes:
+            out.append(dict(name=m["name"], op=m["op"], shape=shape.group(0), bytes=size,
+                            computation=computation, in_loop=computation in bodies))
+    return out
+
+
 class TopologyError(ValueError):
     """A TPU topology name the compiler does not know."""
 

@@ -35,3 +35,39 @@ def test_hbm_traffic_counts_each_weight_once(topology):
     assert weights <= traffic.hbm_bytes <= weights + activations, traffic.hbm_bytes
     assert traffic.flops == default.flops == pytest.approx(4 * 2 * 32 * 2048 * 4608, rel=1e-3)
     assert default.hbm_bytes > 3 * weights, default.hbm_bytes
+
+
+def test_padded_bytes_round_the_two_minor_dims_up_to_the_tile():
+    # one KV head (dim 3, second most minor) under T(2,128): padded to 2 heads
+    assert tpu_compile.padded_bytes("bf16[2,545,128,1,128]{4,3,2,1,0:T(2,128)(2,1)}") == \
+        2 * 545 * 128 * 2 * 128 * 2
+    # the slots (dim 2) second most minor under T(8,128): no padding
+    assert tpu_compile.padded_bytes("bf16[2,545,128,1,128]{4,2,3,1,0:T(8,128)(2,1)}") == \
+        2 * 545 * 128 * 1 * 128 * 2
+    assert tpu_compile.padded_bytes("f32[3,5]{1,0:T(8,128)}") == 8 * 128 * 4
+    assert tpu_compile.padded_bytes("s32[16]{0:T(128)}") == 128 * 4
+    assert tpu_compile.padded_bytes("f32[3,5]") == 60
+    with pytest.raises(ValueError, match="not an HLO array shape"):
+        tpu_compile.padded_bytes("(tuple)")
+
+
+def test_large_copies_name_the_loop_body_and_skip_small_ones():
+    hlo = "\n".join([
+        "%body.1 (arg: (s32[], bf16[4,8,128])) -> (s32[], bf16[4,8,128]) {",
+        "  %copy.5 = bf16[4,8,128]{2,0,1:T(8,128)(2,1)} copy(%dus.3), metadata={}",
+        "  %copy.6 = s32[]{:T(128)} copy(%x)",
+        "}",
+        "ENTRY %main.9 (p: bf16[4,8,128]) -> bf16[4,8,128] {",
+        "  %copy-start.2 = (bf16[4,8,128]{2,1,0:T(8,128)(2,1)}, bf16[4,8,128]{2,1,0:T(8,128)"
+        "(2,1)S(1)}, u32[]{:S(2)}) copy-start(%p)",
+        "  %copy-done.2 = bf16[4,8,128]{2,1,0:T(8,128)(2,1)} copy-done(%copy-start.2)",
+        "  %while.1 = (s32[], bf16[4,8,128]) while(%t), condition=%cond.1, body=%body.1",
+        "  ROOT %copy.7 = bf16[4,1,128]{2,1,0:T(2,128)(2,1)} copy(%q)",
+        "}"])
+    got = tpu_compile.large_copies(hlo, 4 * 8 * 128 * 2)
+    assert [(c["name"], c["op"], c["in_loop"], c["computation"]) for c in got] == [
+        ("copy.5", "copy", True, "body.1"), ("copy-start.2", "copy-start", False, "main.9")]
+    # copy.5's layout puts dim 0 (4) second most minor: the T(8,128) tile pads it to 8
+    assert [c["bytes"] for c in got] == [8 * 8 * 128 * 2, 4 * 8 * 128 * 2]
+    # the padded 1-head copy is 2 x its dense size, still below the bound
+    assert tpu_compile.large_copies(hlo, 4 * 128 * 2)[-1]["bytes"] == 4 * 2 * 128 * 2
