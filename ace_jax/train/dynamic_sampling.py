@@ -106,7 +106,6 @@ def balanced_group(rows: Sequence[int], rewards: np.ndarray, group_size: int,
     return sorted(ranked[:(group_size + 1) // 2] + ranked[len(ranked) - group_size // 2:])
 
 
-
 def global_advantages(rewards: np.ndarray, rows: Sequence[int], kept: Sequence[int], *,
                       atol: float, eps: float, std_ddof: int, normalise: bool = True
                       ) -> np.ndarray:
