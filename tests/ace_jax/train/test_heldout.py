@@ -8,8 +8,8 @@ in-process (``test_trainer.run_loop``). What the trainer does is intercepted at 
 by wrapping methods of the classes (``monkeypatch``), so nothing of the loop itself changes:
 
 * SFT: ``CodeAgentEnv.sft_examples`` (what ``Trainer._warm_start`` trains on);
-* generation: ``Trainer._sample`` (every prompt the policy is sampled on), marked as the probe's
-  while ``Trainer._probe`` runs;
+* generation: ``generation.host_generate`` (every prompt the policy is sampled on), marked as
+  the probe's while ``Trainer._probe`` runs;
 * batches: ``Learner.step`` (the token ids of every batch the learner updates on) and
   ``Trainer._learn`` (the rollouts it was built from);
 * afterwards the buffer as committed (``<workdir>/buffer``), the rollouts log
@@ -28,7 +28,7 @@ from ace_jax import config_utils
 from ace_jax.curriculum import buffer as buffer_lib, buffer_store
 from ace_jax.env import agent
 from ace_jax.rl import learner as learner_lib
-from ace_jax.train import environment, sft, trainer
+from ace_jax.train import environment, generation, sft, trainer
 from models import tokenizer as tok_lib
 from sandbox.tasks import procedural, registry, targets
 from tests.ace_jax.train.test_trainer import TINY, run_loop
@@ -61,20 +61,20 @@ def run(tmp_path_factory):
         seen["sft"] += list(out)
         return out
 
-    probe_fn, sample_fn = trainer.Trainer._probe, trainer.Trainer._sample
+    probe_fn, sample_fn = trainer.Trainer._probe, generation.host_generate
+    in_probe = [False]
+    sampled = []     # (in the probe, prompt token ids), decoded after the run
 
     def record_probe(self, *a, **kw):
-        self._in_probe = True
+        in_probe[0] = True
         try:
             return probe_fn(self, *a, **kw)
         finally:
-            self._in_probe = False
+            in_probe[0] = False
 
-    def record_sample(self, prompts, *a, **kw):
-        seen["sampled"] += [(getattr(self, "_in_probe", False),
-                             self.tokenizer.decode(p, skip_special_tokens=False))
-                            for p in prompts]
-        return sample_fn(self, prompts, *a, **kw)
+    def record_sample(generator, prompts, *a, **kw):
+        sampled.extend((in_probe[0], list(p)) for p in prompts)
+        return sample_fn(generator, prompts, *a, **kw)
 
     learn_fn, step_fn = trainer.Trainer._learn, learner_lib.Learner.step
 
@@ -90,7 +90,7 @@ def run(tmp_path_factory):
 
     mp.setattr(environment.CodeAgentEnv, "sft_examples", record_sft)
     mp.setattr(trainer.Trainer, "_probe", record_probe)
-    mp.setattr(trainer.Trainer, "_sample", record_sample)
+    mp.setattr(generation, "host_generate", record_sample)
     mp.setattr(trainer.Trainer, "_learn", record_learn)
     mp.setattr(learner_lib.Learner, "step", record_step)
     try:
@@ -100,6 +100,8 @@ def run(tmp_path_factory):
     wd = pathlib.Path(cfg.workdir)
     tok = tok_lib.load_tokenizer(str(wd / "tokenizer"))
     seen["batch_texts"] = [tok.decode(row, skip_special_tokens=False) for row in seen["batches"]]
+    seen["sampled"] = [(probing, tok.decode(p, skip_special_tokens=False))
+                       for probing, p in sampled]
     # the committed buffer, restored against the training tasks' targets
     tasks = [registry.load_task(t, cfg.tasks.cache_dir, seed=cfg.tasks.seed)
              for t in cfg.tasks.ids]
