@@ -40,7 +40,10 @@ Kernels:
     the row's own fill, and T queries per row (a decode step: T = 1; a prefill chunk: T > 1)
     against the row's filled pages only, block by block, with an online softmax. On TPU a
     decode step runs `models.decode_kernel.paged_decode_stats` (``kernel="pallas"``), which
-    reads each page in place from the stacked pool by its id; jax's
+    reads each page in place from the stacked pool by its id. The pool is
+    [L, P, nkv, page_size, d]: the minor dims (page_size, d) tile without padding at any nkv,
+    and the kernel reads the stored layout (no conversion of the pool on entry, exit or per
+    layer; `ace_jax.train.dry_run_engine` reads the compiled call for such copies). jax's
     ``ragged_paged_attention`` takes one layer's pool with K and V interleaved, which this
     layer-stacked layout would have to copy out every step.
 
@@ -517,7 +520,7 @@ def _page_shards(batch: int, nkv: int, num_pages: int):
 
 def _on_page_shards(local, batch: int, nkv: int, num_pages: int, args, kinds, out_kinds):
     """``local(*args)``, per shard under the tracing mesh (`_page_shards`) or as is. ``kinds``
-    / ``out_kinds`` name each operand's split: "pool" [L, P, page, nkv, d], "heads" [B, T, H, d]
+    / ``out_kinds`` name each operand's split: "pool" [L, P, nkv, page, d], "heads" [B, T, H, d]
     (H over the head axis), "stats" [B, nkv, ...], "rows" [B, ...], "entries" [Pn, ...] (the
     shared prefixes: over the batch axes as the rows), "all" (replicated)."""
     split = _page_shards(batch, nkv, num_pages)
@@ -529,7 +532,7 @@ def _on_page_shards(local, batch: int, nkv: int, num_pages: int, args, kinds, ou
             raise ValueError(f"{x.shape[0]} shared prefixes do not split over the {shards} row "
                              f"shards of mesh axes {rows}: make engine.shared_prefixes a multiple")
     P = jax.sharding.PartitionSpec
-    specs = dict(pool=P(None, rows, None, heads), heads=P(rows, None, heads), stats=P(rows, heads),
+    specs = dict(pool=P(None, rows, heads), heads=P(rows, None, heads), stats=P(rows, heads),
                  rows=P(rows), entries=P(rows), all=P())
     return jax.shard_map(local, mesh=mesh, check_vma=False,
                          in_specs=tuple(specs[k] for k in kinds),
@@ -541,7 +544,7 @@ def paged_write(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Arr
     """Writes the keys / values of T new tokens per row into a page pool.
 
     Args:
-      k_pages, v_pages: a layer stack's pool [L, num_pages, page_size, nkv, d].
+      k_pages, v_pages: a layer stack's pool [L, num_pages, nkv, page_size, d].
       k, v: [B, T, nkv, d], token t of row b going to the row's slot ``start[b] + t``, i.e. page
         ``page_table[b, (start[b] + t) // page_size]`` at offset ``(start[b] + t) % page_size``.
       layer: int scalar (may be traced), the layer of the stack.
@@ -562,30 +565,38 @@ def paged_write(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Arr
 
 
 def _paged_write_local(k_pages, v_pages, k, v, layer, page_table, start, valid):
-    num_pages, page_size = k_pages.shape[1:3]
+    num_pages, page_size = k_pages.shape[1], k_pages.shape[3]
     page, offset, in_table = _page_slots(page_table, start, k.shape[1], page_size)
     if k.shape[1] == 1:
         return _write_rows_in_place(k_pages, v_pages, k, v, layer, page[:, 0], offset[:, 0],
                                     (valid[:, 0] != 0) & in_table[:, 0])
     page = jnp.where((valid != 0) & in_table, page, num_pages)    # out of bounds: dropped
-    k_pages = k_pages.at[layer, page, offset].set(k.astype(k_pages.dtype), mode="drop")
-    v_pages = v_pages.at[layer, page, offset].set(v.astype(v_pages.dtype), mode="drop")
+    # one scatter per KV head (each update a row of d): one of all heads at once, a strided
+    # [nkv, d] window, makes the TPU compiler convert the pool to a heads-minor layout and back
+    for h in range(k_pages.shape[2]):
+        k_pages = k_pages.at[layer, page, h, offset].set(k[:, :, h].astype(k_pages.dtype),
+                                                         mode="drop")
+        v_pages = v_pages.at[layer, page, h, offset].set(v[:, :, h].astype(v_pages.dtype),
+                                                         mode="drop")
     return k_pages, v_pages
 
 
 def _write_rows_in_place(k_pages, v_pages, k, v, layer, page, offset, write):
     """A decode step's write: row b's one token into slot ``offset[b]`` of page ``page[b]``
     (where ``write[b]``; elsewhere the slot keeps its value), one ``dynamic_update_slice`` per
-    row. The pools are updated in place and each write moves one slot: XLA's cost analysis
-    counts a scatter's whole operand (the pool), the dry run's decode cost reads it."""
+    row and KV head. The pools are updated in place and each write moves one slot: XLA's cost
+    analysis counts a scatter's whole operand (the pool), the dry run's decode cost reads it.
+    (One update of a row's nkv heads at once, a strided [nkv, 1, d] slice, makes the TPU
+    compiler convert the whole pool to a heads-minor layout and back around it.)"""
     pools = []
     for pool, new in ((k_pages, k), (v_pages, v)):
-        new = new.astype(pool.dtype)
+        _, _, nkv, _, d = pool.shape
+        new = new.astype(pool.dtype).reshape(-1, nkv, 1, 1, 1, 1, d)  # [B, nkv, 1, 1, 1, 1, d]
         for b in range(new.shape[0]):
-            at = (layer, page[b], offset[b], 0, 0)
-            old = jax.lax.dynamic_slice(pool, at, (1, 1, 1) + pool.shape[3:])
-            pool = jax.lax.dynamic_update_slice(
-                pool, jnp.where(write[b], new[b][None, None], old), at)
+            for h in range(nkv):
+                at = (layer, page[b], h, offset[b], 0)
+                old = jax.lax.dynamic_slice(pool, at, (1, 1, 1, 1, d))
+                pool = jax.lax.dynamic_update_slice(pool, jnp.where(write[b], new[b, h], old), at)
         pools.append(pool)
     return tuple(pools)
 
@@ -599,7 +610,7 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
     Args:
       q: [B, T, nq, d]; query t of row b sits at slot ``start[b] + t`` and sees the row's slots
         s <= start[b] + t (the cache's earlier tokens and the chunk's causal prefix).
-      k_pages, v_pages: [L, num_pages, page_size, nkv, d]; layer: the stack index (may be traced).
+      k_pages, v_pages: [L, num_pages, nkv, page_size, d]; layer: the stack index (may be traced).
       page_table: int32 [B, pages_per_row]; start: int32 [B].
       scaling, dtype: as `blockwise_attention`.
       block_slots: slots read per step of the loop (rounded to whole pages).
@@ -617,7 +628,7 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
     b, t, nq, d = q.shape
     local = functools.partial(_paged_stats, scaling=scaling, dtype=dtype, block_slots=block_slots,
                               kernel=kernel, read_pages=read_pages)
-    out, _ = _on_page_shards(local, b, k_pages.shape[3], k_pages.shape[1],
+    out, _ = _on_page_shards(local, b, k_pages.shape[2], k_pages.shape[1],
                              (q, k_pages, v_pages, jnp.asarray(layer, jnp.int32), page_table, start),
                              ("heads", "pool", "pool", "all", "rows", "rows"),
                              ("stats", "stats"))                            # [B, nkv, g, T, d]
@@ -660,7 +671,7 @@ def paged_attention_shared_prefix(q: jax.Array, k_pages: jax.Array, v_pages: jax
                          f"and prefix_rows {prefix_rows.shape} do not agree")
     local = functools.partial(_cascade_local, scaling=scaling, dtype=dtype,
                               block_slots=block_slots, kernel=kernel, read_pages=read_pages)
-    out, = _on_page_shards(local, b, k_pages.shape[3], k_pages.shape[1],
+    out, = _on_page_shards(local, b, k_pages.shape[2], k_pages.shape[1],
                            (q, k_pages, v_pages, jnp.asarray(layer, jnp.int32), page_table, start,
                             prefix_table, prefix_lengths, prefix_rows),
                            ("heads", "pool", "pool", "all", "rows", "rows", "entries", "entries",
@@ -672,7 +683,7 @@ def _cascade_local(q, k_pages, v_pages, layer, page_table, start, prefix_table, 
                    prefix_rows, *, scaling, dtype, block_slots, kernel, read_pages):
     """`paged_attention_shared_prefix` on one shard (or one device) -> ([B, 1, nq, d],)."""
     b, _, nq, d = q.shape
-    page_size, nkv = k_pages.shape[2], k_pages.shape[3]
+    nkv, page_size = k_pages.shape[2:4]
     pn, gp = prefix_rows.shape
     g = nq // nkv
     rows = jnp.where(prefix_rows >= 0, prefix_rows, b).reshape(-1)          # -1 -> dropped
@@ -711,7 +722,7 @@ def _paged_stats(q, k_pages, v_pages, layer, page_table, start, *, scaling, dtyp
             raise ValueError(f"read_pages must be >= 1 (a bound on the pages a row reads), got {read_pages}")
         page_table = page_table[:, :read_pages]
     b, t, nq, d = q.shape
-    _, _, page_size, nkv, _ = k_pages.shape
+    _, _, nkv, page_size, _ = k_pages.shape
     if nq % nkv or k_pages.shape != v_pages.shape or page_table.shape[0] != b or start.shape != (b,):
         raise ValueError(f"paged_attention: q {q.shape}, pages {k_pages.shape} / {v_pages.shape}, "
                          f"page_table {page_table.shape}, start {start.shape} do not agree")
@@ -732,8 +743,8 @@ def _paged_stats(q, k_pages, v_pages, layer, page_table, start, *, scaling, dtyp
     q5 = q.reshape(b, t, nkv, g, d)
     last = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]        # [B, T]
 
-    def read(pool, ids):  # -> [B, bk, nkv, d]
-        return pool[layer, ids].reshape(b, bk, nkv, d)
+    def read(pool, ids):  # [B, pages_per_block, nkv, page_size, d] -> [B, bk, nkv, d]
+        return jnp.swapaxes(pool[layer, ids], 2, 3).reshape(b, bk, nkv, d)
 
     def key_block(j, carry):  # the pools ride in the carry unchanged (see decode_attention)
         stats, (kp, vp) = carry

@@ -78,13 +78,15 @@ def _init(m_sc, l_sc, acc_sc):
 
 
 def _accumulate(q_ref, k_ref, v_ref, visible, v_valid, m_sc, l_sc, acc_sc, *, nkv: int,
-                scaling: float, dtype: Any):
+                scaling: float, dtype: Any, heads_first: bool):
     """One key block into the running statistics, per KV head: q_ref [nkv, R, d], k_ref / v_ref
-    [bk, nkv, d], ``visible`` bool [1, bk]; ``v_valid`` bool [bk, 1] or None (slots whose values
-    are defined: a partial last block's tail is not)."""
+    [bk, nkv, d] (``heads_first``: [nkv, bk, d], a page of the paged pool), ``visible`` bool
+    [1, bk]; ``v_valid`` bool [bk, 1] or None (slots whose values are defined: a partial last
+    block's tail is not)."""
+    head = (lambda ref, h: ref[h]) if heads_first else (lambda ref, h: ref[:, h, :])  # noqa: E731
     for h in range(nkv):
-        k = k_ref[:, h, :].astype(dtype)                                   # [bk, d]
-        v = v_ref[:, h, :].astype(dtype)
+        k = head(k_ref, h).astype(dtype)                                   # [bk, d]
+        v = head(v_ref, h).astype(dtype)
         if v_valid is not None:
             v = jnp.where(v_valid, v, jnp.zeros_like(v))
         sc = jax.lax.dot_general(q_ref[h].astype(dtype), k, (((1,), (1,)), ((), ())),
@@ -112,11 +114,12 @@ def _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, *, nkv: int):
 
 
 def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv: int,
-               scaling: float, dtype: Any):
+               scaling: float, dtype: Any, heads_first: bool = False):
     """Grid step j over a row's key blocks of ``bk`` slots, ``filled`` of them real: reset the
     statistics at block 0, fold in a block that holds filled slots (``visibility(pos)`` ->
     (visible [1, bk], v_valid [bk, 1] or None) for the block's slot positions pos [1, bk]),
-    write out / lse at block ``last``. refs = (q, k, v, out, lse); scratch = (m, l, acc)."""
+    write out / lse at block ``last``. refs = (q, k, v, out, lse); scratch = (m, l, acc);
+    ``heads_first``: as `_accumulate`."""
     q_ref, k_ref, v_ref, out_ref, lse_ref = refs
 
     @pl.when(j == 0)
@@ -127,7 +130,7 @@ def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv:
     def _block_step():
         visible, v_valid = visibility(j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1))
         _accumulate(q_ref, k_ref, v_ref, visible, v_valid, *scratch, nkv=nkv, scaling=scaling,
-                    dtype=dtype)
+                    dtype=dtype, heads_first=heads_first)
 
     @pl.when(j == last)
     def _finish():
@@ -251,13 +254,13 @@ def decode_stats(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: 
 # ============================================================================ paged cache
 def _paged_kernel(table_ref, lengths_ref, layer_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, m_sc,
                   l_sc, acc_sc, *, page_size: int, nkv: int, scaling: float, dtype: Any, last: int):
-    """One grid step (row b, page j of its page table): k_ref / v_ref [page_size, nkv, d] are
+    """One grid step (row b, page j of its page table): k_ref / v_ref [nkv, page_size, d] are
     the page; the row sees its slots s < lengths[b]."""
     del table_ref, layer_ref  # used by the index maps only
     filled = lengths_ref[pl.program_id(0)]
     _grid_step(pl.program_id(1), page_size, filled, last, lambda pos: (pos < filled, None),
                (q_ref, k_ref, v_ref, out_ref, lse_ref), (m_sc, l_sc, acc_sc), nkv=nkv,
-               scaling=scaling, dtype=dtype)
+               scaling=scaling, dtype=dtype, heads_first=True)
 
 
 def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
@@ -266,7 +269,7 @@ def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                        interpret: bool = False) -> tuple[jax.Array, jax.Array]:
     """(out fp32 [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]) of q [B, nkv, R, d] against the
     first ``lengths[b]`` slots of row b in a PAGED cache: pools ``k_pages`` / ``v_pages``
-    [L, P, page_size, nkv, d] read at ``layer``, slot s of row b at page
+    [L, P, nkv, page_size, d] read at ``layer``, slot s of row b at page
     ``page_table[b, s // page_size]`` [B, pages_per_row], offset ``s % page_size``
     (`models.attention.paged_attention`'s layout, on one device: the rollout engine's).
 
@@ -277,8 +280,8 @@ def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     gets out 0 and log-sum-exp ``MASK_VALUE``. ``interpret``: Pallas interpret mode (off TPU)."""
     if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
         raise ValueError(f"k_pages {k_pages.shape} and v_pages {v_pages.shape} must be the same "
-                         "[L, P, page_size, nkv, d]")
-    _, _, page_size, nkv, d = k_pages.shape
+                         "[L, P, nkv, page_size, d]")
+    _, _, nkv, page_size, d = k_pages.shape
     b, pages = page_table.shape
     if q.ndim != 4 or q.shape[0] != b or q.shape[1] != nkv or q.shape[3] != d:
         raise ValueError(f"q must be [B, nkv, R, d] = [{b}, {nkv}, R, {d}], got {q.shape}")
@@ -292,7 +295,7 @@ def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         last_page = jnp.maximum(jax.lax.div(lengths_ref[i] + page_size - 1, page_size) - 1, 0)
         return layer_ref[0], table_ref[i * pages + jnp.minimum(j, last_page)], 0, 0, 0
 
-    kv_spec = pl.BlockSpec((None, None, page_size, nkv, d), kv_map)
+    kv_spec = pl.BlockSpec((None, None, nkv, page_size, d), kv_map)
     cost = declared_cost(b, nkv, r, d, pages, page_size, k_pages.dtype.itemsize, q.dtype.itemsize)
     kernel = functools.partial(_paged_kernel, page_size=page_size, nkv=nkv, scaling=float(scaling),
                                dtype=jnp.dtype(dtype or q.dtype), last=pages - 1)

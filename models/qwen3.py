@@ -466,7 +466,7 @@ class Qwen3Attention(nnx.Module):
             place at (layer_index, :, cache_index) and the stack is returned (a scan then carries
             the cache instead of slicing it out and stacking it back every step);
           kv_layout "decode": one layer, k [B,nkv,d,S] and v [B,nkv,S,d] (see `KVCache`);
-          kv_layout "paged": a layer stack's page pools [Lg,P,page_size,nkv,d] (this layer at
+          kv_layout "paged": a layer stack's page pools [Lg,P,nkv,page_size,d] (this layer at
             ``layer_index``); ``cache_index`` is then (page_table [B, pages], start [B], prefix:
             a `PagedPrefix` or None, read_pages: `PagedKVCache.read_pages`) and the T tokens of row b go to its slots
             start[b]..start[b]+T-1 (`PagedKVCache`).
@@ -1135,7 +1135,10 @@ class PagedPrefix:
 class PagedKVCache:
     """Paged KV cache: one pool of fixed-size pages per layer group, shared by all rows.
 
-    k, v: per layer group [Lg, num_pages, page_size, nkv, d] (normed + rotated keys, values).
+    k, v: per layer group [Lg, num_pages, nkv, page_size, d] (normed + rotated keys, values):
+      a page's heads together, each head's slots before its dims, so the minor two dims
+      (page_size, d) tile without padding whatever nkv is (one KV head per chip on the pod) and
+      the decode kernel reads the pool in its stored layout (no conversion on entry or exit).
     page_table: int32 [B, pages_per_row]: the pages of row b, in order (slot s of the row is
       offset s % page_size of page ``page_table[b, s // page_size]``); several rows may list the
       same page (a shared prompt) as long as none of them writes into it.
@@ -1165,7 +1168,7 @@ class PagedKVCache:
 
     @property
     def page_size(self) -> int:
-        return self.k[0].shape[2]
+        return self.k[0].shape[3]
 
     @property
     def num_pages(self) -> int:
@@ -1186,7 +1189,7 @@ def init_paged_cache(config: ModelConfig, batch: int, *, num_pages: int, page_si
                          f"positive, got {batch}, {num_pages}, {page_size}, {pages_per_row}")
     dtype = dtype or config.dtype
     nkv, d = config.num_key_value_heads, config.head_dim
-    shapes = [(g.count, num_pages, page_size, nkv, d) for g in config.layer_groups()]
+    shapes = [(g.count, num_pages, nkv, page_size, d) for g in config.layer_groups()]
     return PagedKVCache(k=tuple(jnp.zeros(x, dtype) for x in shapes),
                         v=tuple(jnp.zeros(x, dtype) for x in shapes),
                         page_table=jnp.zeros((batch, pages_per_row), jnp.int32),
@@ -1493,7 +1496,7 @@ class Qwen3ForCausalLM(nnx.Module):
         if len(cache.k) != len(groups) or len(cache.v) != len(groups):
             raise ValueError(f"paged cache has {len(cache.k)} layer groups, the model has {len(groups)}")
         for g, (k, v) in enumerate(zip(cache.k, cache.v)):
-            want = (groups[g].count, cache.num_pages, cache.page_size, nkv, d)
+            want = (groups[g].count, cache.num_pages, nkv, cache.page_size, d)
             if k.shape != want or v.shape != want:
                 raise ValueError(f"paged cache group {g}: k/v shapes {k.shape}/{v.shape}, expected {want}")
         if cache.page_table.shape[0] != input_ids.shape[0] or cache.lengths.shape != (input_ids.shape[0],):

@@ -190,6 +190,6 @@ def state_shardings(mesh, mc, state: engine_programs.SlotState) -> engine_progra
     rows, heads, _ = kernel_mesh.row_split(mesh, state.done.shape[0], mc.num_key_value_heads)
     P = jax.sharding.PartitionSpec
     named = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))  # noqa: E731
-    pool = named(None, rows, None, heads)
+    pool = named(None, rows, heads)
     out = jax.tree.map(lambda _: named(rows), state)
     return out._replace(pools=jax.tree.map(lambda _: pool, state.pools))

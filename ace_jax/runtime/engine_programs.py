@@ -41,7 +41,7 @@ def check_route_record(num_experts: int) -> None:
 class SlotState(NamedTuple):
     """The device state of the slots (S = slots)."""
 
-    pools: tuple          # (k, v) per layer group [Lg, pool_pages, page_size, nkv, d]
+    pools: tuple          # (k, v) per layer group [Lg, pool_pages, nkv, page_size, d]
     page_table: jax.Array  # int32 [S, pages_per_row]
     lengths: jax.Array     # int32 [S]: cache slots filled
     logits: jax.Array      # float32 [S, V]: logits of each row's next token

@@ -31,27 +31,55 @@ from ace_jax.runtime.engine_config import EngineConfig, empty_state
 from models import configs as model_configs, qwen3
 
 
-def engine_decode_call(mc: model_configs.ModelConfig, config: EngineConfig,
-                       sampling: generate.SamplingConfig, device: Any
-                       ) -> tuple[tpu_compile.CompiledProgram, engine_programs.SlotState]:
-    """(the compiled decode call, its abstract slot state) of an engine of ``config`` over a
-    model of ``mc`` on one TPU ``device`` (an abstract one, `tpu_compile.topology_devices`): the
-    pool of ``config.pool_pages`` pages, every array in its default layout, the HLO kept."""
+CALLS = ("decode", "prefill")
+
+
+def engine_call(which: str, mc: model_configs.ModelConfig, config: EngineConfig,
+                sampling: generate.SamplingConfig, device: Any
+                ) -> tuple[tpu_compile.CompiledProgram, engine_programs.SlotState]:
+    """(the compiled call, the engine's abstract slot state) of the engine's ``which`` program
+    ("decode": ``sync_every`` steps of every slot, with ``shared_prefixes`` entries when it has
+    some; "prefill": one ``prefill_chunk`` of one prompt) for an engine of ``config`` over a model of ``mc`` on one TPU ``device`` (an abstract
+    one, `tpu_compile.topology_devices`): the pool of ``config.pool_pages`` pages, every array in
+    its default layout, the model on the TPU's code paths, the HLO kept."""
+    if which not in CALLS:
+        raise ValueError(f"engine call {which!r}; valid: {list(CALLS)}")
+    mc = mc.replace(platform="tpu")   # the TPU's code paths (the paged decode kernel), as on a pod
     model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0)))
     graphdef, params = nnx.split(model, nnx.Param)
     knobs = generate.SamplingKnobs.from_config(sampling)
     state = jax.eval_shape(functools.partial(empty_state, mc, config, config.pool_pages,
                                              int(knobs.stop_table.shape[1])))
-    layers = jax.eval_shape(functools.partial(engine_programs.layer_params, graphdef), params)
     mesh = Mesh(np.array([device]), ("fsdp",))
     on_chip = NamedSharding(mesh, P())
     place = lambda tree: jax.tree.map(  # noqa: E731
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_chip), tree)
-    decode = engine_programs.jitted(record_routes=False)[3]
+    host = lambda shape: jax.ShapeDtypeStruct(shape, np.int32, sharding=on_chip)  # noqa: E731
+    prefill, _, _, decode, _, _ = engine_programs.jitted(record_routes=False)
     with jax.set_mesh(mesh):
-        lowered = decode.trace(graphdef, config.sync_every, place(params), place(layers),
-                               place(knobs), place(state), None).lower(lowering_platforms=("tpu",))
+        if which == "decode":
+            layers = jax.eval_shape(functools.partial(engine_programs.layer_params, graphdef),
+                                    params)
+            prefix = None   # the engine passes its shared prefixes' entries when it has some
+            if config.shared_prefixes:
+                n = config.shared_prefixes
+                prefix = qwen3.PagedPrefix(host((n, config.pages_per_row)), host((n,)),
+                                           host((n, config.prefix_rows)))
+            traced = decode.trace(graphdef, config.sync_every, place(params), place(layers),
+                                  place(knobs), place(state), prefix)
+        else:   # one row shard on one chip: one prompt per call
+            traced = prefill.trace(graphdef, place(params), place(state.pools),
+                                   host((1, config.prefill_chunk)), host((1, config.pages_per_row)),
+                                   host((1,)), host((1,)))
+        lowered = traced.lower(lowering_platforms=("tpu",))
     return tpu_compile.compile_program(lowered, keep_hlo=True), state
+
+
+def engine_decode_call(mc: model_configs.ModelConfig, config: EngineConfig,
+                       sampling: generate.SamplingConfig, device: Any
+                       ) -> tuple[tpu_compile.CompiledProgram, engine_programs.SlotState]:
+    """`engine_call` of the decode program."""
+    return engine_call("decode", mc, config, sampling, device)
 
 
 def pool_copies(program: tpu_compile.CompiledProgram, state: engine_programs.SlotState
@@ -62,29 +90,35 @@ def pool_copies(program: tpu_compile.CompiledProgram, state: engine_programs.Slo
     return tpu_compile.large_copies(program.hlo, math.prod(pool.shape) * pool.dtype.itemsize)
 
 
-def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2) -> dict[str, Any]:
-    """The engine's decode call at ``configs/ace30b.py``'s per-chip shape: 32 slots (512 over 16
-    row shards), 1,344 pages of 128 slots per shard, 1 KV head of d = 128 per chip (4 over
-    tensor = 4), ``sync_every`` = 32, bf16; a stand-in model of ``layers`` layers. Each pool
-    array holds every layer's pages, so its bytes grow with the layers, and so may the copies'
-    count (measured: 4 at entry and exit, and 2 per layer inside the decode scan, at 2, 4 and 8
-    layers)."""
-    mc = model_configs.tiny_moe(hidden_size=512, num_attention_heads=4, num_key_value_heads=1,
-                                head_dim=128, num_hidden_layers=layers, vocab_size=1024,
-                                dtype="bfloat16")
+def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2,
+                     kv_heads: int = 1) -> dict[str, Any]:
+    """The engine's decode and prefill calls at ``configs/ace30b.py``'s per-chip shape: 32 slots
+    (512 over 16 row shards), 4 shared prefixes of 8 rows, 1,344 pages of 128 slots per shard,
+    ``kv_heads`` KV heads of d = 128 per chip (ace30b: 1, its 4 over tensor = 4),
+    ``sync_every`` = 32, a prefill chunk of 1,024 tokens, bf16; a stand-in model of ``layers``
+    layers (each pool array holds every layer's pages, so its bytes grow with the layers). Per
+    call: its pool-sized copies (`pool_copies`), those inside a loop (every step or layer), and
+    their bytes."""
+    mc = model_configs.tiny_moe(hidden_size=512, num_attention_heads=4 * kv_heads,
+                                num_key_value_heads=kv_heads, head_dim=128,
+                                num_hidden_layers=layers, vocab_size=1024, dtype="bfloat16")
     config = EngineConfig(slots=32, page_size=128, max_context=12288, num_pages=1344,
-                          sync_every=32)
+                          prefill_chunk=1024, sync_every=32, shared_prefixes=4, prefix_rows=8)
     sampling = generate.SamplingConfig(max_new_tokens=4096, eos_ids=(1,), pad_id=0)
-    program, state = engine_decode_call(mc, config, sampling,
-                                        tpu_compile.topology_devices(topology)[0])
-    copies = pool_copies(program, state)
-    pool = state.pools[0][0]
-    return dict(topology=topology, layers=layers, pool_shape=list(pool.shape),
-                pool_bytes=math.prod(pool.shape) * pool.dtype.itemsize,
-                engine_pool_copies=len(copies),
-                engine_pool_copies_in_scan=sum(c["in_loop"] for c in copies),
-                engine_pool_copy_bytes=sum(c["bytes"] for c in copies),
-                copies=[{k: c[k] for k in ("name", "shape", "bytes", "in_loop")} for c in copies])
+    out: dict[str, Any] = dict(topology=topology, layers=layers, kv_heads=kv_heads)
+    for which in CALLS:
+        program, state = engine_call(which, mc, config, sampling,
+                                     tpu_compile.topology_devices(topology)[0])
+        copies = pool_copies(program, state)
+        pool = state.pools[0][0]
+        out.update(pool_shape=list(pool.shape),
+                   pool_bytes=math.prod(pool.shape) * pool.dtype.itemsize)
+        out[which] = dict(engine_pool_copies=len(copies),
+                          engine_pool_copies_in_loop=sum(c["in_loop"] for c in copies),
+                          engine_pool_copy_bytes=sum(c["bytes"] for c in copies),
+                          copies=[{k: c[k] for k in ("name", "shape", "bytes", "in_loop")}
+                                  for c in copies])
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,8 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--topology", default="v5p:2x2x1")
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--kv_heads", type=int, default=1, help="KV heads per chip")
     args = ap.parse_args(argv)
-    print(json.dumps(pod_chip_figures(args.topology, args.layers), indent=1))
+    print(json.dumps(pod_chip_figures(args.topology, args.layers, args.kv_heads), indent=1))
     return 0
 
 

@@ -135,8 +135,21 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
                     config, shp, layout, graphdef, params, platform=platform).items():
                 lowering[name] = info
                 if compile:
-                    compiled[name] = _compile(lowered, info)
+                    compiled[name] = _compile(lowered, info, keep_hlo=True)
+                    info["pool_copies"] = _pool_copies(compiled[name], info["pool_chip_bytes"])
     return lowering, compiled
+
+
+def _pool_copies(program: tpu_compile.CompiledProgram, pool_chip_bytes: int) -> list[dict] | None:
+    """The copies of a buffer as large as one of the engine's pool arrays per chip in
+    ``program``'s optimised HLO (`tpu_compile.large_copies`: padding counted; a layout
+    conversion of the pool, or a copy of it in a loop), as {shape, bytes, in_loop}; None when it
+    did not compile. Drops the program's HLO text afterwards (it is large and not reported)."""
+    if not program.ok or not program.hlo:
+        return None
+    found = tpu_compile.large_copies(program.hlo, pool_chip_bytes)
+    program.hlo = None
+    return [{k: c[k] for k in ("shape", "bytes", "in_loop")} for c in found]
 
 
 def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, int],
@@ -149,7 +162,8 @@ def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, in
     one ``engine.prefill_chunk`` of a prompt per row shard). Their arguments are what the engine
     holds: the sampler's params and their per-layer slices, the slots' state with the pool, split
     as `engine_config.state_shardings` splits it; the host inputs replicated. ``graphdef`` /
-    ``params``: the learner's (abstract). Returns {name: (info, lowered)} (`_trace_and_lower`)."""
+    ``params``: the learner's (abstract). Returns {name: (info, lowered)} (`_trace_and_lower`,
+    its info with ``pool_chip_bytes``: one pool array's bytes per chip, dense)."""
     splace, smc = layout.placement, layout.model_config
     ecfg = engine_config.engine_config(config.engine,
                                        max_context=shp["prompt_len"] + shp["new_tokens"])
@@ -182,6 +196,10 @@ def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, in
         out["engine_prefill"] = _trace_and_lower(prefill, (
             sgraph, sparams, state.pools, host((shards, ecfg.prefill_chunk)),
             host((shards, ecfg.pages_per_row)), host((shards,)), host((shards,))), platform)
+    pool = state.pools[0][0]
+    chip = math.prod(pool.sharding.shard_shape(pool.shape)) * pool.dtype.itemsize
+    for info, _ in out.values():
+        info["pool_chip_bytes"] = chip
     return out
 
 
@@ -332,7 +350,7 @@ def paged_decode_program(config: ml_collections.ConfigDict, mc: model_configs.Mo
         smc, n, num_pages=pool_pages, page_size=page, pages_per_row=prefix_pages + own))
     P = jax.sharding.PartitionSpec
     mesh = splace.mesh
-    pool_sh = NamedSharding(mesh, P(None, batch_axes, None, head_axis))
+    pool_sh = NamedSharding(mesh, P(None, batch_axes, head_axis))
     rows = lambda shape, dt: jax.ShapeDtypeStruct(  # noqa: E731
         shape, dt, sharding=NamedSharding(mesh, P(batch_axes)))
     window = int(knobs.stop_table.shape[1])

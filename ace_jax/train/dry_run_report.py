@@ -47,6 +47,13 @@ def summary(report: dict) -> dict:
         out["engine_peak_gb"] = round(peak / GB, 3)
         out["engine_fits"] = all(c["ok"] for c in engine) and peak <= frac * me["hbm_bytes"]
         fits = fits and out["engine_fits"]
+        # copies of a pool-sized buffer in the compiled calls' HLO (a layout conversion of the
+        # KV pool, or a copy of it in the decode loop): HBM traffic no kernel's cost declares
+        for name, key in (("engine_decode", "engine_pool_copies"),
+                          ("engine_prefill", "engine_prefill_pool_copies")):
+            copies = report.get("lowering", {}).get(name, {}).get("pool_copies")
+            if copies is not None:
+                out[key] = len(copies)
     out["fits"] = fits
     routes = _routes_bytes(me)
     if routes:          # the learner's MoE routing record (grpo.routing_replay = "R3")

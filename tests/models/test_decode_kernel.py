@@ -161,7 +161,7 @@ def test_kernel_compiles_for_tpu_and_declares_the_filled_blocks():
 # ------------------------------------------------------------------------------------ paged
 def _pool(seed, layers, pages, page_size, nkv, d, dtype):
     rng = np.random.RandomState(seed)
-    return tuple(jnp.asarray(rng.randn(layers, pages, page_size, nkv, d), dtype) for _ in range(2))
+    return tuple(jnp.asarray(rng.randn(layers, pages, nkv, page_size, d), dtype) for _ in range(2))
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -256,7 +256,7 @@ def test_paged_ops_under_a_mesh_run_per_shard(kernel):
     devices = np.array(jax.devices()[:8]).reshape(4, 2)
     mesh = jax.sharding.Mesh(devices, ("data", "tensor"))
     P, named = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
-    pool, rows = named(mesh, P(None, "data", None, "tensor")), named(mesh, P("data"))
+    pool, rows = named(mesh, P(None, "data", "tensor")), named(mesh, P("data"))
     heads = named(mesh, P("data", None, "tensor"))
     args = (jax.device_put(k, pool), jax.device_put(v, pool), jax.device_put(q, heads),
             jax.device_put(new_k, heads), jax.device_put(table, rows), jax.device_put(start, rows),
@@ -294,7 +294,7 @@ def test_paged_write_of_a_decode_step_equals_the_chunk_write():
                                 jnp.concatenate([valid, jnp.zeros_like(valid)], 1))
     for g, w, before in zip(got, want, (k, v)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
-        changed = np.argwhere(np.asarray(g != before).any(axis=(3, 4)))
+        changed = np.argwhere(np.asarray(g != before).any(axis=(2, 4)))
         assert changed.tolist() == [[1, 2, 1], [1, 5, 3]]   # (layer, page, offset) of rows 0, 2
 
 
@@ -367,8 +367,8 @@ def test_paged_kernel_compiles_for_tpu_and_declares_the_table_pages():
                                     jax.sharding.PartitionSpec())
     layers, pages, ps, nkv, g, d, b, per_row = 4, 256, 128, 4, 8, 128, 16, 8
     sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)  # noqa: E731
-    args = (sds((b, 1, nkv * g, d), jnp.bfloat16), sds((layers, pages, ps, nkv, d), jnp.bfloat16),
-            sds((layers, pages, ps, nkv, d), jnp.bfloat16), sds((b, per_row), jnp.int32),
+    args = (sds((b, 1, nkv * g, d), jnp.bfloat16), sds((layers, pages, nkv, ps, d), jnp.bfloat16),
+            sds((layers, pages, nkv, ps, d), jnp.bfloat16), sds((b, per_row), jnp.int32),
             sds((b,), jnp.int32))
     compiled = jax.jit(lambda q, k, v, t, s: paged_attention(
         q, k, v, 2, t, s, scaling=d ** -0.5, kernel="pallas")).lower(*args).compile()
@@ -393,4 +393,9 @@ def test_paged_kernel_compiles_for_tpu_and_declares_the_table_pages():
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     pool = layers * pages * ps * nkv * d * 2
-    assert cost["bytes accessed"] < pool / 100, (cost["bytes accessed"], pool)
+    # ~1% of the pool (each (row, head) update touches its slot's tile); a layout conversion of
+    # the pool around the write (what an update of all of a row's heads at once compiles to)
+    # would read and write it twice over
+    assert cost["bytes accessed"] < pool / 50, (cost["bytes accessed"], pool)
+    from ace_jax.runtime import tpu_compile
+    assert tpu_compile.large_copies(compiled.as_text(), pool) == []

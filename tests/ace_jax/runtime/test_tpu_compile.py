@@ -71,3 +71,16 @@ def test_large_copies_name_the_loop_body_and_skip_small_ones():
     assert [c["bytes"] for c in got] == [8 * 8 * 128 * 2, 4 * 8 * 128 * 2]
     # the padded 1-head copy is 2 x its dense size, still below the bound
     assert tpu_compile.large_copies(hlo, 4 * 128 * 2)[-1]["bytes"] == 4 * 2 * 128 * 2
+
+
+def test_large_copies_finds_a_copy_the_tpu_compiler_made():
+    """A second witness on a compiler's own HLO: swapping a pool's two minor dims compiles to a
+    layout-changing copy of the whole array, which `large_copies` finds (dense bytes: no
+    padding under the (128, 128) minor dims); a bound above it finds none."""
+    sh = NamedSharding(Mesh(np.array(tpu_compile.topology_devices("v5p:2x2x1")[:1]), ("x",)), P())
+    pool = jax.ShapeDtypeStruct((2, 64, 1, 128, 128), jnp.bfloat16, sharding=sh)
+    hlo = jax.jit(lambda p: jnp.swapaxes(p, 3, 4)).lower(pool).compile().as_text()
+    dense = 2 * 64 * 128 * 128 * 2
+    got = tpu_compile.large_copies(hlo, dense)
+    assert [(c["op"], c["bytes"], c["in_loop"]) for c in got] == [("copy", dense, False)]
+    assert tpu_compile.large_copies(hlo, dense + 1) == []

@@ -463,6 +463,17 @@ def test_the_paged_engine_compiled_by_the_tpu_compiler_holds_its_pool():
     comp = report["compiled"]
     assert comp["engine_decode"]["ok"] and comp["engine_prefill"]["ok"], comp
     assert comp["engine_decode"]["mosaic_kernels"] >= 1     # the Pallas paged-attention kernel
+    # the pool-sized copies in the compiled calls' HLO (issue 49), per chip: at this toy head
+    # dim (16) the TPU's default layout for the pool puts its pages minor (no padding) where
+    # the kernel takes it row-major (dims padded to 128 lanes), so the decode call converts K
+    # and V on entry; at ace30b's (head dim 128, 128-slot pages) there is none
+    # (tests/ace_jax/train/test_dry_run_engine.py)
+    chip = 32768 // 2 * L * 8 * NKV * D * 2
+    assert report["lowering"]["engine_decode"]["pool_chip_bytes"] == chip
+    copies = report["lowering"]["engine_decode"]["pool_copies"]
+    assert s["engine_pool_copies"] == len(copies) >= 2, copies
+    assert all(c["bytes"] >= chip for c in copies)
+    assert s["engine_prefill_pool_copies"] == len(report["lowering"]["engine_prefill"]["pool_copies"])
     text = dry_run_report.format_report(report)
     assert "engine_decode" in text and "engine_prefill" in text
     bigger = run(65536)["compiled"]["engine_decode"]

@@ -13,10 +13,9 @@ pytestmark = pytest.mark.skipif(not tpu_compile.libtpu_available(),
                                 reason="libtpu (XLA's TPU compiler) is not installed")
 
 
-def test_pool_copies_are_every_copy_of_a_pool_sized_array_in_the_compiled_call():
-    """At one KV head of d = 128 (the pod's per chip) on v5p: every copy whose result has the
-    pool's dims, found by a plain scan of the HLO text, is one `pool_copies` reports, and none
-    else; those inside the decode scan are marked so."""
+@pytest.fixture(scope="module")
+def decode_call():
+    """The engine's decode call at one KV head of d = 128 (the pod's per chip) on v5p."""
     mc = configs.tiny_moe(hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
                           head_dim=128, num_hidden_layers=2, vocab_size=512, dtype="bfloat16")
     config = EngineConfig(slots=8, page_size=128, max_context=1024, sync_every=4)
@@ -24,6 +23,43 @@ def test_pool_copies_are_every_copy_of_a_pool_sized_array_in_the_compiled_call()
     program, state = dry_run_engine.engine_decode_call(
         mc, config, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
     assert program.ok, program.error
+    return program, state
+
+
+def test_the_decode_call_reads_the_pool_in_place_through_the_kernel(decode_call):
+    """Issue 49 item 1: the call runs the paged decode kernel (the TPU path), holds no copy of a
+    pool-sized buffer (entry, exit or per layer), and every layout it gives the pool tiles
+    without padding: one KV head costs its dense bytes."""
+    program, state = decode_call
+    assert "paged_decode_attention" in program.hlo
+    assert dry_run_engine.pool_copies(program, state) == []
+    pool = state.pools[0][0]
+    dims = "[" + ",".join(map(str, pool.shape)) + "]"
+    layouts = set(re.findall(r"bf16" + re.escape(dims) + r"\{[^}]*\}", program.hlo))
+    assert layouts
+    assert {tpu_compile.padded_bytes(x) for x in layouts} == {pool.size * 2}, layouts
+
+
+def test_the_prefill_call_writes_the_pool_in_place_at_several_kv_heads():
+    """The prefill chunk's write at 2 KV heads per chip (one scatter per head) holds no
+    pool-sized copy: a write of all heads at once makes the TPU compiler convert the pool to a
+    heads-minor layout and back."""
+    mc = configs.tiny_moe(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=128, num_hidden_layers=2, vocab_size=512, dtype="bfloat16")
+    config = EngineConfig(slots=8, page_size=128, max_context=1024, prefill_chunk=256)
+    sampling = generate.SamplingConfig(max_new_tokens=64, eos_ids=(1,), pad_id=0)
+    program, state = dry_run_engine.engine_call(
+        "prefill", mc, config, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
+    assert program.ok, program.error
+    assert dry_run_engine.pool_copies(program, state) == []
+    with pytest.raises(ValueError, match="engine call"):
+        dry_run_engine.engine_call("score", mc, config, sampling, None)
+
+
+def test_pool_copies_are_every_copy_of_a_pool_sized_array_in_the_compiled_call(decode_call):
+    """Every copy whose result has the pool's dims, found by a plain scan of the HLO text, is
+    one `pool_copies` reports, and none else; those inside the decode scan are marked so."""
+    program, state = decode_call
     pool = state.pools[0][0]
     dims = "[" + ",".join(map(str, pool.shape)) + "]"
     plain = [m[1] for m in re.finditer(r"%([\w.\-]+) = \(?bf16" + re.escape(dims)
