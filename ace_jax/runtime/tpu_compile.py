@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import math
 import os
 import re
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +161,14 @@ def large_copies(hlo: str, min_bytes: int) -> list[dict]:
             out.append(dict(name=m["name"], op=m["op"], shape=shape.group(0), bytes=size,
                             computation=computation, in_loop=computation in bodies))
     return out
+
+
+def copies_of(hlo: str, shape: Sequence[int], dtype: Any) -> list[dict]:
+    """`large_copies` of an array of ``shape`` and ``dtype`` (e.g. one KV cache or page pool
+    array per chip): the copies whose result has those dims, in any layout."""
+    dims = ",".join(map(str, shape))
+    dense = math.prod(shape) * np.dtype(dtype).itemsize
+    return [c for c in large_copies(hlo, dense) if _LAID_OUT.search(c["shape"])["dims"] == dims]
 
 
 class TopologyError(ValueError):

@@ -1,16 +1,21 @@
-"""The paged engine's decode call as `ace_jax.runtime.engine.Engine` makes it, compiled for a TPU
-chip, and the page-pool copies in it (issue 49).
+"""The rollout engine's calls as `ace_jax.runtime.engine.Engine` makes them, compiled for a TPU
+chip, and the copies of its KV page pool in them (issue 49); the static generator's rollout the
+same way.
 
-`engine_decode_call` compiles `engine_programs.decode` through the engine's own jit
-(`engine_programs.jitted`: ``sync_every`` decode steps in one scan, the graphdef and the step
-count static, the slots' state donated), with the arguments as the engine holds them: the default
-layouts the engine's arrays are made with, and no ``read_pages`` hint (the engine passes none).
-`pool_copies` reads its optimised HLO for copies of a pool-sized buffer
-(`tpu_compile.large_copies`): a layout conversion of the KV pool on entry or exit, or a copy of
-it inside the scan (every step). Each costs HBM traffic that a kernel's declared cost leaves out,
-and a layout padded by its tile (one KV head under ``T(2,128)``) doubles the bytes.
+`engine_call` compiles `engine_programs.decode` (``sync_every`` decode steps in one scan, with
+the shared prefixes' entries when the engine has some) or `engine_programs.prefill` (one chunk)
+through the engine's own jit (`engine_programs.jitted`: the graphdef and the step count static,
+the slots' state donated), with the arguments as the engine holds them: the default layouts its
+arrays are made with, no ``read_pages`` hint (the engine passes none), and the model on the
+TPU's code paths (the paged decode kernel). `pool_copies` reads the optimised HLO for copies of
+a pool array (`tpu_compile.copies_of`: its dims, any layout): a layout conversion of the pool on entry or
+exit, or a copy of it inside a loop (every step or layer). Each costs HBM traffic that a
+kernel's declared cost leaves out, and a layout padded by its tile (one KV head under
+``T(2,128)``) doubles the bytes. `static_rollout_call` compiles the static generator's rollout
+(`generate._rollout`, ``engine.kind=static``) for the same reading of its cache.
 
     python -m ace_jax.train.dry_run_engine     # the figure at the pod's per-chip shape (JSON)
+    python -m ace_jax.train.dry_run_engine --static   # and the static generator's rollout
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import argparse
 import functools
 import json
 import math
+import re
 import sys
 from typing import Any, Sequence
 
@@ -75,6 +81,46 @@ def engine_call(which: str, mc: model_configs.ModelConfig, config: EngineConfig,
     return tpu_compile.compile_program(lowered, keep_hlo=True), state
 
 
+def static_rollout_call(mc: model_configs.ModelConfig, prompts: int, prompt_len: int,
+                        group_size: int, sampling: generate.SamplingConfig, device: Any
+                        ) -> tuple[tpu_compile.CompiledProgram, list[jax.ShapeDtypeStruct]]:
+    """(the compiled rollout, its cache's arrays per layer group) of the static generator
+    (`generate._rollout`: the prompts' prefill, then the decode loop of every row to
+    ``sampling.max_new_tokens``) for ``prompts`` prompts of ``prompt_len`` tokens x
+    ``group_size`` samples over a model of ``mc`` on one TPU ``device``, on the TPU's code paths
+    (its cache layout, the splash and decode kernels), the HLO kept. The cache's arrays: a layer
+    group's keys of the rows' own slots (with the prompts' keys shared: their new tokens), and
+    of the shared prompts where the rollout shares them (values: the same shapes)."""
+    mc = mc.replace(platform="tpu")
+    graphdef, params = nnx.split(nnx.eval_shape(
+        lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0))), nnx.Param)
+    knobs = generate.SamplingKnobs.from_config(sampling)
+    m = sampling.max_new_tokens
+    mesh = Mesh(np.array([device]), ("fsdp",))
+    on_chip = NamedSharding(mesh, P())
+    place = lambda tree: jax.tree.map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_chip), tree)
+    ids = jax.ShapeDtypeStruct((prompts, prompt_len), np.int32, sharding=on_chip)
+    mask = jax.ShapeDtypeStruct((prompts, prompt_len), np.bool_, sharding=on_chip)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    rollout = jax.jit(generate._rollout, static_argnums=(0, 1, 2, 3))
+    with jax.set_mesh(mesh):
+        lowered = rollout.trace(graphdef, m, group_size, None, place(params), place(knobs), ids,
+                                ids, mask, place(key)).lower(lowering_platforms=("tpu",))
+    cache = jax.eval_shape(lambda: generate.decode_cache(mc, prompts, group_size, prompt_len, m))
+    arrays = [cache.k[0]] + ([cache.prefix.k[0]] if cache.prefix is not None else [])
+    return tpu_compile.compile_program(lowered, keep_hlo=True), arrays
+
+
+def layouts(hlo: str, array: jax.ShapeDtypeStruct) -> dict[str, int]:
+    """{layout: bytes with its padding (`tpu_compile.padded_bytes`)} of every buffer of
+    ``array``'s dtype and dims in an optimised HLO text."""
+    dims = "[" + ",".join(map(str, array.shape)) + "]"
+    dtype = {"bfloat16": "bf16", "float32": "f32"}[array.dtype.name]
+    found = set(re.findall(re.escape(dtype + dims) + r"\{[^}]*\}", hlo))
+    return {x: tpu_compile.padded_bytes(x) for x in sorted(found)}
+
+
 def engine_decode_call(mc: model_configs.ModelConfig, config: EngineConfig,
                        sampling: generate.SamplingConfig, device: Any
                        ) -> tuple[tpu_compile.CompiledProgram, engine_programs.SlotState]:
@@ -84,27 +130,31 @@ def engine_decode_call(mc: model_configs.ModelConfig, config: EngineConfig,
 
 def pool_copies(program: tpu_compile.CompiledProgram, state: engine_programs.SlotState
                 ) -> list[dict]:
-    """The copies in ``program``'s HLO of a buffer at least as large as one of ``state``'s pool
-    arrays (dense bytes): `tpu_compile.large_copies`'s entries."""
+    """The copies in ``program``'s HLO of one of ``state``'s pool arrays (its dims, any layout):
+    `tpu_compile.large_copies`'s entries."""
     pool = state.pools[0][0]
-    return tpu_compile.large_copies(program.hlo, math.prod(pool.shape) * pool.dtype.itemsize)
+    return tpu_compile.copies_of(program.hlo, pool.shape, pool.dtype)
 
 
-def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2,
-                     kv_heads: int = 1) -> dict[str, Any]:
+def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2, kv_heads: int = 1,
+                     static: bool = False, prompt_len: int = 8192) -> dict[str, Any]:
     """The engine's decode and prefill calls at ``configs/ace30b.py``'s per-chip shape: 32 slots
     (512 over 16 row shards), 4 shared prefixes of 8 rows, 1,344 pages of 128 slots per shard,
     ``kv_heads`` KV heads of d = 128 per chip (ace30b: 1, its 4 over tensor = 4),
     ``sync_every`` = 32, a prefill chunk of 1,024 tokens, bf16; a stand-in model of ``layers``
     layers (each pool array holds every layer's pages, so its bytes grow with the layers). Per
     call: its pool-sized copies (`pool_copies`), those inside a loop (every step or layer), and
-    their bytes."""
+    their bytes. ``static``: also the static generator's rollout (`static_rollout_call`: 4
+    prompts of ``prompt_len`` tokens x 8 samples, 4,096 new tokens, the chip's share of
+    ace30b's static rollout): its cache's arrays (dense bytes, and the most any layout of
+    them in its HLO takes with padding) and their copies (`tpu_compile.copies_of`)."""
     mc = model_configs.tiny_moe(hidden_size=512, num_attention_heads=4 * kv_heads,
                                 num_key_value_heads=kv_heads, head_dim=128,
                                 num_hidden_layers=layers, vocab_size=1024, dtype="bfloat16")
     config = EngineConfig(slots=32, page_size=128, max_context=12288, num_pages=1344,
                           prefill_chunk=1024, sync_every=32, shared_prefixes=4, prefix_rows=8)
-    sampling = generate.SamplingConfig(max_new_tokens=4096, eos_ids=(1,), pad_id=0)
+    sampling = generate.SamplingConfig(max_new_tokens=4096, eos_ids=(1,), pad_id=0,
+                                       group_size=8)
     out: dict[str, Any] = dict(topology=topology, layers=layers, kv_heads=kv_heads)
     for which in CALLS:
         program, state = engine_call(which, mc, config, sampling,
@@ -118,6 +168,17 @@ def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2,
                           engine_pool_copy_bytes=sum(c["bytes"] for c in copies),
                           copies=[{k: c[k] for k in ("name", "shape", "bytes", "in_loop")}
                                   for c in copies])
+    if static:
+        program, arrays = static_rollout_call(mc, 4, prompt_len, 8, sampling,
+                                              tpu_compile.topology_devices(topology)[0])
+        dense = [math.prod(a.shape) * a.dtype.itemsize for a in arrays]
+        copies = [c for a in arrays for c in tpu_compile.copies_of(program.hlo, a.shape, a.dtype)]
+        out["static"] = dict(
+            cache_arrays=[dict(shape=list(a.shape), bytes=b,
+                               padded_max=max(layouts(program.hlo, a).values(), default=b))
+                          for a, b in zip(arrays, dense)],
+            cache_copies=len(copies), cache_copies_in_loop=sum(c["in_loop"] for c in copies),
+            copies=[{k: c[k] for k in ("name", "shape", "bytes", "in_loop")} for c in copies])
     return out
 
 
@@ -127,8 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--topology", default="v5p:2x2x1")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--kv_heads", type=int, default=1, help="KV heads per chip")
+    ap.add_argument("--static", action="store_true",
+                    help="also the static generator's rollout (engine.kind=static)")
+    ap.add_argument("--prompt_len", type=int, default=8192, help="the static rollout's prompts")
     args = ap.parse_args(argv)
-    print(json.dumps(pod_chip_figures(args.topology, args.layers, args.kv_heads), indent=1))
+    print(json.dumps(pod_chip_figures(args.topology, args.layers, args.kv_heads, args.static,
+                                      args.prompt_len), indent=1))
     return 0
 
 

@@ -136,18 +136,20 @@ def lower_programs(config: ml_collections.ConfigDict, mc: model_configs.ModelCon
                 lowering[name] = info
                 if compile:
                     compiled[name] = _compile(lowered, info, keep_hlo=True)
-                    info["pool_copies"] = _pool_copies(compiled[name], info["pool_chip_bytes"])
+                    info["pool_copies"] = _pool_copies(compiled[name], info["pool_chip"],
+                                                       info["pool_dtype"])
     return lowering, compiled
 
 
-def _pool_copies(program: tpu_compile.CompiledProgram, pool_chip_bytes: int) -> list[dict] | None:
-    """The copies of a buffer as large as one of the engine's pool arrays per chip in
-    ``program``'s optimised HLO (`tpu_compile.large_copies`: padding counted; a layout
-    conversion of the pool, or a copy of it in a loop), as {shape, bytes, in_loop}; None when it
+def _pool_copies(program: tpu_compile.CompiledProgram, pool_chip: list[int],
+                 dtype: str) -> list[dict] | None:
+    """The copies of one of the engine's pool arrays (its per-chip dims ``pool_chip``, any
+    layout: `tpu_compile.copies_of`, padding counted; a layout conversion of the pool, or a copy
+    of it in a loop) in ``program``'s optimised HLO, as {shape, bytes, in_loop}; None when it
     did not compile. Drops the program's HLO text afterwards (it is large and not reported)."""
     if not program.ok or not program.hlo:
         return None
-    found = tpu_compile.large_copies(program.hlo, pool_chip_bytes)
+    found = tpu_compile.copies_of(program.hlo, pool_chip, dtype)
     program.hlo = None
     return [{k: c[k] for k in ("shape", "bytes", "in_loop")} for c in found]
 
@@ -163,7 +165,8 @@ def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, in
     holds: the sampler's params and their per-layer slices, the slots' state with the pool, split
     as `engine_config.state_shardings` splits it; the host inputs replicated. ``graphdef`` /
     ``params``: the learner's (abstract). Returns {name: (info, lowered)} (`_trace_and_lower`,
-    its info with ``pool_chip_bytes``: one pool array's bytes per chip, dense)."""
+    its info with ``pool_chip``, ``pool_dtype`` and ``pool_chip_bytes``: one pool array's dims,
+    dtype and dense bytes per chip)."""
     splace, smc = layout.placement, layout.model_config
     ecfg = engine_config.engine_config(config.engine,
                                        max_context=shp["prompt_len"] + shp["new_tokens"])
@@ -197,9 +200,10 @@ def engine_programs_lowered(config: ml_collections.ConfigDict, shp: dict[str, in
             sgraph, sparams, state.pools, host((shards, ecfg.prefill_chunk)),
             host((shards, ecfg.pages_per_row)), host((shards,)), host((shards,))), platform)
     pool = state.pools[0][0]
-    chip = math.prod(pool.sharding.shard_shape(pool.shape)) * pool.dtype.itemsize
+    chip = pool.sharding.shard_shape(pool.shape)
     for info, _ in out.values():
-        info["pool_chip_bytes"] = chip
+        info.update(pool_chip=list(chip), pool_dtype=str(pool.dtype),
+                    pool_chip_bytes=math.prod(chip) * pool.dtype.itemsize)
     return out
 
 

@@ -16,6 +16,27 @@ _KNOBS = {
 }
 
 
+def _coresident(report: dict) -> dict[str, int]:
+    """What sits on a chip at once, per phase of a step (bytes per chip), from the compiled
+    programs: during the rollout, the sampler's program at its peak plus the learner's state
+    that stays on chip (master params and AdamW moments: ``learner_state_bytes``); during the
+    learner step, its peak plus what the sampler keeps between rollouts: the engine's whole
+    argument set (the sampler's weights, their per-layer slices, the page pool and the slots'
+    state: `engine.Engine` holds them from call to call), else the static rollout's arguments
+    (the sampler's weights, `generate.Generator.params`; its cache is the program's own). The
+    sampler is the engine where its programs compiled, else the static rollout. Empty without
+    a compiled learner step and sampler, or without the learner state's size."""
+    comp, me = report["compiled"], report["memory"]
+    learner, state = comp.get("learner_step"), me.get("learner_state_bytes")
+    sampler = comp.get("engine_decode") or comp.get("generate_rollout")
+    if not learner or not sampler or state is None or not (learner["ok"] and sampler["ok"]):
+        return {}
+    engine = [comp[k] for k in ("engine_decode", "engine_prefill") if k in comp]
+    rollout_peak = max(c["peak_bytes"] for c in engine) if engine else sampler["peak_bytes"]
+    return dict(rollout_coresident_gb=rollout_peak + state,
+                learner_coresident_gb=learner["peak_bytes"] + sampler["argument_bytes"])
+
+
 def summary(report: dict) -> dict:
     """The one-line JSON result: topology, chips, HBM, and per program the compiled peak per chip
     (decimal GB) and whether everything fits. Without a compile, the analytic totals stand in
@@ -54,6 +75,12 @@ def summary(report: dict) -> dict:
             copies = report.get("lowering", {}).get(name, {}).get("pool_copies")
             if copies is not None:
                 out[key] = len(copies)
+    coresident = _coresident(report)
+    if coresident:
+        out.update({k: round(v / GB, 3) for k, v in coresident.items()})
+        ok = max(coresident.values()) <= frac * me["hbm_bytes"]
+        out["coresident_fits"] = bool(ok)
+        fits = fits and ok
     out["fits"] = fits
     routes = _routes_bytes(me)
     if routes:          # the learner's MoE routing record (grpo.routing_replay = "R3")

@@ -84,3 +84,7 @@ def test_large_copies_finds_a_copy_the_tpu_compiler_made():
     got = tpu_compile.large_copies(hlo, dense)
     assert [(c["op"], c["bytes"], c["in_loop"]) for c in got] == [("copy", dense, False)]
     assert tpu_compile.large_copies(hlo, dense + 1) == []
+    # copies_of: the copies of an array of those dims (any layout), not of another of its size
+    assert [c["name"] for c in tpu_compile.copies_of(hlo, (2, 64, 1, 128, 128), jnp.bfloat16)] \
+        == [got[0]["name"]]
+    assert tpu_compile.copies_of(hlo, (2, 64, 128, 1, 128), jnp.bfloat16) == []

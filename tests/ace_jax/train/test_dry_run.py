@@ -481,5 +481,23 @@ def test_the_paged_engine_compiled_by_the_tpu_compiler_holds_its_pool():
     extra = 32768 // 2 * L * 8 * NKV * D * 2 * 2
     assert extra <= grew <= 16 * extra, (grew, extra)
     assert bigger["alias_bytes"] - comp["engine_decode"]["alias_bytes"] == grew
+    # co-resident (issue 49 item 4): the rollout beside the learner's state, the learner step
+    # beside what the engine holds between calls (its weights, their slices, the pool)
+    me, gb = report["memory"], 1e9
+    state = sum(v["bytes"] for v in me["train"] if v["name"].startswith(("params", "optimizer")))
+    assert me["learner_state_bytes"] == state > 0
+    peak = max(comp[k]["peak_bytes"] for k in ("engine_decode", "engine_prefill"))
+    assert s["rollout_coresident_gb"] == round((peak + state) / gb, 3)
+    assert s["learner_coresident_gb"] == round(
+        (comp["learner_step"]["peak_bytes"] + comp["engine_decode"]["argument_bytes"]) / gb, 3)
+    assert s["coresident_fits"]
+    alone = max(comp[k]["peak_bytes"] for k in comp)   # a budget each program fits in alone
+    together = max(peak + state,
+                   comp["learner_step"]["peak_bytes"] + comp["engine_decode"]["argument_bytes"])
+    assert together > alone, (together, alone)
+    report["max_hbm_fraction"] = (alone + together) / 2 / me["hbm_bytes"]
+    tight = dry_run_report.summary(report)
+    assert tight["learner_fits"] and tight["rollout_fits"] and tight["engine_fits"], tight
+    assert not tight["coresident_fits"] and not tight["fits"], tight
     report["max_hbm_fraction"] = 1e-6                  # a budget nothing fits in
     assert not dry_run_report.summary(report)["engine_fits"]

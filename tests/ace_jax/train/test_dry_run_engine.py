@@ -34,10 +34,10 @@ def test_the_decode_call_reads_the_pool_in_place_through_the_kernel(decode_call)
     assert "paged_decode_attention" in program.hlo
     assert dry_run_engine.pool_copies(program, state) == []
     pool = state.pools[0][0]
-    dims = "[" + ",".join(map(str, pool.shape)) + "]"
-    layouts = set(re.findall(r"bf16" + re.escape(dims) + r"\{[^}]*\}", program.hlo))
-    assert layouts
-    assert {tpu_compile.padded_bytes(x) for x in layouts} == {pool.size * 2}, layouts
+    layouts = dry_run_engine.layouts(program.hlo, pool)
+    assert layouts and all(x.startswith("bf16[" + ",".join(map(str, pool.shape)) + "]{")
+                           for x in layouts)
+    assert set(layouts.values()) == {pool.size * 2}, layouts
 
 
 def test_the_prefill_call_writes_the_pool_in_place_at_several_kv_heads():
