@@ -40,27 +40,35 @@ from models import configs as model_configs, qwen3
 CALLS = ("decode", "prefill")
 
 
+def _on_chip(mc: model_configs.ModelConfig, device: Any):
+    """(the model's graphdef, its abstract params, the one-chip mesh, ``place``: a tree as
+    abstract arrays on the chip) of a model of ``mc`` on the TPU's code paths (its kernels and
+    cache layout, as on a pod) on ``device``."""
+    mc = mc.replace(platform="tpu")
+    graphdef, params = nnx.split(nnx.eval_shape(
+        lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0))), nnx.Param)
+    mesh = Mesh(np.array([device]), ("fsdp",))
+    on_chip = NamedSharding(mesh, P())
+    place = lambda tree: jax.tree.map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_chip), tree)
+    return graphdef, params, mesh, place
+
+
 def engine_call(which: str, mc: model_configs.ModelConfig, config: EngineConfig,
                 sampling: generate.SamplingConfig, device: Any
                 ) -> tuple[tpu_compile.CompiledProgram, engine_programs.SlotState]:
     """(the compiled call, the engine's abstract slot state) of the engine's ``which`` program
     ("decode": ``sync_every`` steps of every slot, with ``shared_prefixes`` entries when it has
-    some; "prefill": one ``prefill_chunk`` of one prompt) for an engine of ``config`` over a model of ``mc`` on one TPU ``device`` (an abstract
-    one, `tpu_compile.topology_devices`): the pool of ``config.pool_pages`` pages, every array in
-    its default layout, the model on the TPU's code paths, the HLO kept."""
+    some; "prefill": one ``prefill_chunk`` of one prompt) for an engine of ``config`` over a
+    model of ``mc`` on one TPU ``device`` (an abstract one, `tpu_compile.topology_devices`): the
+    pool of ``config.pool_pages`` pages, every array in its default layout, the HLO kept."""
     if which not in CALLS:
         raise ValueError(f"engine call {which!r}; valid: {list(CALLS)}")
-    mc = mc.replace(platform="tpu")   # the TPU's code paths (the paged decode kernel), as on a pod
-    model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0)))
-    graphdef, params = nnx.split(model, nnx.Param)
+    graphdef, params, mesh, place = _on_chip(mc, device)
     knobs = generate.SamplingKnobs.from_config(sampling)
     state = jax.eval_shape(functools.partial(empty_state, mc, config, config.pool_pages,
                                              int(knobs.stop_table.shape[1])))
-    mesh = Mesh(np.array([device]), ("fsdp",))
-    on_chip = NamedSharding(mesh, P())
-    place = lambda tree: jax.tree.map(  # noqa: E731
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_chip), tree)
-    host = lambda shape: jax.ShapeDtypeStruct(shape, np.int32, sharding=on_chip)  # noqa: E731
+    host = lambda shape: place(jax.ShapeDtypeStruct(shape, np.int32))  # noqa: E731
     prefill, _, _, decode, _, _ = engine_programs.jitted(record_routes=False)
     with jax.set_mesh(mesh):
         if which == "decode":
@@ -91,23 +99,18 @@ def static_rollout_call(mc: model_configs.ModelConfig, prompts: int, prompt_len:
     (its cache layout, the splash and decode kernels), the HLO kept. The cache's arrays: a layer
     group's keys of the rows' own slots (with the prompts' keys shared: their new tokens), and
     of the shared prompts where the rollout shares them (values: the same shapes)."""
-    mc = mc.replace(platform="tpu")
-    graphdef, params = nnx.split(nnx.eval_shape(
-        lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0))), nnx.Param)
+    graphdef, params, mesh, place = _on_chip(mc, device)
     knobs = generate.SamplingKnobs.from_config(sampling)
     m = sampling.max_new_tokens
-    mesh = Mesh(np.array([device]), ("fsdp",))
-    on_chip = NamedSharding(mesh, P())
-    place = lambda tree: jax.tree.map(  # noqa: E731
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_chip), tree)
-    ids = jax.ShapeDtypeStruct((prompts, prompt_len), np.int32, sharding=on_chip)
-    mask = jax.ShapeDtypeStruct((prompts, prompt_len), np.bool_, sharding=on_chip)
+    ids = place(jax.ShapeDtypeStruct((prompts, prompt_len), np.int32))
+    mask = place(jax.ShapeDtypeStruct((prompts, prompt_len), np.bool_))
     key = jax.eval_shape(lambda: jax.random.key(0))
     rollout = jax.jit(generate._rollout, static_argnums=(0, 1, 2, 3))
     with jax.set_mesh(mesh):
         lowered = rollout.trace(graphdef, m, group_size, None, place(params), place(knobs), ids,
                                 ids, mask, place(key)).lower(lowering_platforms=("tpu",))
-    cache = jax.eval_shape(lambda: generate.decode_cache(mc, prompts, group_size, prompt_len, m))
+    cache = jax.eval_shape(lambda: generate.decode_cache(mc.replace(platform="tpu"), prompts,
+                                                         group_size, prompt_len, m))
     arrays = [cache.k[0]] + ([cache.prefix.k[0]] if cache.prefix is not None else [])
     return tpu_compile.compile_program(lowered, keep_hlo=True), arrays
 
@@ -119,13 +122,6 @@ def layouts(hlo: str, array: jax.ShapeDtypeStruct) -> dict[str, int]:
     dtype = {"bfloat16": "bf16", "float32": "f32"}[array.dtype.name]
     found = set(re.findall(re.escape(dtype + dims) + r"\{[^}]*\}", hlo))
     return {x: tpu_compile.padded_bytes(x) for x in sorted(found)}
-
-
-def engine_decode_call(mc: model_configs.ModelConfig, config: EngineConfig,
-                       sampling: generate.SamplingConfig, device: Any
-                       ) -> tuple[tpu_compile.CompiledProgram, engine_programs.SlotState]:
-    """`engine_call` of the decode program."""
-    return engine_call("decode", mc, config, sampling, device)
 
 
 def pool_copies(program: tpu_compile.CompiledProgram, state: engine_programs.SlotState

@@ -20,8 +20,8 @@ def decode_call():
                           head_dim=128, num_hidden_layers=2, vocab_size=512, dtype="bfloat16")
     config = EngineConfig(slots=8, page_size=128, max_context=1024, sync_every=4)
     sampling = generate.SamplingConfig(max_new_tokens=64, eos_ids=(1,), pad_id=0)
-    program, state = dry_run_engine.engine_decode_call(
-        mc, config, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
+    program, state = dry_run_engine.engine_call(
+        "decode", mc, config, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
     assert program.ok, program.error
     return program, state
 
