@@ -68,7 +68,7 @@ def summary(report: dict) -> dict:
         out["engine_peak_gb"] = round(peak / GB, 3)
         out["engine_fits"] = all(c["ok"] for c in engine) and peak <= frac * me["hbm_bytes"]
         fits = fits and out["engine_fits"]
-        # copies of a pool-sized buffer in the compiled calls' HLO (a layout conversion of the
+        # copies of a pool array in the compiled calls' HLO (a layout conversion of the
         # KV pool, or a copy of it in the decode loop): HBM traffic no kernel's cost declares
         for name, key in (("engine_decode", "engine_pool_copies"),
                           ("engine_prefill", "engine_prefill_pool_copies")):
