@@ -13,17 +13,23 @@ pytestmark = pytest.mark.skipif(not tpu_compile.libtpu_available(),
                                 reason="libtpu (XLA's TPU compiler) is not installed")
 
 
+def _compiled(which: str, kv_heads: int, **engine):
+    """The engine's ``which`` call at ``kv_heads`` KV heads of d = 128 on one v5p chip."""
+    mc = configs.tiny_moe(hidden_size=256, num_attention_heads=2 * kv_heads,
+                          num_key_value_heads=kv_heads, head_dim=128, num_hidden_layers=2,
+                          vocab_size=512, dtype="bfloat16")
+    config = EngineConfig(slots=8, page_size=128, max_context=1024, **engine)
+    sampling = generate.SamplingConfig(max_new_tokens=64, eos_ids=(1,), pad_id=0)
+    program, state = dry_run_engine.engine_call(
+        which, mc, config, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
+    assert program.ok, program.error
+    return program, state
+
+
 @pytest.fixture(scope="module")
 def decode_call():
     """The engine's decode call at one KV head of d = 128 (the pod's per chip) on v5p."""
-    mc = configs.tiny_moe(hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
-                          head_dim=128, num_hidden_layers=2, vocab_size=512, dtype="bfloat16")
-    config = EngineConfig(slots=8, page_size=128, max_context=1024, sync_every=4)
-    sampling = generate.SamplingConfig(max_new_tokens=64, eos_ids=(1,), pad_id=0)
-    program, state = dry_run_engine.engine_call(
-        "decode", mc, config, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
-    assert program.ok, program.error
-    return program, state
+    return _compiled("decode", 1, sync_every=4)
 
 
 def test_the_decode_call_reads_the_pool_in_place_through_the_kernel(decode_call):
@@ -44,16 +50,10 @@ def test_the_prefill_call_writes_the_pool_in_place_at_several_kv_heads():
     """The prefill chunk's write at 2 KV heads per chip (one scatter per head) holds no
     pool-sized copy: a write of all heads at once makes the TPU compiler convert the pool to a
     heads-minor layout and back."""
-    mc = configs.tiny_moe(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=128, num_hidden_layers=2, vocab_size=512, dtype="bfloat16")
-    config = EngineConfig(slots=8, page_size=128, max_context=1024, prefill_chunk=256)
-    sampling = generate.SamplingConfig(max_new_tokens=64, eos_ids=(1,), pad_id=0)
-    program, state = dry_run_engine.engine_call(
-        "prefill", mc, config, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
-    assert program.ok, program.error
+    program, state = _compiled("prefill", 2, prefill_chunk=256)
     assert dry_run_engine.pool_copies(program, state) == []
     with pytest.raises(ValueError, match="engine call"):
-        dry_run_engine.engine_call("score", mc, config, sampling, None)
+        dry_run_engine.engine_call("score", None, None, None, None)
 
 
 def test_pool_copies_are_every_copy_of_a_pool_sized_array_in_the_compiled_call(decode_call):
