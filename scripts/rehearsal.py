@@ -6,9 +6,9 @@
   python scripts/rehearsal.py wait --workdir gs://B/runs/x --step N   # until step N is logged
   python scripts/rehearsal.py summary --root DIR --workdir ... --export ...  # the last JSON line
 
-What stands in for what a user has: the bucket is ``gcp-storage-emulator`` on loopback (the
-variables ``emulator_env`` prints point gcsfs and tensorstore at it); the HF folder is the
-rehearsal's tiny Qwen3-MoE (``configs/ace30b.py:REHEARSAL_MODEL``, seeded init) exported by the
+What stands in for what a user has: the bucket is ``gcp-storage-emulator`` on loopback, served by
+``scripts/gcs_emulator.py`` (the variables ``emulator_env`` prints point gcsfs and tensorstore at
+it); the HF folder is the rehearsal's tiny Qwen3-MoE (``configs/ace30b.py:REHEARSAL_MODEL``, seeded init) exported by the
 project's HF exporter, with the real Qwen3 tokenizer files beside it; the competitions are made by
 MLE-bench's own prepare code on small synthetic raw files (``ace_jax.env.mlebench_data``).
 """
@@ -40,13 +40,12 @@ def emulator_env(port: int) -> dict[str, str]:
 
 
 def start_emulator(port: int, log: str, pidfile: str, bucket: str = BUCKET) -> None:
-    """Starts ``gcp-storage-emulator`` (in memory, one bucket) detached; returns when it answers."""
-    exe = shutil.which("gcp-storage-emulator") or str(pathlib.Path(sys.executable).parent
-                                                       / "gcp-storage-emulator")
-    if not os.path.exists(exe):
+    """Starts ``scripts/gcs_emulator.py`` (gcp-storage-emulator, in memory, one bucket, an upload
+    cut short stores nothing) detached; returns when it answers."""
+    if importlib.util.find_spec("gcp_storage_emulator") is None:
         sys.exit("gcp-storage-emulator is not installed (pip install -r requirements-test.txt)")
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port),
-                             "--in-memory", "--default-bucket", bucket, "-q"],
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "gcs_emulator.py"),
+                             "--port", str(port), "--bucket", bucket],
                             stdout=subprocess.DEVNULL, stderr=open(log, "wb"),
                             start_new_session=True)
     pathlib.Path(pidfile).write_text(str(proc.pid))

@@ -1,4 +1,5 @@
-"""Fixtures for ace_jax tests: a real GCS emulator on loopback and a fault-injecting HTTP proxy.
+"""Fixtures for ace_jax tests: a real GCS emulator on loopback (``scripts/gcs_emulator.py``) and a
+fault-injecting HTTP proxy.
 
 gcsfs is told not to probe for hierarchical/zonal buckets over gRPC+TLS (which an emulator cannot
 answer and which stalls for minutes): ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` must be set
@@ -7,7 +8,6 @@ before gcsfs is first imported, hence at the top of this file. The tests also bu
 """
 import http.client
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +23,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
 BUCKET = "ace-test"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -53,16 +54,14 @@ class Emulator:
 
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
-    exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
-    if not os.path.exists(exe):
-        pytest.skip("gcp-storage-emulator is not installed (pip install gcp-storage-emulator)")
+    pytest.importorskip("gcp_storage_emulator", reason="pip install -r requirements-test.txt")
     port = _free_port()
     # Its log goes to a file: the emulator serves one request at a time and prints a traceback
     # for a request it cannot handle, so an undrained pipe would stall it once full.
     log_path = tmp_path_factory.mktemp("gcs_emulator") / "emulator.log"
     log = open(log_path, "wb")
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory",
-                             "--default-bucket", BUCKET, "-q"],
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "gcs_emulator.py"),
+                             "--port", str(port), "--bucket", BUCKET],
                             stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.time() + 30
     while True:
