@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["TopologyError", "LibtpuMissingError", "CompiledProgram", "libtpu_available",
-           "topology_devices", "hbm_bytes", "compile_program", "collective_bytes",
+           "topology_devices", "hbm_bytes", "compile_program", "collective_bytes", "collective_hops",
            "EXAMPLE_TOPOLOGIES", "HBM_TRAFFIC_OPTIONS"]
 
 EXAMPLE_TOPOLOGIES = ("v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4", "v4:2x2x2", "v5e:4x4", "v6e:4x4")
@@ -56,6 +56,7 @@ _COLLECTIVE = re.compile(
 _ARRAY = re.compile(r"\b(pred|[subf]\d+|bf16)\[([\d,]*)\]")
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[(?P<mesh>[^\]]*)\]\s*\{(?P<axes>[^}]*)\}")
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -68,11 +69,19 @@ def _array_bytes(shape: str) -> list[int]:
 
 
 def _group_size(line: str) -> int:
+    """Devices per replica group: ``{{0,1,..},..}``, ``[groups,size]<=[n]`` or the mesh form
+    ``mesh['a'=4,'b'=2] {'a'}`` (the product of the named axes' sizes)."""
     m = _GROUPS_LIST.search(line)
     if m:
         return len([d for d in m[1].split(",") if d])
     m = _GROUPS_IOTA.search(line)
-    return int(m[2]) if m else 1
+    if m:
+        return int(m[2])
+    m = _GROUPS_MESH.search(line)
+    if m:
+        sizes = {name: int(n) for name, n in re.findall(r"'([^']+)'=(\d+)", m["mesh"])}
+        return int(np.prod([sizes[a] for a in re.findall(r"'([^']+)'", m["axes"])] or [1]))
+    return 1
 
 
 def collective_bytes(hlo: str) -> dict[str, int]:
@@ -253,6 +262,7 @@ class CompiledProgram:
     flops: float = 0.0
     hbm_bytes: float = 0.0    # cost_analysis "bytes accessed" (HBM traffic with hbm_traffic=True)
     collective_bytes: dict = dataclasses.field(default_factory=dict)  # `collective_bytes`
+    collective_hops: dict = dataclasses.field(default_factory=dict)   # `collective_hops`
     mosaic_kernels: int = 0   # Pallas (Mosaic) kernel calls in the optimised HLO, e.g. splash
     oom: bool = False
     error: str = ""
@@ -265,6 +275,29 @@ class CompiledProgram:
         d = dataclasses.asdict(self)
         d.pop("hlo")
         return d
+
+
+def collective_hops(hlo: str) -> dict[str, int]:
+    """The collective ops of an optimised HLO text and the ICI hops they wait through, per device
+    (one count per instruction, like `collective_bytes`; an async ``-start`` counts once).
+
+    A group of ``n`` devices is taken as a bidirectional ring: an all-gather, reduce-scatter or
+    all-to-all waits ``n // 2`` hops, an all-reduce (a reduce-scatter then an all-gather) twice
+    that, a collective-permute one; a group of one device none. Returns {"ops": int, "hops": int}.
+    What a hop costs is the caller's constant (`ace_jax.train.dry_run_speed.CHIPS`).
+    """
+    ops = hops = 0
+    for line in hlo.splitlines():
+        m = _COLLECTIVE.search(line)
+        if not m:
+            continue
+        n = _group_size(line)
+        if m["op"] != "collective-permute" and n <= 1:
+            continue
+        ops += 1
+        hops += (1 if m["op"] == "collective-permute"
+                 else 2 * (n // 2) if m["op"] == "all-reduce" else n // 2)
+    return dict(ops=ops, hops=hops)
 
 
 def compile_program(lowered: Any, *, keep_hlo: bool = False,
@@ -301,5 +334,6 @@ def compile_program(lowered: Any, *, keep_hlo: bool = False,
                            flops=float((cost or {}).get("flops", 0.0)),
                            hbm_bytes=float((cost or {}).get("bytes accessed", 0.0)),
                            collective_bytes=collective_bytes(hlo),
+                           collective_hops=collective_hops(hlo),
                            mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'),
                            hlo=hlo if keep_hlo else None)

@@ -88,3 +88,16 @@ def test_large_copies_finds_a_copy_the_tpu_compiler_made():
     assert [c["name"] for c in tpu_compile.copies_of(hlo, (2, 64, 1, 128, 128), jnp.bfloat16)] \
         == [got[0]["name"]]
     assert tpu_compile.copies_of(hlo, (2, 64, 128, 1, 128), jnp.bfloat16) == []
+
+
+def test_collective_hops_of_a_program_the_tpu_compiler_made():
+    """A second witness beside the hand-written HLO (test_dry_run.py): a sum over 4 chips of a
+    v5p:2x2x1 compiles to one all-reduce of a group of 4 (2 x 4 // 2 = 4 hops); the same sum over
+    a mesh axis of 1 device compiles to none."""
+    devices = np.array(tpu_compile.topology_devices("v5p:2x2x1"))
+    for n, want in ((4, dict(ops=1, hops=4)), (1, dict(ops=0, hops=0))):
+        mesh = Mesh(devices[:n], ("x",))
+        x = jax.ShapeDtypeStruct((n * 8, 128), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+        out = NamedSharding(mesh, P())
+        hlo = jax.jit(lambda a: a.sum(0), out_shardings=out).lower(x).compile().as_text()
+        assert tpu_compile.collective_hops(hlo) == want, hlo

@@ -334,13 +334,19 @@ def test_collective_bytes_from_optimised_hlo():
         "%cp = (f32[16]{0}, f32[16]{0}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%z)",
         "%a2a = s32[4,4]{1,0} all-to-all(%w), replica_groups={{0,1,2,3}}",
         "%add = f32[8]{0} add(%u, %v)",
+        # the mesh form of the groups (newer XLA): the named axes' sizes multiply, 2 x 2 = 4
+        "%rs2 = bf16[8]{0:T(128)} reduce-scatter(%q), channel_id=3, "
+        "replica_groups=mesh['axis_0'=2,'axis_1'=2,'axis_2'=4] {'axis_0','axis_1'}, dimensions={0}",
     ])
     got = tpu_compile.collective_bytes(hlo)
     assert got["all-gather"] == 32 * 8 * 2 + 64 * 2048 * 2
     assert got["all-reduce"] == 2 * (32 * 2048 * 2 + 32 * 8 * 2)
-    assert got["reduce-scatter"] == 8 * 2048 * 4 * 4
+    assert got["reduce-scatter"] == 8 * 2048 * 4 * 4 + 8 * 2 * 4
     assert got["collective-permute"] == 16 * 4 and got["all-to-all"] == 16 * 4
     assert got["total"] == sum(got[k] for k in tpu_compile.COLLECTIVES)
+    # ops and ring hops: ag 4 // 2, ar 2 x (2 // 2), rs 4 // 2, ag-start 2 // 2 (its -done
+    # skipped), cp 1, a2a 4 // 2, rs2 4 // 2
+    assert tpu_compile.collective_hops(hlo) == dict(ops=7, hops=2 + 2 + 2 + 1 + 1 + 2 + 2)
 
 
 def test_roofline_names_the_binding_term_and_layers_extrapolate():
