@@ -49,7 +49,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from ace_jax.rl import learner
-from ace_jax.runtime import generate, placement as placement_lib, sampler_layout, sharding, tpu_compile
+from ace_jax.runtime import (engine_config, generate, placement as placement_lib, sampler_layout,
+                             sharding, tpu_compile)
 from ace_jax.train import dry_run_analytic as analytic
 from ace_jax.train.dry_run_analytic import GB
 from ace_jax.train import dry_run_speed
@@ -92,6 +93,9 @@ def default_config() -> ml_collections.ConfigDict:
     # compiler) and their real per-chip memory is reported; "" = the abstract plan only.
     c.topology = ""                  # e.g. "v5p:4x4x4" (64 chips)
     c.max_hbm_fraction = 1.0         # a compiled program "fits" when its peak <= this x HBM
+    # decode_useful_tok_s_chip's completion lengths: fractions of the new-token budget, cycled
+    # over the rollout's rows (illustrative, not measured; "" for no useful figure)
+    c.completion_mix = "0.25,0.5,0.75,1.0"
     return c
 
 
@@ -259,7 +263,12 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
                                         shp=shp, layers=L, chips=chips, n_act=n_act,
                                         prefill_s=time_s["prefill_s"], decode_min=decode_min,
                                         key_blocks=decode_key_blocks(shp, shared_prefix),
-                                        paged_pages=paged_decode_pages(shp, int(config.engine.page_size)))
+                                        paged_pages=paged_decode_pages(shp, int(config.engine.page_size)),
+                                        engine_kind=engine_config.resolve_kind(
+                                            config.engine.kind, layout.placement.mesh.size),
+                                        slots=int(config.engine.slots),
+                                        sync_every=int(config.engine.sync_every),
+                                        completion_mix=str(dry.get("completion_mix", "")))
 
     report = {
         "model": dict(preset=config.model.preset, hf_path=str(config.model.get("hf_path", "")),

@@ -333,8 +333,6 @@ def paged_decode_program(config: ml_collections.ConfigDict, mc: model_configs.Mo
     step is told so (``read_pages``), so the paged kernel's grid and its declared cost are the
     pages this step reads (with lengths traced they would be the whole table). Sampling: only the
     branch the config takes, as `decode_step_program`."""
-    from jax.experimental.layout import Format, Layout  # local: only the cost programs need it
-
     n, p, m, g = shp["rows"], shp["prompt_len"], shp["new_tokens"], shp["group_size"]
     page = int(config.engine.page_size)
     graphdef, params = _abstract_model(mc)
@@ -376,15 +374,10 @@ def paged_decode_program(config: ml_collections.ConfigDict, mc: model_configs.Mo
                                       prefix if prefix_pages else None, read_pages=own,
                                       truncate=truncate)
 
-    # the pools' and the per-layer weights' memory layouts left to the compiler, as
-    # `decode_step_program` leaves the cache's and the weights' (the engine's loop carries the
-    # pools; it holds the per-layer slices, `engine_programs.layer_params`)
-    pools = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), state.pools)
-    auto = jax.tree.map(lambda _: None, state)._replace(pools=pools)
+    # the pools and the per-layer weights in their default layouts, the state donated: as the
+    # engine jits its decode (`engine_programs.programs`)
     per_layer = layout.abstract_layer_params(sampler_graphdef, params)
-    auto_layers = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), per_layer)
-    jitted = jax.jit(step, in_shardings=(None, auto_layers, None, auto, None),
-                     out_shardings=(auto, None, None, None, None), donate_argnums=(3,))
+    jitted = jax.jit(step, donate_argnums=(3,))
     with splace.context():
         info, lowered = _trace_and_lower(
             jitted, (layout.abstract_params(params), per_layer, knobs, state, prefix), platform)

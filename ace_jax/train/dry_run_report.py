@@ -93,7 +93,10 @@ def summary(report: dict) -> dict:
                    decode_collective_gb=round(sp["decode_collective_gb"], 4),
                    reshard_s=round(sp["reshard_s"], 4),
                    learner_flops_ratio=round(sp["learner_flops_ratio"], 3),
-                   step_s_estimate=round(sp["step_s_estimate"], 1))
+                   step_s_estimate=round(sp["step_s_estimate"], 1), decode_engine=sp["decode_engine"])
+        for key in ("decode_tok_s_chip_serial", "decode_useful_tok_s_chip"):
+            if key in sp:
+                out[key] = round(sp[key], 1)
         if "paged_decode_tok_s_chip" in sp:
             out.update(paged_decode_tok_s_chip=round(sp["paged_decode_tok_s_chip"], 1),
                        paged_decode_hbm_gb=round(sp["paged_decode_hbm_gb"], 3))

@@ -21,6 +21,17 @@ and for two layers, and the cost of L layers is extrapolated exactly (every laye
 the same program): ``cost(L) = cost(1) + (L - 1) x (cost(2) - cost(1))``. The learner is costed
 per microbatch (one microbatch's rows, one log-prob chunk) and multiplied by the microbatches.
 
+The serial figure (``*_serial``) charges what the max leaves out, per chip and step:
+
+    t_serial = max(FLOPs / peak, HBM bytes / HBM BW) + collective bytes / ICI_axis
+               + ring hops x hop latency
+
+compute and HBM overlapping inside a kernel but no collective overlapping either; ICI_axis is
+one torus axis's bidirectional bandwidth (a collective along one axis uses its two links, not
+the chip's six), the hops are counted from the compiled HLO (`tpu_compile.collective_hops`),
+and a hop's latency is the table's constant with its source (`CHIPS`). It is the figure the RL
+step estimate uses for the decode of the engine the config runs (``decode_engine``).
+
 Decode is costed as the rollout's average step: a step reads the filled key blocks only, so its
 cost is affine in the number of blocks it reads, and the costs of two compiled steps (the middle
 of the rollout and the last, full-cache step) interpolate exactly to the mean block count over
@@ -32,23 +43,32 @@ reads (`dry_run_programs.paged_decode_pages`), and reported beside the static ge
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ace_jax.train.dry_run_analytic import GB
 
-__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "average_step", "paged_decode", "speed_section"]
+__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "serial", "average_step", "paged_decode",
+           "useful_fraction", "completion_lengths", "speed_section"]
 
 # Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
+# ``ici_axis_gbps`` and ``hop_latency_us`` (the serial figure's): the scaling book ("How to Scale
+# Your Model", jax-ml/scaling-book): tpus.md's table gives v5p 9e10 B/s one-way per link,
+# 1.8e11 bidirectional (one axis with its wraparound); sharding.md: "Each hop over an ICI link
+# has some intrinsic overhead regardless of the data volume. This is typically around 1us" (its
+# own profile of a 3-hop gather took ~8 us, so 1 us per hop is a floor).
 CHIPS: dict[str, dict[str, Any]] = {
     "TPU v5p": dict(peak_tflops_bf16=459.0, hbm_gbps=2765.0, ici_gbps=1200.0, hbm_gib=95.0,
+                    ici_axis_gbps=180.0, hop_latency_us=1.0,
                     source="Google Cloud TPU v5p documentation (459 TFLOP/s bf16, 95 GiB HBM2e at "
-                           "2,765 GB/s, ICI 1,200 GB/s bidirectional per chip)"),
+                           "2,765 GB/s, ICI 1,200 GB/s bidirectional per chip); per axis 180 GB/s "
+                           "and 1 us per ICI hop from the scaling book (jax-ml/scaling-book)"),
 }
 
 
 def _cost(c: dict) -> dict[str, float]:
     return dict(flops=float(c["flops"]), hbm_bytes=float(c["hbm_bytes"]),
-                collective_bytes=float(c["collective_bytes"].get("total", 0)))
+                collective_bytes=float(c["collective_bytes"].get("total", 0)),
+                hops=float((c.get("collective_hops") or {}).get("hops", 0)))
 
 
 def extrapolate(one: dict, two: dict, layers: int) -> dict[str, float]:
@@ -76,12 +96,27 @@ def roofline(cost: dict[str, float], chip: dict[str, float]) -> dict[str, Any]:
     return dict(cost, **terms, seconds=terms[bound], bound=bound[:-2])
 
 
+def serial(cost: dict[str, float], chip: dict[str, float]) -> dict[str, Any] | None:
+    """The serial seconds of one program per chip (see the module docstring); None when the
+    chip has no per-axis ICI figure or hop latency (`CHIPS`)."""
+    if chip.get("ici_axis_gbps") is None or chip.get("hop_latency_us") is None:
+        return None
+    compute_s = max(cost["flops"] / (chip["peak_tflops_bf16"] * 1e12),
+                    cost["hbm_bytes"] / (chip["hbm_gbps"] * GB))
+    ici_s = cost["collective_bytes"] / (chip["ici_axis_gbps"] * GB)
+    latency_s = cost["hops"] * chip["hop_latency_us"] * 1e-6
+    return dict(compute_s=compute_s, ici_axis_s=ici_s, latency_s=latency_s, hops=cost["hops"],
+                seconds=compute_s + ici_s + latency_s)
+
+
 def chip_figures(dry) -> dict[str, Any]:
     """The chip's figures: the config's ``dry_run`` values, with the table's source when the chip
-    is in `CHIPS`."""
-    source = CHIPS.get(str(dry.chip), {}).get("source", "the config's dry_run section")
+    is in `CHIPS` (and then its per-axis ICI bandwidth and hop latency, else None)."""
+    known = CHIPS.get(str(dry.chip), {})
     return dict(chip=str(dry.chip), peak_tflops_bf16=float(dry.peak_tflops_bf16),
-                hbm_gbps=float(dry.hbm_bw_gbps), ici_gbps=float(dry.ici_gbps), source=source)
+                hbm_gbps=float(dry.hbm_bw_gbps), ici_gbps=float(dry.ici_gbps),
+                ici_axis_gbps=known.get("ici_axis_gbps"), hop_latency_us=known.get("hop_latency_us"),
+                source=known.get("source", "the config's dry_run section"))
 
 
 def average_step(compiled: dict[str, dict], prefix: str, layers: int, fill: dict[str, float],
@@ -106,16 +141,61 @@ def paged_decode(compiled: dict[str, dict], layers: int, pages: dict[str, float]
     return average_step(compiled, "paged_", layers, pages, chip)[0]
 
 
+def useful_fraction(lengths: Sequence[int], slots: int, sync_every: int = 1) -> dict[str, float]:
+    """The share of a rollout's decode slot-steps that make a token the learner keeps.
+
+    ``len(lengths)`` rows of those completion lengths (tokens, each >= 1), in order, on
+    ``slots`` slots, in calls of ``sync_every`` steps: a row enters a free slot at a call's start
+    and decodes until its length; its slot then idles to the call's end; the rollout lasts until
+    the last row ends (the learner waits for it). The static generator is ``slots = rows``,
+    ``sync_every = 1``. Returns {"steps": decode steps, "fraction": sum(lengths) / (slots x
+    steps)}."""
+    if not lengths or slots < 1 or sync_every < 1 or min(lengths) < 1:
+        raise ValueError(f"need rows of >= 1 token, slots >= 1 and sync_every >= 1, got "
+                         f"{len(lengths)} rows (min {min(lengths, default=0)}), {slots}, {sync_every}")
+    queue, running, steps = list(lengths), [], 0
+    while queue or running:
+        while queue and len(running) < slots:
+            running.append(queue.pop(0))
+        running = [r - sync_every for r in running if r > sync_every]
+        steps += sync_every
+    return dict(steps=float(steps), fraction=sum(lengths) / (slots * steps))
+
+
+def completion_lengths(mix: str, rows: int, new_tokens: int) -> list[int]:
+    """``rows`` completion lengths from ``mix`` ("0.25,0.5,1": fractions of the new-token budget,
+    cycled over the rows), each at least one token."""
+    try:
+        fracs = [float(x) for x in str(mix).split(",") if x.strip()]
+    except ValueError as e:
+        raise ValueError(f"dry_run.completion_mix {mix!r}: fractions separated by commas") from e
+    if not fracs or not all(0 < f <= 1 for f in fracs):
+        raise ValueError(f"dry_run.completion_mix {mix!r}: fractions in (0, 1] of the budget")
+    return [max(1, round(fracs[i % len(fracs)] * new_tokens)) for i in range(rows)]
+
+
+def _serial_fields(prefix: str, step: dict[str, Any], chip: dict, rows_per_chip: float) -> dict:
+    s = serial(step, chip)
+    return {} if s is None else {f"{prefix}decode_serial": s,
+                                 f"{prefix}decode_tok_s_chip_serial": rows_per_chip / s["seconds"]}
+
+
 def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers: int, chips: int,
                   n_act: int, prefill_s: float, decode_min: dict[str, float],
-                  key_blocks: dict[str, float], paged_pages: dict[str, float] | None = None
-                  ) -> dict[str, Any]:
+                  key_blocks: dict[str, float], paged_pages: dict[str, float] | None = None,
+                  engine_kind: str = "static", slots: int = 0, sync_every: int = 1,
+                  completion_mix: str = "") -> dict[str, Any]:
     """The report's ``speed`` section from the cost programs (`cost_programs`), or {} when any
     is missing or failed. Per chip; seconds; tokens/s. ``decode_min``: the bytes a decode step
     must read at the mean fill (`dry_run_analytic.decode_min_bytes`), whose HBM time is the
     bound beside the compiled figure; ``key_blocks``: `dry_run_programs.decode_key_blocks`;
     ``paged_pages``: `dry_run_programs.paged_decode_pages` (the paged engine's decode figures,
-    ``paged_decode*``, when its programs compiled)."""
+    ``paged_decode*``, when its programs compiled). ``engine_kind`` (the resolved
+    ``config.engine.kind``) names the engine whose decode the RL step estimate and
+    ``decode_tok_s_chip_serial`` price (``decode_engine``): the paged engine's figures when they
+    compiled, else the static generator's. ``completion_mix`` (`completion_lengths`; "" for
+    none), ``slots`` and ``sync_every`` (the paged engine's) give ``decode_useful_tok_s_chip``:
+    the serial figure times `useful_fraction`."""
     names = ("decode_step_L1", "decode_step_L2", "decode_last_L1", "decode_last_L2", "reshard",
              "learner_microbatch_L1", "learner_microbatch_L2")
     if not all(compiled.get(n, {}).get("ok") for n in names):
@@ -133,15 +213,28 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     # tokens the step trains on: each group's prompt once and its G completions
     trained_tokens = b * (p + g * m)
     learner_flops_ratio = learner["flops"] * chips / (6.0 * n_act * trained_tokens)
-    rollout_s = prefill_s + m * decode["seconds"]
-    step_s = rollout_s + reshard["seconds"] + learner["seconds"]
     paged = None if paged_pages is None else paged_decode(compiled, layers, paged_pages, chip)
+    out = _serial_fields("static_", decode, chip, rows_per_chip)
     if paged is not None:
-        paged = dict(paged_decode=paged, paged_decode_own_pages=dict(paged_pages),
-                     paged_decode_tok_s_chip=rows_per_chip / paged["seconds"],
-                     paged_decode_hbm_gb=paged["hbm_bytes"] / GB)
+        out.update(paged_decode=paged, paged_decode_own_pages=dict(paged_pages),
+                   paged_decode_tok_s_chip=rows_per_chip / paged["seconds"],
+                   paged_decode_hbm_gb=paged["hbm_bytes"] / GB,
+                   **_serial_fields("paged_", paged, chip, rows_per_chip))
+    engine = "paged" if engine_kind == "paged" and paged is not None else "static"
+    runs = out.get(f"{engine}_decode_serial")
+    if runs is not None:
+        out.update(decode_tok_s_chip_serial=out[f"{engine}_decode_tok_s_chip_serial"])
+        if completion_mix:
+            lengths = completion_lengths(completion_mix, n, m)
+            use = (useful_fraction(lengths, slots or n, sync_every) if engine == "paged"
+                   else useful_fraction(lengths, n))
+            out.update(decode_useful=dict(use, mix=completion_mix),
+                       decode_useful_tok_s_chip=out["decode_tok_s_chip_serial"] * use["fraction"])
+    # the engine's decode: serial seconds where the chip's constants are known, else the max
+    rollout_s = prefill_s + m * (runs or (paged if engine == "paged" else decode))["seconds"]
+    step_s = rollout_s + reshard["seconds"] + learner["seconds"]
     return dict(
-        paged or {},
+        out, decode_engine=engine,
         chip=chip, decode=decode, decode_last=last, reshard=reshard, learner=learner,
         decode_rows_per_chip=rows_per_chip, decode_key_blocks=dict(key_blocks),
         decode_tok_s_chip=decode_tok_s_chip,
@@ -191,8 +284,24 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
         "The compiled figure is the one this report uses; the bound is what a step cannot do without",
         f"  learner FLOPs / (6 x N_act x trained tokens {speed['trained_tokens']:,}) = "
         f"{speed['learner_flops_ratio']:.2f} (trained tokens: each prompt once + G completions)",
-        f"  RL step estimate {speed['step_s_estimate']:.1f} s = prefill {speed['prefill_s']:.1f} "
-        f"(analytic, at the MFU) + decode {speed['rollout_s'] - speed['prefill_s']:.1f} + reshard "
-        f"{speed['reshard_s']:.3f} + learner {speed['learner_s']:.1f}",
     ]
+    for engine in ("static", "paged"):
+        s = speed.get(f"{engine}_decode_serial")
+        if s:
+            lines.append(
+                f"  {engine} decode, serial: {speed[f'{engine}_decode_tok_s_chip_serial']:,.0f} "
+                f"tokens/s per chip (= max(FLOP, HBM) {s['compute_s'] * 1e3:.3f} ms + ICI at "
+                f"{c['ici_axis_gbps']:.0f} GB/s per axis {s['ici_axis_s'] * 1e3:.3f} ms + "
+                f"{s['hops']:.0f} hops x {c['hop_latency_us']:g} us {s['latency_s'] * 1e3:.3f} ms)")
+    if "decode_useful" in speed:
+        u = speed["decode_useful"]
+        lines.append(
+            f"  useful decode: {speed['decode_useful_tok_s_chip']:,.0f} tokens/s per chip (serial x "
+            f"{u['fraction']:.3f}: completions at {u['mix']} of the budget, the rollout "
+            f"{u['steps']:.0f} steps until its longest row ends; an illustrative mix, not measured)")
+    lines.append(
+        f"  RL step estimate {speed['step_s_estimate']:.1f} s = prefill {speed['prefill_s']:.1f} "
+        f"(analytic, at the MFU) + decode {speed['rollout_s'] - speed['prefill_s']:.1f} (the "
+        f"{speed['decode_engine']} engine, serial where the chip's constants are known) + reshard "
+        f"{speed['reshard_s']:.3f} + learner {speed['learner_s']:.1f}; no host round trips")
     return lines

@@ -354,10 +354,52 @@ def test_roofline_names_the_binding_term_and_layers_extrapolate():
     one = dict(flops=1e12, hbm_bytes=2e9, collective_bytes={"total": 1e8})
     two = dict(flops=3e12, hbm_bytes=3e9, collective_bytes={"total": 1e8})
     cost = dry_run_speed.extrapolate(one, two, 4)            # + 3 layers of (2e12, 1e9, 0)
-    assert cost == dict(flops=7e12, hbm_bytes=5e9, collective_bytes=1e8)
+    assert cost == dict(flops=7e12, hbm_bytes=5e9, collective_bytes=1e8, hops=0.0)
     r = dry_run_speed.roofline(cost, chip)
     assert r["bound"] == "flops" and r["seconds"] == pytest.approx(0.07)
     assert r["hbm_s"] == pytest.approx(0.005) and r["ici_s"] == pytest.approx(0.001)
+
+
+def test_the_serial_figure_adds_ici_per_axis_and_a_latency_per_hop():
+    """max(FLOP, HBM) + collective bytes / one axis's ICI + hops x hop latency; layers
+    extrapolate the hops too; no figure for a chip without the constants."""
+    chip = dict(peak_tflops_bf16=100.0, hbm_gbps=1000.0, ici_gbps=1200.0, ici_axis_gbps=200.0,
+                hop_latency_us=1.0)
+    one = dict(flops=1e9, hbm_bytes=2e9, collective_bytes={"total": 1e8},
+               collective_hops=dict(ops=3, hops=10))
+    two = dict(flops=2e9, hbm_bytes=3e9, collective_bytes={"total": 2e8},
+               collective_hops=dict(ops=6, hops=20))
+    cost = dry_run_speed.extrapolate(one, two, 3)     # 4e9 HBM bytes, 3e8 coll bytes, 30 hops
+    s = dry_run_speed.serial(cost, chip)
+    assert s["compute_s"] == pytest.approx(4e-3) and s["ici_axis_s"] == pytest.approx(1.5e-3)
+    assert s["hops"] == 30 and s["latency_s"] == pytest.approx(30e-6)
+    assert s["seconds"] == pytest.approx(4e-3 + 1.5e-3 + 30e-6)
+    # the max figure is never above the serial one
+    assert dry_run_speed.roofline(cost, chip)["seconds"] <= s["seconds"]
+    assert dry_run_speed.serial(cost, dict(chip, hop_latency_us=None)) is None
+
+
+def test_useful_fraction_waits_for_the_longest_row_and_idles_to_the_call_end():
+    """Tokens kept / slot-steps: one wave of rows ends with its longest; a row's slot idles to
+    the end of its call; with more rows than slots, a freed slot takes the next row at a call's
+    start."""
+    one_wave = dry_run_speed.useful_fraction([1, 2, 3, 4], slots=4)
+    assert one_wave == dict(steps=4.0, fraction=10 / 16)
+    # calls of 3 steps: the rollout's 4 steps take 2 calls
+    assert dry_run_speed.useful_fraction([1, 2, 3, 4], slots=4, sync_every=3) == dict(
+        steps=6.0, fraction=10 / 24)
+    # 2 slots, calls of 2: rows 4 and 1 first; the 1-row's slot frees at step 2 and takes the
+    # 3-row (steps 2-5, its slot idle at 5); the 4-row's slot frees at 4 and takes the 2-row
+    # (steps 4-6): 6 steps
+    got = dry_run_speed.useful_fraction([4, 1, 3, 2], slots=2, sync_every=2)
+    assert got == dict(steps=6.0, fraction=10 / 12)
+    with pytest.raises(ValueError):
+        dry_run_speed.useful_fraction([0, 3], slots=2)
+    assert dry_run_speed.completion_lengths("0.25,1", 5, 100) == [25, 100, 25, 100, 25]
+    assert dry_run_speed.completion_lengths("0.001", 2, 100) == [1, 1]
+    for bad in ("0,1", "1.5", "a,b", ""):
+        with pytest.raises(ValueError, match="completion_mix"):
+            dry_run_speed.completion_lengths(bad, 4, 100)
 
 
 def test_decode_key_blocks_and_the_average_step_between_two_programs():
@@ -439,6 +481,16 @@ def test_sampler_layout_decode_moves_tokens_not_weights():
         page_kv = 32 // 8 * 8 * (2 * 2 * D * 2 + 4)
         grew = costs["paged_decode_last_L1"]["hbm_bytes"] - costs["paged_decode_step_L1"]["hbm_bytes"]
         assert page_kv <= grew < 3 * page_kv, (grew, page_kv)
+        # the serial figure of the engine the config runs: its collectives' hops read from the
+        # HLO, never faster than the same step's max figure
+        eng = s["decode_engine"]
+        tok_max = speed["paged_decode_tok_s_chip" if eng == "paged" else "decode_tok_s_chip"]
+        assert s["decode_tok_s_chip_serial"] == round(speed[f"{eng}_decode_tok_s_chip_serial"], 1)
+        assert speed[f"{eng}_decode_serial"]["hops"] > 0, speed[f"{eng}_decode_serial"]
+        assert 0 < speed[f"{eng}_decode_tok_s_chip_serial"] <= tok_max
+        # the default mix's rows end at 1/4 ... 1 of the budget: the learner keeps under 5/8
+        # of the serial figure's tokens
+        assert s["decode_useful_tok_s_chip"] <= 0.625 * s["decode_tok_s_chip_serial"] + 0.1
     expert_weights = 3 * E * H * IM * 2                         # one layer, bf16
     assert per_layer["own"] < expert_weights / 4, per_layer    # 32 rows x H, not the weights
     assert per_layer["shared"] > expert_weights / 2, per_layer  # the gathered weights (7/8 of them)
