@@ -615,8 +615,8 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
       scaling, dtype: as `blockwise_attention`.
       block_slots: slots read per step of the loop (rounded to whole pages).
       kernel: as `decode_attention`'s; a decode step (T == 1) with "pallas" / "pallas_interpret"
-        runs `models.decode_kernel.paged_decode_stats` (the TPU kernel: one page per grid step,
-        read in place by its page id); chunks (T > 1) always take the loop.
+        runs `models.decode_kernel.paged_decode_stats` (the TPU kernel: several pages per grid
+        step, each read in place by its page id); chunks (T > 1) always take the loop.
       read_pages: None, or a static bound on the pages any row reads: only the first
         ``read_pages`` columns of the table are read, so the kernel's grid and its declared cost
         cover those (`qwen3.PagedKVCache.read_pages`; the caller promises the bound).

@@ -31,8 +31,9 @@ kernel runs in ``jax.shard_map``, rows over the batch axes and KV heads over 'te
 (``interpret=True``: the tests).
 
 `paged_decode_stats` is the same online softmax over a PAGED cache (the rollout engine's:
-`models.attention.paged_attention`): grid (row, page of the row's table), each page DMA'd from
-the stacked pool by its id (scalar-prefetched page table, lengths and layer), on one device.
+`models.attention.paged_attention`): grid (row, step over the row's table), a step reading
+several pages, each DMA'd from the stacked pool by its id (scalar-prefetched page table, lengths
+and layer), on one device.
 """
 from __future__ import annotations
 
@@ -47,10 +48,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 from models.kernel_mesh import mesh_specs
 
-__all__ = ["MASK_VALUE", "LANES", "decode_stats", "paged_decode_stats", "declared_cost"]
+__all__ = ["MASK_VALUE", "LANES", "PAGED_STEP_SLOTS", "decode_stats", "paged_decode_stats",
+           "pages_per_step", "step_page", "declared_cost"]
 
 MASK_VALUE = float(np.finfo(np.float32).min)   # as models.attention: a finite "minus infinity"
 LANES = 128                                    # TPU lane width: the key block's multiple
+PAGED_STEP_SLOTS = 512                         # slots a paged grid step reads (4 pages of 128)
 _F32 = jnp.float32
 
 
@@ -115,22 +118,26 @@ def _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, *, nkv: int):
 
 def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv: int,
                scaling: float, dtype: Any, heads_first: bool = False):
-    """Grid step j over a row's key blocks of ``bk`` slots, ``filled`` of them real: reset the
-    statistics at block 0, fold in a block that holds filled slots (``visibility(pos)`` ->
-    (visible [1, bk], v_valid [bk, 1] or None) for the block's slot positions pos [1, bk]),
-    write out / lse at block ``last``. refs = (q, k, v, out, lse); scratch = (m, l, acc);
-    ``heads_first``: as `_accumulate`."""
-    q_ref, k_ref, v_ref, out_ref, lse_ref = refs
+    """Grid step j over a row's key blocks of ``bk`` slots, ``filled`` of them real, ``len(kv)``
+    blocks per step: reset the statistics at step 0, fold in each block t (block j x len(kv) + t)
+    that holds filled slots (``visibility(pos)`` -> (visible [1, bk], v_valid [bk, 1] or None)
+    for the block's slot positions pos [1, bk]), write out / lse at step ``last``. refs = (q, kv,
+    out, lse), kv a tuple of (k, v) block refs; scratch = (m, l, acc); ``heads_first``: as
+    `_accumulate`."""
+    q_ref, kv, out_ref, lse_ref = refs
 
     @pl.when(j == 0)
     def _start():
         _init(*scratch)
 
-    @pl.when(j * bk < filled)
-    def _block_step():
-        visible, v_valid = visibility(j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1))
-        _accumulate(q_ref, k_ref, v_ref, visible, v_valid, *scratch, nkv=nkv, scaling=scaling,
-                    dtype=dtype, heads_first=heads_first)
+    for t, (k_ref, v_ref) in enumerate(kv):
+        start = (j * len(kv) + t) * bk
+
+        @pl.when(start < filled)
+        def _block_step(start=start, k_ref=k_ref, v_ref=v_ref):
+            visible, v_valid = visibility(start + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1))
+            _accumulate(q_ref, k_ref, v_ref, visible, v_valid, *scratch, nkv=nkv,
+                        scaling=scaling, dtype=dtype, heads_first=heads_first)
 
     @pl.when(j == last)
     def _finish():
@@ -151,7 +158,7 @@ def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_r
                 jnp.transpose(pos < s) if s % bk else None)
 
     _grid_step(pl.program_id(1), bk, filled, last, visibility,
-               (q_ref, k_ref, v_ref, out_ref, lse_ref), (m_sc, l_sc, acc_sc), nkv=nkv,
+               (q_ref, ((k_ref, v_ref),), out_ref, lse_ref), (m_sc, l_sc, acc_sc), nkv=nkv,
                scaling=scaling, dtype=dtype)
 
 
@@ -252,32 +259,55 @@ def decode_stats(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: 
 
 
 # ============================================================================ paged cache
-def _paged_kernel(table_ref, lengths_ref, layer_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, m_sc,
-                  l_sc, acc_sc, *, page_size: int, nkv: int, scaling: float, dtype: Any, last: int):
-    """One grid step (row b, page j of its page table): k_ref / v_ref [nkv, page_size, d] are
-    the page; the row sees its slots s < lengths[b]."""
+def _paged_kernel(table_ref, lengths_ref, layer_ref, q_ref, *refs, page_size: int, nkv: int,
+                  scaling: float, dtype: Any, last: int):
+    """One grid step (row b, step j over its page table): refs = (k_0 .. k_{n-1}, v_0 ..
+    v_{n-1}, out, lse, m, l, acc), k_t / v_t [nkv, page_size, d] the step's page t; the row sees
+    its slots s < lengths[b]."""
     del table_ref, layer_ref  # used by the index maps only
+    n = (len(refs) - 5) // 2
+    kv = tuple(zip(refs[:n], refs[n:2 * n]))
+    out_ref, lse_ref, *scratch = refs[2 * n:]
     filled = lengths_ref[pl.program_id(0)]
     _grid_step(pl.program_id(1), page_size, filled, last, lambda pos: (pos < filled, None),
-               (q_ref, k_ref, v_ref, out_ref, lse_ref), (m_sc, l_sc, acc_sc), nkv=nkv,
-               scaling=scaling, dtype=dtype, heads_first=True)
+               (q_ref, kv, out_ref, lse_ref), tuple(scratch), nkv=nkv, scaling=scaling,
+               dtype=dtype, heads_first=True)
+
+
+def pages_per_step(pages: int, page_size: int) -> int:
+    """Pages a grid step of `paged_decode_stats` reads: ``PAGED_STEP_SLOTS`` slots' worth, at
+    least one, at most the table's ``pages``."""
+    return max(1, min(pages, PAGED_STEP_SLOTS // page_size))
+
+
+def step_page(t, j, last_page, n: int):
+    """The table index that operand ``t`` of ``n`` reads at grid step ``j`` (int32 scalars) for
+    a row whose last filled page is ``last_page``: page j x n + t while filled, else the page
+    it read at its last filled step (no new DMA), and ``last_page`` for t > last_page."""
+    held = t + n * jnp.minimum(j, jax.lax.div(jnp.maximum(last_page - t, 0), n))
+    return jnp.where(t <= last_page, held, last_page)
 
 
 def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                        page_table: jax.Array, lengths: jax.Array, layer: jax.Array | int, *,
-                       scaling: float, dtype: Any = None,
-                       interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+                       scaling: float, dtype: Any = None, interpret: bool = False,
+                       per_step: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(out fp32 [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]) of q [B, nkv, R, d] against the
     first ``lengths[b]`` slots of row b in a PAGED cache: pools ``k_pages`` / ``v_pages``
     [L, P, nkv, page_size, d] read at ``layer``, slot s of row b at page
     ``page_table[b, s // page_size]`` [B, pages_per_row], offset ``s % page_size``
     (`models.attention.paged_attention`'s layout, on one device: the rollout engine's).
 
-    Grid (row, page): each step DMAs one page of K and one of V; a row's steps past its last
-    filled page map to that page again, which Pallas does not copy twice. The declared cost is
-    every page of the table (the fills are traced: an upper bound;
-    ``read_pages`` of `models.attention.paged_attention` narrows the table to the pages read). A row with ``lengths[b] == 0``
-    gets out 0 and log-sum-exp ``MASK_VALUE``. ``interpret``: Pallas interpret mode (off TPU)."""
+    Grid (row, step): a step reads ``per_step`` pages (default `pages_per_step`) of K and of V,
+    each its own operand, which Pallas double-buffers (the next step's pages are DMA'd while
+    this step computes); the page ids and lengths are scalar-prefetched (SMEM). Only the pages in
+    use are read: page t of a step past the row's last filled page maps to the page that operand
+    held at the step before, which Pallas does not copy again (a row with fewer pages than
+    ``per_step`` reads its last page for the missing ones). The declared cost is every page of
+    the table (the fills are traced: an upper bound; ``read_pages`` of
+    `models.attention.paged_attention` narrows the table to the pages read). A row with
+    ``lengths[b] == 0`` gets out 0 and log-sum-exp ``MASK_VALUE``. ``interpret``: Pallas
+    interpret mode (off TPU)."""
     if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
         raise ValueError(f"k_pages {k_pages.shape} and v_pages {v_pages.shape} must be the same "
                          "[L, P, nkv, page_size, d]")
@@ -288,18 +318,24 @@ def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     if lengths.shape != (b,):
         raise ValueError(f"lengths must be [B] = [{b}], got {lengths.shape}")
     r = q.shape[2]
+    n = per_step or pages_per_step(pages, page_size)
+    if not 1 <= n <= pages:
+        raise ValueError(f"per_step must be in [1, {pages}] (the table's pages), got {n}")
+    steps = -(-pages // n)
 
-    def kv_map(i, j, table_ref, lengths_ref, layer_ref):
-        # lax.div (truncating; lengths >= 0): jnp's floor division lowers through `sign`, which
-        # needs a real TPU's generation to lower (see `_local`)
-        last_page = jnp.maximum(jax.lax.div(lengths_ref[i] + page_size - 1, page_size) - 1, 0)
-        return layer_ref[0], table_ref[i * pages + jnp.minimum(j, last_page)], 0, 0, 0
+    def kv_map(t: int):
+        def index(i, j, table_ref, lengths_ref, layer_ref):
+            # lax.div (truncating; operands >= 0): jnp's floor division lowers through `sign`,
+            # which needs a real TPU's generation to lower (see `_local`)
+            last_page = jnp.maximum(jax.lax.div(lengths_ref[i] + page_size - 1, page_size) - 1, 0)
+            return layer_ref[0], table_ref[i * pages + step_page(t, j, last_page, n)], 0, 0, 0
+        return pl.BlockSpec((None, None, nkv, page_size, d), index)
 
-    kv_spec = pl.BlockSpec((None, None, nkv, page_size, d), kv_map)
+    specs = [kv_map(t) for t in range(n)]
     cost = declared_cost(b, nkv, r, d, pages, page_size, k_pages.dtype.itemsize, q.dtype.itemsize)
     kernel = functools.partial(_paged_kernel, page_size=page_size, nkv=nkv, scaling=float(scaling),
-                               dtype=jnp.dtype(dtype or q.dtype), last=pages - 1)
-    return _pallas_call(kernel, "paged_decode_attention", 3, (b, pages), [kv_spec, kv_spec],
+                               dtype=jnp.dtype(dtype or q.dtype), last=steps - 1)
+    return _pallas_call(kernel, "paged_decode_attention", 3, (b, steps), specs + specs,
                         (b, nkv, r, d), cost, interpret)(
         page_table.astype(jnp.int32).reshape(-1), lengths.astype(jnp.int32),
-        jnp.asarray(layer, jnp.int32).reshape(1), q, k_pages, v_pages)
+        jnp.asarray(layer, jnp.int32).reshape(1), q, *(k_pages,) * n, *(v_pages,) * n)

@@ -12,8 +12,9 @@
   its declared cost: the filled key blocks, not the whole cache (skipped without libtpu);
 * the paged variant (`paged_decode_stats`, a decode step of `attention.paged_attention`) equals
   the pure-JAX page loop: rows sharing pages, partial and full last pages, an empty row, a
-  layer of a stack, fp32 and bf16; a model's decode step into a paged cache gives the same
-  logits with it; it compiles for TPU and declares the pages of the table.
+  layer of a stack, fp32 and bf16; steps of several pages at 1, 2 and 4 KV heads, each filled
+  page read once; a model's decode step into a paged cache gives the same logits with it; it
+  compiles for TPU (4 pages a step, 4 KV heads and 1) and declares the pages of the table.
 """
 from __future__ import annotations
 
@@ -191,6 +192,50 @@ def test_paged_kernel_equals_the_page_loop(dtype):
                                          scaling=1.0, interpret=True)
     with pytest.raises(ValueError, match="decode kernel"):
         paged_attention(q, k, v, 1, table, start, scaling=1.0, kernel="fast")
+
+
+@pytest.mark.parametrize("nkv", [1, 2, 4])
+def test_paged_kernel_reads_several_pages_per_step(nkv):
+    """Steps of 1, 2, 3 and 7 pages over a 7-page table (3 does not divide it): rows filled to
+    0, 1, 16 (one whole page), 17, 50, 112 (the whole table) and 33 slots, each equal to the
+    pure-JAX page loop, at 1, 2 and 4 KV heads; a step wider than the table is refused."""
+    layers, pages, ps, r, d, b = 2, 56, 16, 2, 128, 7
+    k, v = _pool(7, layers, pages, ps, nkv, d, jnp.float32)
+    rng = np.random.RandomState(8)
+    table = jnp.asarray(rng.permutation(np.arange(1, pages))[:b * 7].reshape(b, 7), jnp.int32)
+    lengths = jnp.asarray([0, 1, 16, 17, 50, 112, 33], jnp.int32)
+    q = jnp.asarray(rng.randn(b, 1, nkv * r, d), jnp.float32)
+    kw = dict(scaling=d ** -0.5, dtype=jnp.float32)
+    want = paged_attention(q, k, v, 1, table, lengths - 1, block_slots=ps, kernel="xla", **kw)
+    for per_step in (1, 2, 3, 7):
+        out, lse = decode_kernel.paged_decode_stats(q.reshape(b, nkv, r, d), k, v, table, lengths,
+                                                    1, interpret=True, per_step=per_step, **kw)
+        assert_close(np.asarray(out.reshape(b, 1, nkv * r, d)), np.asarray(want),
+                     reduction_len=112, dtype=jnp.float32)
+        np.testing.assert_array_equal(np.asarray(lse[0]), decode_kernel.MASK_VALUE)
+    with pytest.raises(ValueError, match="per_step"):
+        decode_kernel.paged_decode_stats(q.reshape(b, nkv, r, d), k, v, table, lengths, 1,
+                                         interpret=True, per_step=8, **kw)
+
+
+def test_a_multi_page_step_reads_each_filled_page_once():
+    """The pages each operand reads step by step (`step_page`): a new page is a DMA, the same
+    page as at the step before is not (Pallas skips it). Over a 7-page table a row DMAs each of
+    its filled pages once (at least ``n`` pages: a row with fewer re-reads its last one), and
+    every filled page is read at the step that folds it in."""
+    pages = 7
+    for n in (1, 2, 3, 4, 7):
+        steps = -(-pages // n)
+        for filled_pages in range(1, pages + 1):
+            last = jnp.int32(filled_pages - 1)
+            seen = [[int(decode_kernel.step_page(jnp.int32(t), jnp.int32(j), last, n))
+                     for j in range(steps)] for t in range(n)]
+            dmas = sum(1 + sum(a != b for a, b in zip(s, s[1:])) for s in seen)
+            assert dmas == max(filled_pages, n), (n, filled_pages, seen)
+            for j in range(steps):
+                for t in range(n):
+                    if j * n + t < filled_pages:
+                        assert seen[t][j] == j * n + t
 
 
 @pytest.mark.parametrize("kernel", ["xla", "pallas_interpret"])
@@ -373,6 +418,12 @@ def test_paged_kernel_compiles_for_tpu_and_declares_the_table_pages():
     compiled = jax.jit(lambda q, k, v, t, s: paged_attention(
         q, k, v, 2, t, s, scaling=d ** -0.5, kernel="pallas")).lower(*args).compile()
     assert "paged_decode_attention" in compiled.as_text()
+    # 4 pages of 128 a grid step (`pages_per_step`), also at the pod's one KV head per chip
+    assert decode_kernel.pages_per_step(per_row, ps) == 4
+    one_head = [sds((b, 1, g, d), jnp.bfloat16), *(sds((layers, pages, 1, ps, d), jnp.bfloat16),) * 2,
+                args[3], args[4]]
+    assert "paged_decode_attention" in jax.jit(lambda q, k, v, t, s: paged_attention(
+        q, k, v, 2, t, s, scaling=d ** -0.5, kernel="pallas")).lower(*one_head).compile().as_text()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     table_kv = 2 * b * per_row * ps * nkv * d * 2        # every page of the table, K and V, bf16
