@@ -283,10 +283,11 @@ def collective_hops(hlo: str) -> dict[str, int]:
 
     A group of ``n`` devices is taken as a bidirectional ring: an all-gather, reduce-scatter or
     all-to-all waits ``n // 2`` hops, an all-reduce (a reduce-scatter then an all-gather) twice
-    that, a collective-permute one; a group of one device none. Returns {"ops": int, "hops": int}.
-    What a hop costs is the caller's constant (`ace_jax.train.dry_run_speed.CHIPS`).
+    that, a collective-permute one; a group of one device none. Returns {"ops": int, "hops": int,
+    "by_group": {"<kind> x<n>": [ops, hops]}}. What a hop costs is the caller's constant
+    (`ace_jax.train.dry_run_speed.CHIPS`).
     """
-    ops = hops = 0
+    by_group: dict[str, list[int]] = {}
     for line in hlo.splitlines():
         m = _COLLECTIVE.search(line)
         if not m:
@@ -294,10 +295,13 @@ def collective_hops(hlo: str) -> dict[str, int]:
         n = _group_size(line)
         if m["op"] != "collective-permute" and n <= 1:
             continue
-        ops += 1
-        hops += (1 if m["op"] == "collective-permute"
-                 else 2 * (n // 2) if m["op"] == "all-reduce" else n // 2)
-    return dict(ops=ops, hops=hops)
+        hops = (1 if m["op"] == "collective-permute"
+                else 2 * (n // 2) if m["op"] == "all-reduce" else n // 2)
+        row = by_group.setdefault(f"{m['op']} x{n}", [0, 0])
+        row[0] += 1
+        row[1] += hops
+    return dict(ops=sum(r[0] for r in by_group.values()),
+                hops=sum(r[1] for r in by_group.values()), by_group=by_group)
 
 
 def compile_program(lowered: Any, *, keep_hlo: bool = False,

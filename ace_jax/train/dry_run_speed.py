@@ -47,8 +47,8 @@ from typing import Any, Sequence
 
 from ace_jax.train.dry_run_analytic import GB
 
-__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "serial", "average_step", "paged_decode",
-           "useful_fraction", "completion_lengths", "speed_section"]
+__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "serial", "hops_per_layer",
+           "average_step", "paged_decode", "useful_fraction", "completion_lengths", "speed_section"]
 
 # Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
 # ``ici_axis_gbps`` and ``hop_latency_us`` (the serial figure's): the scaling book ("How to Scale
@@ -174,10 +174,22 @@ def completion_lengths(mix: str, rows: int, new_tokens: int) -> list[int]:
     return [max(1, round(fracs[i % len(fracs)] * new_tokens)) for i in range(rows)]
 
 
-def _serial_fields(prefix: str, step: dict[str, Any], chip: dict, rows_per_chip: float) -> dict:
+def hops_per_layer(one: dict, two: dict) -> dict[str, list[int]]:
+    """A layer's collectives by kind and group size, {"<kind> x<n>": [ops, hops]}: the 2-layer
+    program's (`tpu_compile.collective_hops` ``by_group``) less the 1-layer program's."""
+    g1, g2 = ((c.get("collective_hops") or {}).get("by_group", {}) for c in (one, two))
+    out = {k: [g2.get(k, [0, 0])[i] - g1.get(k, [0, 0])[i] for i in (0, 1)] for k in {*g1, *g2}}
+    return {k: v for k, v in sorted(out.items()) if v != [0, 0]}
+
+
+def _serial_fields(prefix: str, step: dict[str, Any], chip: dict, rows_per_chip: float,
+                   compiled: dict[str, dict], program: str) -> dict:
     s = serial(step, chip)
-    return {} if s is None else {f"{prefix}decode_serial": s,
-                                 f"{prefix}decode_tok_s_chip_serial": rows_per_chip / s["seconds"]}
+    if s is None:
+        return {}
+    s["per_layer"] = hops_per_layer(compiled[f"{program}_L1"], compiled[f"{program}_L2"])
+    return {f"{prefix}decode_serial": s,
+            f"{prefix}decode_tok_s_chip_serial": rows_per_chip / s["seconds"]}
 
 
 def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers: int, chips: int,
@@ -214,12 +226,13 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     trained_tokens = b * (p + g * m)
     learner_flops_ratio = learner["flops"] * chips / (6.0 * n_act * trained_tokens)
     paged = None if paged_pages is None else paged_decode(compiled, layers, paged_pages, chip)
-    out = _serial_fields("static_", decode, chip, rows_per_chip)
+    out = _serial_fields("static_", decode, chip, rows_per_chip, compiled, "decode_step")
     if paged is not None:
         out.update(paged_decode=paged, paged_decode_own_pages=dict(paged_pages),
                    paged_decode_tok_s_chip=rows_per_chip / paged["seconds"],
                    paged_decode_hbm_gb=paged["hbm_bytes"] / GB,
-                   **_serial_fields("paged_", paged, chip, rows_per_chip))
+                   **_serial_fields("paged_", paged, chip, rows_per_chip, compiled,
+                                    "paged_decode_step"))
     engine = "paged" if engine_kind == "paged" and paged is not None else "static"
     runs = out.get(f"{engine}_decode_serial")
     if runs is not None:
@@ -292,7 +305,9 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
                 f"  {engine} decode, serial: {speed[f'{engine}_decode_tok_s_chip_serial']:,.0f} "
                 f"tokens/s per chip (= max(FLOP, HBM) {s['compute_s'] * 1e3:.3f} ms + ICI at "
                 f"{c['ici_axis_gbps']:.0f} GB/s per axis {s['ici_axis_s'] * 1e3:.3f} ms + "
-                f"{s['hops']:.0f} hops x {c['hop_latency_us']:g} us {s['latency_s'] * 1e3:.3f} ms)")
+                f"{s['hops']:.0f} hops x {c['hop_latency_us']:g} us {s['latency_s'] * 1e3:.3f} ms); "
+                f"a layer's collectives [ops, hops]: "
+                + ", ".join(f"{k} {v}" for k, v in s.get("per_layer", {}).items()))
     if "decode_useful" in speed:
         u = speed["decode_useful"]
         lines.append(

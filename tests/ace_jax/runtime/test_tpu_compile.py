@@ -95,7 +95,8 @@ def test_collective_hops_of_a_program_the_tpu_compiler_made():
     v5p:2x2x1 compiles to one all-reduce of a group of 4 (2 x 4 // 2 = 4 hops); the same sum over
     a mesh axis of 1 device compiles to none."""
     devices = np.array(tpu_compile.topology_devices("v5p:2x2x1"))
-    for n, want in ((4, dict(ops=1, hops=4)), (1, dict(ops=0, hops=0))):
+    for n, want in ((4, dict(ops=1, hops=4, by_group={"all-reduce x4": [1, 4]})),
+                    (1, dict(ops=0, hops=0, by_group={}))):
         mesh = Mesh(devices[:n], ("x",))
         x = jax.ShapeDtypeStruct((n * 8, 128), jnp.float32, sharding=NamedSharding(mesh, P("x")))
         out = NamedSharding(mesh, P())

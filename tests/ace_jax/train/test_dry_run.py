@@ -346,7 +346,11 @@ def test_collective_bytes_from_optimised_hlo():
     assert got["total"] == sum(got[k] for k in tpu_compile.COLLECTIVES)
     # ops and ring hops: ag 4 // 2, ar 2 x (2 // 2), rs 4 // 2, ag-start 2 // 2 (its -done
     # skipped), cp 1, a2a 4 // 2, rs2 4 // 2
-    assert tpu_compile.collective_hops(hlo) == dict(ops=7, hops=2 + 2 + 2 + 1 + 1 + 2 + 2)
+    got = tpu_compile.collective_hops(hlo)
+    assert (got["ops"], got["hops"]) == (7, 2 + 2 + 2 + 1 + 1 + 2 + 2)
+    assert got["by_group"] == {"all-gather x4": [1, 2], "all-reduce x2": [1, 2],
+                               "reduce-scatter x4": [2, 4], "all-gather x2": [1, 1],
+                               "collective-permute x1": [1, 1], "all-to-all x4": [1, 2]}
 
 
 def test_roofline_names_the_binding_term_and_layers_extrapolate():
@@ -377,6 +381,12 @@ def test_the_serial_figure_adds_ici_per_axis_and_a_latency_per_hop():
     # the max figure is never above the serial one
     assert dry_run_speed.roofline(cost, chip)["seconds"] <= s["seconds"]
     assert dry_run_speed.serial(cost, dict(chip, hop_latency_us=None)) is None
+    # a layer's collectives by kind and group: the 2-layer program's less the 1-layer one's
+    one["collective_hops"]["by_group"] = {"all-reduce x4": [1, 4], "all-gather x16": [2, 16]}
+    two["collective_hops"]["by_group"] = {"all-reduce x4": [2, 8], "all-gather x16": [2, 16],
+                                          "all-to-all x16": [1, 8]}
+    assert dry_run_speed.hops_per_layer(one, two) == {"all-reduce x4": [1, 4],
+                                                      "all-to-all x16": [1, 8]}
 
 
 def test_useful_fraction_waits_for_the_longest_row_and_idles_to_the_call_end():
@@ -487,6 +497,7 @@ def test_sampler_layout_decode_moves_tokens_not_weights():
         tok_max = speed["paged_decode_tok_s_chip" if eng == "paged" else "decode_tok_s_chip"]
         assert s["decode_tok_s_chip_serial"] == round(speed[f"{eng}_decode_tok_s_chip_serial"], 1)
         assert speed[f"{eng}_decode_serial"]["hops"] > 0, speed[f"{eng}_decode_serial"]
+        assert speed[f"{eng}_decode_serial"]["per_layer"], speed[f"{eng}_decode_serial"]
         assert 0 < speed[f"{eng}_decode_tok_s_chip_serial"] <= tok_max
         # the default mix's rows end at 1/4 ... 1 of the budget: the learner keeps under 5/8
         # of the serial figure's tokens
