@@ -28,7 +28,7 @@ import numpy as np
 
 __all__ = ["TopologyError", "LibtpuMissingError", "CompiledProgram", "libtpu_available",
            "topology_devices", "hbm_bytes", "compile_program", "collective_bytes", "collective_hops",
-           "EXAMPLE_TOPOLOGIES", "HBM_TRAFFIC_OPTIONS"]
+           "torus_hops", "EXAMPLE_TOPOLOGIES", "HBM_TRAFFIC_OPTIONS"]
 
 EXAMPLE_TOPOLOGIES = ("v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4", "v4:2x2x2", "v5e:4x4", "v6e:4x4")
 _OOM = re.compile(r"total memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds "
@@ -55,7 +55,8 @@ _COLLECTIVE = re.compile(
     r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
 _ARRAY = re.compile(r"\b(pred|[subf]\d+|bf16)\[([\d,]*)\]")
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
-_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[(?P<dims>[\d,]*)\]"
+                          r"(?:T\((?P<perm>[\d,]+)\))?")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[(?P<mesh>[^\]]*)\]\s*\{(?P<axes>[^}]*)\}")
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -68,22 +69,48 @@ def _array_bytes(shape: str) -> list[int]:
     return out
 
 
-def _group_size(line: str) -> int:
-    """Devices per replica group: ``{{0,1,..},..}``, ``[groups,size]<=[n]`` or the mesh form
-    ``mesh['a'=4,'b'=2] {'a'}`` (the product of the named axes' sizes)."""
+def _first_group(line: str) -> list[int] | None:
+    """The device ids (positions in the program's device assignment) of an op's first replica
+    group: ``{{0,1,..},..}``, ``[groups,size]<=[dims]T(perm)`` or the mesh form
+    ``mesh['a'=4,'b'=2] {'a'}`` (the ids of a row-major mesh of those axes, the named axes
+    varying, the others at 0); None without groups."""
     m = _GROUPS_LIST.search(line)
     if m:
-        return len([d for d in m[1].split(",") if d])
+        return [int(d) for d in m[1].split(",") if d]
     m = _GROUPS_IOTA.search(line)
     if m:
-        return int(m[2])
+        dims = [int(x) for x in m["dims"].split(",")] if m["dims"] else [int(m[1]) * int(m[2])]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m["perm"]:
+            ids = ids.transpose([int(x) for x in m["perm"].split(",")])
+        return ids.reshape(int(m[1]), int(m[2]))[0].tolist()
     m = _GROUPS_MESH.search(line)
     if m:
-        sizes = {name: int(n) for name, n in re.findall(r"'([^']+)'=(\d+)", m["mesh"])}
-        return int(np.prod([sizes[a] for a in re.findall(r"'([^']+)'", m["axes"])] or [1]))
-    return 1
+        axes = re.findall(r"'([^']+)'=(\d+)", m["mesh"])
+        named = re.findall(r"'([^']+)'", m["axes"])
+        ids = np.arange(int(np.prod([int(n) for _, n in axes]))).reshape([int(n) for _, n in axes])
+        ids = ids[tuple(slice(None) if a in named else 0 for a, _ in axes)]
+        keep = [a for a, _ in axes if a in named]
+        return ids.transpose([keep.index(a) for a in named if a in keep]).reshape(-1).tolist()
+    return None
 
 
+def _group_size(line: str) -> int:
+    """Devices per replica group (`_first_group`; 1 without groups)."""
+    return len(_first_group(line) or [0])
+
+
+def torus_hops(coords: Sequence[Sequence[int]], dims: Sequence[int]) -> int:
+    """ICI hops a collective over the chips at ``coords`` waits, on a torus of ``dims`` chips
+    per axis: per axis the group spans ``e`` chips; a whole axis of a multiple of 4 chips has
+    its wraparound link (v4 / v5p, the scaling book) and is a bidirectional ring, e // 2 hops;
+    a part of an axis is a line, e - 1 hops. Axes add (the collective runs one axis after the
+    other)."""
+    hops = 0
+    for axis, size in enumerate(dims):
+        e = len({c[axis] for c in coords})
+        hops += e // 2 if e == size and size % 4 == 0 else e - 1
+    return hops
 def collective_bytes(hlo: str) -> dict[str, int]:
     """Bytes each kind of collective moves per device in an optimised HLO text (one count per
     instruction: an op inside a ``while`` body counts once, like ``cost_analysis``).
@@ -277,31 +304,54 @@ class CompiledProgram:
         return d
 
 
-def collective_hops(hlo: str) -> dict[str, int]:
+def collective_hops(hlo: str, devices: Sequence[Any] | None = None) -> dict[str, Any]:
     """The collective ops of an optimised HLO text and the ICI hops they wait through, per device
     (one count per instruction, like `collective_bytes`; an async ``-start`` counts once).
 
-    A group of ``n`` devices is taken as a bidirectional ring: an all-gather, reduce-scatter or
-    all-to-all waits ``n // 2`` hops, an all-reduce (a reduce-scatter then an all-gather) twice
-    that, a collective-permute one; a group of one device none. Returns {"ops": int, "hops": int,
+    With ``devices`` (the program's device assignment, whose ``coords`` place each chip on the
+    torus) a group's hops are `torus_hops` of its chips; without, a group of ``n`` devices is
+    taken as one bidirectional ring, ``n // 2`` hops. An all-gather, reduce-scatter or all-to-all
+    waits that, an all-reduce (a reduce-scatter then an all-gather) twice that, a
+    collective-permute one hop; a group of one device none. Returns {"ops": int, "hops": int,
     "by_group": {"<kind> x<n>": [ops, hops]}}. What a hop costs is the caller's constant
     (`ace_jax.train.dry_run_speed.CHIPS`).
     """
+    coords = None
+    if devices is not None and all(getattr(d, "coords", None) is not None for d in devices):
+        coords = [tuple(d.coords) for d in devices]
+        dims = [max(c[i] for c in coords) + 1 for i in range(len(coords[0]))]
     by_group: dict[str, list[int]] = {}
     for line in hlo.splitlines():
         m = _COLLECTIVE.search(line)
         if not m:
             continue
-        n = _group_size(line)
-        if m["op"] != "collective-permute" and n <= 1:
+        ids = _first_group(line) or [0]
+        n = len(ids)
+        if m["op"] == "collective-permute":
+            hops = 1
+        elif n <= 1:
             continue
-        hops = (1 if m["op"] == "collective-permute"
-                else 2 * (n // 2) if m["op"] == "all-reduce" else n // 2)
+        else:
+            hops = (torus_hops([coords[i] for i in ids], dims) if coords else n // 2)
+            hops *= 2 if m["op"] == "all-reduce" else 1
         row = by_group.setdefault(f"{m['op']} x{n}", [0, 0])
         row[0] += 1
         row[1] += hops
     return dict(ops=sum(r[0] for r in by_group.values()),
                 hops=sum(r[1] for r in by_group.values()), by_group=by_group)
+
+
+def _device_assignment(compiled: Any) -> list | None:
+    """The devices of a compiled program's mesh, in the order its replica groups number them
+    (the mesh's flat order), or None."""
+    try:
+        for s in jax.tree.leaves(compiled.input_shardings):
+            mesh = getattr(s, "mesh", None)
+            if mesh is not None and hasattr(mesh, "devices"):
+                return list(mesh.devices.flat)
+    except Exception:  # noqa: BLE001 - no assignment: the ring model
+        return None
+    return None
 
 
 def compile_program(lowered: Any, *, keep_hlo: bool = False,
@@ -338,6 +388,6 @@ def compile_program(lowered: Any, *, keep_hlo: bool = False,
                            flops=float((cost or {}).get("flops", 0.0)),
                            hbm_bytes=float((cost or {}).get("bytes accessed", 0.0)),
                            collective_bytes=collective_bytes(hlo),
-                           collective_hops=collective_hops(hlo),
+                           collective_hops=collective_hops(hlo, _device_assignment(compiled)),
                            mosaic_kernels=hlo.count('custom_call_target="tpu_custom_call"'),
                            hlo=hlo if keep_hlo else None)

@@ -102,3 +102,34 @@ def test_collective_hops_of_a_program_the_tpu_compiler_made():
         out = NamedSharding(mesh, P())
         hlo = jax.jit(lambda a: a.sum(0), out_shardings=out).lower(x).compile().as_text()
         assert tpu_compile.collective_hops(hlo) == want, hlo
+
+
+def test_torus_hops_ring_an_axis_with_its_wraparound_and_line_a_part_of_it():
+    """A whole axis of 4 (wraparound): 2 hops; 2 of its 4 chips: 1; 4 of 8 chips of an axis: a
+    line, 3; a 4 x 4 plane of a 4 x 4 x 4 cube: 2 + 2; one chip: 0."""
+    cube = (4, 4, 4)
+    assert tpu_compile.torus_hops([(x, 0, 0) for x in range(4)], cube) == 2
+    assert tpu_compile.torus_hops([(0, 0, 0), (1, 0, 0)], cube) == 1
+    assert tpu_compile.torus_hops([(x, 0, 0) for x in range(4)], (8, 4, 4)) == 3
+    assert tpu_compile.torus_hops([(0, y, z) for y in range(4) for z in range(4)], cube) == 4
+    assert tpu_compile.torus_hops([(1, 2, 3)], cube) == 0
+
+
+def test_collective_hops_place_a_group_on_the_torus():
+    """v5p:4x4x4 as the sampler's mesh ('expert' 16 x 'tensor' 4, `mesh_utils`): a sum over
+    'expert' is one all-reduce over a 4 x 4 plane, 2 x (2 + 2) hops on the torus where a ring of
+    16 would wait 2 x 8; over 'tensor' (one axis of 4 with its wraparound) 2 x 2. The compiled
+    program's own device assignment is what `compile_program` reads."""
+    from jax.experimental import mesh_utils
+
+    devices = mesh_utils.create_device_mesh((16, 4), devices=tpu_compile.topology_devices("v5p:4x4x4"))
+    mesh = Mesh(devices, ("expert", "tensor"))
+    x = jax.ShapeDtypeStruct((16 * 8, 4 * 128), jnp.float32,
+                             sharding=NamedSharding(mesh, P("expert", "tensor")))
+    for dim, torus, ring in ((0, 8, 16), (1, 4, 4)):      # dim 0 over 'expert', 1 over 'tensor'
+        lowered = jax.jit(lambda a: a.sum(dim)).lower(x)
+        compiled = lowered.compile()
+        got = tpu_compile.collective_hops(compiled.as_text(), list(devices.flat))
+        assert got["hops"] == torus and got["ops"] == 1, got
+        assert tpu_compile.collective_hops(compiled.as_text())["hops"] == ring
+        assert tpu_compile.compile_program(lowered).collective_hops["hops"] == torus
