@@ -81,8 +81,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.sampler_mesh.moe_partials = "compute"
     # the rollout engine: the paged engine (continuous batching, one compile for every prompt
     # length) in this sampler layout; the dry run compiles its decode call and prefill at these
-    # shapes (docs/tpu.md). Pages of 128 slots (the TPU lane width; the paged kernel DMAs one
-    # page per grid step). 512 slots = 64 prompts x G 8, in 16 row shards over 'expert' (32
+    # shapes (docs/tpu.md). Pages of 128 slots (the TPU lane width; the paged kernel DMAs 4
+    # pages per grid step). 512 slots = 64 prompts x G 8, in 16 row shards over 'expert' (32
     # slots, 4 prompts each); each prompt's full pages read once per step for its 8 samples
     # (64 shared prefixes). The pool, per shard: page 0, 4 requests of at most 328 pages (a
     # prompt of at most 64 pages, 8k; 8 samples of at most 33 own pages: 4k plus the copy of
