@@ -37,8 +37,7 @@ import jax
 import numpy as np
 
 from ace_jax.runtime import engine as engine_lib, generate
-from ace_jax.runtime.completions import Completion
-from ace_jax.runtime.engine_programs import NO_ROUTE
+from ace_jax.runtime.completions import Completion, generation_result
 from ace_jax.train import rollouts as rollouts_lib
 
 
@@ -294,24 +293,8 @@ def generation(rollouts: PartialRollouts, groups: Sequence[Group], *, max_new_to
                pad_id: int) -> generate.GenerationResult:
     """The taken ``groups`` as one `generate.GenerationResult` (host numpy, rows group-major:
     row ``b * G + g`` is sample g of group b), the per-token ``versions`` filled, the routing
-    record when the engine kept one."""
-    comps = [c for g in groups for c in rollouts.completions(g)]
-    n, m = len(comps), max_new_tokens
-    tokens = np.full((n, m), pad_id, np.int32)
-    logprobs = np.zeros((n, m), np.float32)
-    versions = np.zeros((n, m), np.int32)
-    lengths = np.asarray([len(c.tokens) for c in comps], np.int32)
-    for i, c in enumerate(comps):
-        tokens[i, :lengths[i]] = c.tokens
-        logprobs[i, :lengths[i]] = c.logprobs
-        versions[i, :lengths[i]] = c.versions
-    routes = prompt_routes = None
-    if comps and all(c.routes is not None for c in comps):
-        routes = np.full((n, m) + comps[0].routes.shape[1:], NO_ROUTE, np.uint8)
-        for i, c in enumerate(comps):
-            routes[i, :lengths[i]] = c.routes
-        prompt_routes = tuple(g.prompt_routes for g in groups)
-    return generate.GenerationResult(
-        tokens, logprobs, lengths, np.asarray([c.finish_reason for c in comps], np.int32),
-        np.repeat(np.arange(len(groups), dtype=np.int32), rollouts.group_size), routes,
-        prompt_routes, versions)
+    record when the engine kept one (`completions.generation_result`)."""
+    done = [c._replace(request=b, sample=s, prompt_routes=g.prompt_routes)
+            for b, g in enumerate(groups) for s, c in enumerate(rollouts.completions(g))]
+    return generation_result(done, {b: b for b in range(len(groups))}, len(groups),
+                             rollouts.group_size, max_new_tokens, pad_id)
