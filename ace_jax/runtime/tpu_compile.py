@@ -332,7 +332,8 @@ def collective_hops(hlo: str, devices: Sequence[Any] | None = None) -> dict[str,
         elif n <= 1:
             continue
         else:
-            hops = (torus_hops([coords[i] for i in ids], dims) if coords else n // 2)
+            placed = coords is not None and max(ids) < len(coords)
+            hops = torus_hops([coords[i] for i in ids], dims) if placed else n // 2
             hops *= 2 if m["op"] == "all-reduce" else 1
         row = by_group.setdefault(f"{m['op']} x{n}", [0, 0])
         row[0] += 1

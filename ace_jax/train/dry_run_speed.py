@@ -24,12 +24,13 @@ per microbatch (one microbatch's rows, one log-prob chunk) and multiplied by the
 The serial figure (``*_serial``) charges what the max leaves out, per chip and step:
 
     t_serial = max(FLOPs / peak, HBM bytes / HBM BW) + collective bytes / ICI_axis
-               + ring hops x hop latency
+               + ICI hops x hop latency
 
 compute and HBM overlapping inside a kernel but no collective overlapping either; ICI_axis is
 one torus axis's bidirectional bandwidth (a collective along one axis uses its two links, not
-the chip's six), the hops are counted from the compiled HLO (`tpu_compile.collective_hops`),
-and a hop's latency is the table's constant with its source (`CHIPS`). It is the figure the RL
+the chip's six), the hops are counted from the compiled HLO and its chips' places on the torus
+(`tpu_compile.collective_hops`), and a hop's latency is the table's constant with its source
+(`CHIPS`). It is the figure the RL
 step estimate uses for the decode of the engine the config runs (``decode_engine``).
 
 Decode is costed as the rollout's average step: a step reads the filled key blocks only, so its
