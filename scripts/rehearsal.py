@@ -8,9 +8,10 @@
 
 What stands in for what a user has: the bucket is ``gcp-storage-emulator`` on loopback, served by
 ``scripts/gcs_emulator.py`` (the variables ``emulator_env`` prints point gcsfs and tensorstore at
-it); the HF folder is the rehearsal's tiny Qwen3-MoE (``configs/ace30b.py:REHEARSAL_MODEL``, seeded init) exported by the
-project's HF exporter, with the real Qwen3 tokenizer files beside it; the competitions are made by
-MLE-bench's own prepare code on small synthetic raw files (``ace_jax.env.mlebench_data``).
+it); the HF folder is the rehearsal's tiny Qwen3-MoE (``configs/ace30b.py:REHEARSAL_MODEL``,
+seeded init) exported by the project's HF exporter, with the real Qwen3 tokenizer files beside
+it; the competitions are made by MLE-bench's own prepare code on small synthetic raw files
+(``ace_jax.env.mlebench_data``).
 """
 from __future__ import annotations
 
