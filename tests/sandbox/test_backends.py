@@ -27,7 +27,8 @@ from sandbox.backends.bwrap import (RUNNER_IN_SANDBOX, BwrapBackend, bwrap_avail
 from sandbox.backends.cgroup import PidsCgroupParent
 from sandbox.backends.process import ProcessBackend
 from sandbox.backends.supervise import MARKER_ENV
-from sandbox.pool import SandboxPool, execute_and_grade
+from sandbox.execution import execute_and_grade
+from sandbox.pool import SandboxPool
 from sandbox.result import Status
 from tests.sandbox.conftest import GOOD_CODE, TEST_LIMITS, bwrap_skip_reason, processes_with
 
