@@ -11,7 +11,7 @@ On a pod (a ``run:`` policy too large for one chip): start the same command on e
 host loads the run onto the run's own mesh (each reading only its shards of the checkpoint: a
 collective), process 0 runs the evaluation (tasks, sandbox, reports) and samples, and every
 engine call it makes is replayed by the other hosts (``JaxPolicy`` ``multihost="leader"``,
-``ace_jax.policy.policy.follow``), which do nothing else and exit when it ends.
+``ace_jax.policy.mirror.follow``), which do nothing else and exit when it ends.
 ``--distributed`` / ``--coordinator_address`` / ``--num_processes`` / ``--process_id`` set up
 ``jax.distributed`` as the trainer's ``mesh.*`` keys do (auto: on a TPU VM, or when the
 environment names several processes).
@@ -97,12 +97,12 @@ def main(argv):
     from ace_jax.curriculum import buffer
     from ace_jax.env import agent, tasks as tasks_lib
     from ace_jax.eval import harness, reports, run_config
-    from ace_jax.policy import policy as policy_lib
+    from ace_jax.policy import interface, mirror, policy as policy_lib, runs
     from ace_jax.runtime import compile_cache, storage
 
     compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
-    policy_lib.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                              _PROCESS_ID.value)   # before anything touches a JAX backend
+    mirror.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                          _PROCESS_ID.value)   # before anything touches a JAX backend
     sampling = dict(max_new_tokens=_MAX_NEW.value, temperature=_TEMP.value,
                     max_prompt_tokens=_MAX_PROMPT.value, multihost="leader")
     import jax
@@ -112,12 +112,12 @@ def main(argv):
         return
     try:
         kind, args = policy_lib.parse_policy_spec(_POLICY.value)
-        run_cfg = policy_lib.read_run_config(args["workdir"]) if kind == "run" else {}
+        run_cfg = runs.read_run_config(args["workdir"]) if kind == "run" else {}
         agent_cfg = run_config.run_agent_config(args["workdir"]) if kind == "run" \
             else agent.default_config()
         buffer_cfg = run_config.run_buffer_config(args["workdir"]) if kind == "run" \
             else buffer.default_config()
-    except (policy_lib.PolicyError, config_utils.ConfigKeyError, config_utils.ConfigError) as e:
+    except (interface.PolicyError, config_utils.ConfigKeyError, config_utils.ConfigError) as e:
         raise app.UsageError(str(e)) from None
     seeds = _ints(_SEEDS.value, "seeds")
     try:
@@ -139,7 +139,7 @@ def main(argv):
     try:
         pool = _make_pool(_BACKEND.value, _WORKERS.value)
     except BaseException:
-        policy_lib.release_followers()
+        mirror.release_followers()
         raise
     try:
         result = harness.evaluate(
@@ -151,7 +151,7 @@ def main(argv):
             on_episode=on_episode)
     finally:
         pool.close()
-        policy_lib.release_followers()   # a pod's other hosts return from follow()
+        mirror.release_followers()   # a pod's other hosts return from follow()
     result.config.update(policy_spec=_POLICY.value, ideator_spec=_IDEATOR.value or None,
                          backend=_BACKEND.value, task_seed=_TASK_SEED.value)
     paths = reports.write_reports(result, out)
@@ -168,12 +168,12 @@ def _follow(sampling: dict) -> None:
     """A pod host other than process 0: builds the same policies as process 0 (collective
     loads), then replays process 0's engine calls until it has finished."""
     from ace_jax.eval import run_config
-    from ace_jax.policy import policy as policy_lib
+    from ace_jax.policy import mirror, policy as policy_lib
 
     policy_lib.policy_from_spec(_POLICY.value, **sampling)
     if _IDEATOR.value:
         run_config.advisor_from_spec(_IDEATOR.value, **sampling)
-    calls = policy_lib.follow()
+    calls = mirror.follow()
     logging.info("process 0 has finished: replayed %d engine calls", calls)
 
 

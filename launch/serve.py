@@ -4,8 +4,9 @@
   python launch/serve.py --run=runs/local --step=200 --port=8000
   python launch/serve.py --hf=exports/local                  # an HF directory (export_hf.py)
 
-Then any OpenAI client can talk to it, e.g. ``ace_jax.policy.policy.OpenAIPolicy("http://127.0.0.1:8000/v1")``
-or ``curl -d '{"messages": [{"role": "user", "content": "hi"}]}' URL/v1/chat/completions``.
+Then any OpenAI client can talk to it, e.g.
+``ace_jax.policy.openai_policy.OpenAIPolicy("http://127.0.0.1:8000/v1")`` or
+``curl -d '{"messages": [{"role": "user", "content": "hi"}]}' URL/v1/chat/completions``.
 ``--port=0`` picks a free port; the first line printed is ``serving <model> at <url>``.
 Ctrl-C or SIGTERM stops it cleanly. Only warnings and errors are logged; ``--verbosity=0`` shows
 INFO logs too (Orbax, requests at ``--verbosity=1``).
@@ -13,7 +14,7 @@ INFO logs too (Orbax, requests at ``--verbosity=1``).
 A run is loaded onto its own mesh when there are several devices (``JaxPolicy.from_run``). On a
 pod, start the same command on every host: each loads its shards of the run (a collective),
 process 0 serves HTTP and every engine call it makes (admitting a request, a decode step, a
-cancel) is replayed by the other hosts (``multihost="leader"``, ``policy.follow``), which print
+cancel) is replayed by the other hosts (``multihost="leader"``, ``mirror.follow``), which print
 ``following process 0`` and exit when it stops. ``--distributed`` and friends set up
 ``jax.distributed`` as the trainer's ``mesh.*`` keys do. An ``--hf`` model is loaded whole on
 each host's first device and served by process 0 alone.
@@ -68,14 +69,14 @@ def main(argv):
         raise app.UsageError("give exactly one of --run or --hf")
     if _STEP.value is not None and not _RUN.value:
         raise app.UsageError("--step needs --run")
-    from ace_jax.policy import policy as policy_lib, serving
+    from ace_jax.policy import mirror, policy as policy_lib, serving
     from ace_jax.runtime import compile_cache
     from ace_jax.train import logs
 
     logs.configure_logging()
     compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
-    policy_lib.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                              _PROCESS_ID.value)   # before anything touches a JAX backend
+    mirror.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                          _PROCESS_ID.value)   # before anything touches a JAX backend
     kwargs = dict(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
                   max_prompt_tokens=_MAX_PROMPT_TOKENS.value, multihost="leader")
     if _MODEL_NAME.value:
@@ -93,13 +94,13 @@ def main(argv):
     if jax.process_index() != 0:   # a pod's other hosts replay process 0's engine calls
         print(f"following process 0 (process {jax.process_index()} of "
               f"{jax.process_count()})", flush=True)
-        calls = policy_lib.follow()
+        calls = mirror.follow()
         print(f"stopped after {calls} engine calls", flush=True)
         return
     try:
         _serve(policy, serving)
     finally:
-        policy_lib.release_followers()
+        mirror.release_followers()
 
 
 def _serve(policy, serving) -> None:

@@ -1,7 +1,7 @@
 """What an evaluation takes from a training run and its specs: the run's ``agent`` and ``buffer``
 config sections (so evaluation prompts match its training), its tasks, and the advisor.
 
-The run's ``config.json`` is read by ``policy.read_run_config``; a policy is built from its spec
+The run's ``config.json`` is read by ``runs.read_run_config``; a policy is built from its spec
 by ``policy.policy_from_spec``; tasks are loaded by ``env.tasks.load_tasks``.
 """
 from __future__ import annotations
@@ -16,24 +16,24 @@ from ace_jax.curriculum import buffer as buffer_lib
 from ace_jax.env import agent, tasks as tasks_lib
 from ace_jax.env.advice import Advisor
 from ace_jax.eval.harness import EvaluationError
-from ace_jax.policy import policy as policy_lib
+from ace_jax.policy import policy as policy_lib, runs
 
 
 def run_agent_config(workdir: Union[str, os.PathLike]) -> ml_collections.ConfigDict:
     """The ``agent`` section a run trained with (so evaluation prompts match its training).
 
-    Raises ``policy.PolicyError`` (not a run directory), ``config_utils.ConfigKeyError`` (a key
+    Raises ``interface.PolicyError`` (not a run directory), ``config_utils.ConfigKeyError`` (a key
     this checkout's ``agent`` section does not have; the message lists the valid keys) or
     ``config_utils.ConfigError`` (a value of the wrong type)."""
     return config_utils.merge_section(agent.default_config(),
-                                      policy_lib.read_run_config(workdir).get("agent"), "agent")
+                                      runs.read_run_config(workdir).get("agent"), "agent")
 
 
 def run_buffer_config(workdir: Union[str, os.PathLike]) -> ml_collections.ConfigDict:
     """The ``buffer`` section a run trained with (history length, stderr tail); errors as
     ``run_agent_config``."""
     return config_utils.merge_section(buffer_lib.default_config(),
-                                      policy_lib.read_run_config(workdir).get("buffer"), "buffer")
+                                      runs.read_run_config(workdir).get("buffer"), "buffer")
 
 
 def run_tasks(ids: Sequence[str], run_cfg: Optional[dict[str, Any]] = None, *,
@@ -45,7 +45,7 @@ def run_tasks(ids: Sequence[str], run_cfg: Optional[dict[str, Any]] = None, *,
 
     Args:
       ids: task ids; empty: the run's ``tasks.ids``, else the whole offline suite.
-      run_cfg: a run's config dict (``policy.read_run_config``) or None.
+      run_cfg: a run's config dict (``runs.read_run_config``) or None.
       cache_dir: prepared tasks; empty: the run's ``tasks.cache_dir``, else ``cache/tasks``.
       task_seed: the seed the tasks were prepared with (its reference leaderboard must exist).
       exec_time_limit_s: per-execution limit (s); 0: the run's ``sandbox.max_time_limit_s`` (or

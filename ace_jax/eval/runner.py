@@ -44,7 +44,7 @@ from ace_jax.env import agent
 from ace_jax.env.advice import Advice, AdviceRequest, Advisor, Attempt, SEEK_HELP_TAG
 from ace_jax.eval.episodes import Episode, EpisodeStep, FinalSubmission, JsonlLog, finite
 from ace_jax.eval.scoring import score_episode
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 from sandbox.grading import improves
 from sandbox.result import ExecutionResult, Status
 

@@ -390,6 +390,7 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
     """
     from ace_jax.eval import harness, reports, run_config
     from ace_jax.policy import policy as policy_lib
+    from ace_jax.policy.runs import read_run_config
     from sandbox.pool import SandboxPool, resolve_preload
 
     rows = []
@@ -409,7 +410,7 @@ def evaluate_runs(runs: Mapping[str, Sequence[str]], task_ids: Sequence[str], ou
                     if cached["job"] == job:  # evaluated before with these settings: reuse
                         per_run.append(cached["overall"])
                         continue
-                run_cfg = policy_lib.read_run_config(workdir)
+                run_cfg = read_run_config(workdir)
                 tasks = run_config.run_tasks(task_ids, run_cfg)
                 result = harness.evaluate(
                     policy_lib.policy_from_spec(f"run:{workdir}"), tasks, pool, seeds=seeds,

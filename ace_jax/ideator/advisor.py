@@ -1,5 +1,5 @@
 """The MLE-Ideator as an ``advice.Advisor``: ``Ideator(policy, cfg)`` over any
-``policy.ChatPolicy`` renders the ideator's prompt, asks the policy for one reply and parses the
+``interface.ChatPolicy`` renders the ideator's prompt, asks the policy for one reply and parses the
 idea; a policy error, a reply cut by the token budget or a malformed idea give
 ``Advice(valid=False, error=...)``."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ace_jax.ideator.prompts import render_ideator_messages
 
 
 class Ideator:
-    """An ``advice.Advisor`` over any ``policy.ChatPolicy`` (a JAX policy, an OpenAI endpoint).
+    """An ``advice.Advisor`` over any ``interface.ChatPolicy`` (a JAX policy, an OpenAI endpoint).
 
     ``advise(request, seed=)`` renders ``render_ideator_messages``, asks the policy for one reply
     and parses it. Never raises for the policy's behaviour: a Completion with ``error``, an
@@ -50,7 +50,7 @@ class Ideator:
         return [self.advice_from_completion(c) for c in completions]
 
     def advice_from_completion(self, completion: Any) -> Advice:
-        """The ``Advice`` of one ``policy.Completion``."""
+        """The ``Advice`` of one ``interface.Completion``."""
         if getattr(completion, "error", None):
             return Advice(instruction=None, valid=False, error=f"policy error: {completion.error}",
                           raw=completion.text or "")

@@ -10,7 +10,7 @@ environment changes, per RL step:
   -> the IDEATOR prompt of each state (``prompts.render_ideator_messages`` of
      ``prompts.request_from_state``) -> G ideas per state (behaviour log-probs recorded)
   -> ``ideator.parse_idea`` (strict; a reply cut by the token budget is invalid)
-  -> each valid idea goes to a FROZEN implementer (a ``policy.ChatPolicy``), which takes ONE step:
+  -> each valid idea goes to a FROZEN implementer (``interface.ChatPolicy``), which takes ONE step:
      ``agent.render_messages(state, task, advice=<the idea's Action>)`` -> one script
   -> the sandbox runs it on the dev split -> reward ``ideator_ternary`` against the state's
      score (+1 strictly better, 0 not better / failed / the implementer wrote no script,
@@ -23,8 +23,8 @@ The implementer is chosen by ``ideator.implementer``:
   ``<workdir>/implementer/`` right after the warm start, so a resumed run uses the same weights.
 * ``"run:<dir>"``: ``policy.JaxPolicy.from_run`` of a training run directory (e.g. an AceGRPO run).
 * ``"hf:<dir>"``: ``policy.JaxPolicy.from_hf`` of an HF directory.
-* ``"openai:<base_url>#<model>"``: ``policy.OpenAIPolicy`` (vLLM, ``launch/serve.py``, an API);
-  the key comes from ``OPENAI_API_KEY``.
+* ``"openai:<base_url>#<model>"``: ``openai_policy.OpenAIPolicy`` (vLLM, ``launch/serve.py``, an
+  API); the key comes from ``OPENAI_API_KEY``.
 
 Tests (and notebooks) may pass any ``ChatPolicy`` as ``make_trainer(cfg, implementer=...)``.
 
@@ -153,7 +153,7 @@ class IdeatorEnv:
 
     Args:
       cfg: a full config with an ``ideator`` section (``configs/ideator.py``).
-      implementer: a ``policy.ChatPolicy`` to use instead of ``cfg.ideator.implementer``.
+      implementer: an ``interface.ChatPolicy`` to use instead of ``cfg.ideator.implementer``.
 
     Raises:
       SetupError: a bad ``ideator`` section, here before any heavy work, or (``bind``) an
@@ -213,21 +213,22 @@ class IdeatorEnv:
                     prompt_bucket=int(self.cfg.sampling.prompt_bucket))
 
     def _build_external_implementer(self):
-        from ace_jax.policy import policy
+        from ace_jax.policy import interface, openai_policy, policy
 
         args = self.impl_args
         if self.impl_kind == "openai":
-            return policy.OpenAIPolicy(args["base_url"], args["model"],
-                                       timeout_s=float(self.cfg.ideator.implementer_timeout_s),
-                                       max_tokens=self.impl_max_new,
-                                       temperature=float(self.cfg.ideator.implementer_temperature),
-                                       name=f"implementer:{args['model']}")
+            return openai_policy.OpenAIPolicy(
+                args["base_url"], args["model"],
+                timeout_s=float(self.cfg.ideator.implementer_timeout_s),
+                max_tokens=self.impl_max_new,
+                temperature=float(self.cfg.ideator.implementer_temperature),
+                name=f"implementer:{args['model']}")
         try:
             if self.impl_kind == "run":
                 return policy.JaxPolicy.from_run(args["workdir"], step=args["step"],
                                                  **self._jax_policy_kwargs())
             return policy.JaxPolicy.from_hf(args["path"], **self._jax_policy_kwargs())
-        except policy.PolicyError as e:
+        except interface.PolicyError as e:
             raise SetupError(f"ideator.implementer={self.cfg.ideator.implementer!r}: {e}") from e
 
     def _save_snapshot(self, model: Any) -> None:
@@ -343,18 +344,18 @@ class IdeatorEnv:
         keys), its batch padded to B*G (one compiled shape); any other (an HTTP endpoint) is
         asked by each process for its share of the conversations and the replies are gathered.
         Never raises: an exception becomes an error Completion for every conversation asked."""
-        from ace_jax.policy import policy
+        from ace_jax.policy import interface, policy
 
         impl = self._get_implementer()
         if multihost.is_multi_process() and not isinstance(impl, policy.JaxPolicy):
             mine = multihost.my_share(len(conversations))
             own = self._call_implementer(impl, [conversations[i] for i in mine], step)
-            return [policy.Completion(**d) for d in multihost.allgather_json(
+            return [interface.Completion(**d) for d in multihost.allgather_json(
                 [dataclasses.asdict(c) for c in own])]
         return self._call_implementer(impl, conversations, step)
 
     def _call_implementer(self, impl: Any, conversations: list, step: int) -> list:
-        from ace_jax.policy import policy
+        from ace_jax.policy import interface, policy
 
         n = len(conversations)
         if not n:
@@ -370,8 +371,8 @@ class IdeatorEnv:
                 raise RuntimeError(f"{len(out)} replies for {n} conversations")
         except Exception as e:  # noqa: BLE001 - one bad call must not end the run
             log.warning("implementer call failed at step %d: %s", step, e)
-            out = [policy.Completion(text="", error=f"{type(e).__name__}: {str(e)[:200]}",
-                                     finish_reason="error") for _ in range(n)]
+            out = [interface.Completion(text="", error=f"{type(e).__name__}: {str(e)[:200]}",
+                                        finish_reason="error") for _ in range(n)]
         return out
 
     def record(self, r: Rollout) -> dict:

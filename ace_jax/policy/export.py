@@ -43,7 +43,7 @@ import shutil
 import tempfile
 from typing import Any, Mapping, Optional
 
-from ace_jax.policy.policy import PolicyError
+from ace_jax.policy.interface import PolicyError
 
 DTYPES = ("bfloat16", "float32")
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
@@ -58,7 +58,7 @@ class ExportError(PolicyError):
     """An export that cannot be done as asked (non-empty out_dir, bad dtype or shard size).
 
     Problems with the run itself (no run directory, no checkpoint, step absent) raise the
-    ``PolicyError`` of ``policy.load_run_model``, of which this is a subclass.
+    ``PolicyError`` of ``runs.load_run_model``, of which this is a subclass.
     """
 
 
@@ -263,13 +263,13 @@ def _open_step(run, model_cfg, step: Optional[int]):
     the model), checked as ``load_run_model`` checks it, before any tensor is read."""
     import logging
 
-    from ace_jax.policy import policy as policy_lib
+    from ace_jax.policy import runs
     from ace_jax.runtime import checkpoint as ckpt_lib
 
     ckpt_dir = run.checkpoint_dir
     if "://" not in ckpt_dir and not os.path.isdir(ckpt_dir):
         raise PolicyError(f"no checkpoint in {ckpt_dir!r} (the directory does not exist)")
-    _, params_shape = policy_lib._abstract_params(model_cfg)
+    _, params_shape = runs._abstract_params(model_cfg)
     ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=None, async_save=False)
     try:
         steps = ckpt.all_steps()
@@ -387,7 +387,7 @@ def export_run(workdir: str, out_dir: str, *, step: Optional[int] = None,
 
     import numpy as np
 
-    from ace_jax.policy import policy as policy_lib
+    from ace_jax.policy import runs
     from ace_jax.runtime import checkpoint as ckpt_lib
     from models import hf_mapping, tokenizer as tok_lib
 
@@ -404,9 +404,9 @@ def export_run(workdir: str, out_dir: str, *, step: Optional[int] = None,
     if "://" not in out_dir and os.path.abspath(out_dir) == os.path.abspath(workdir):
         raise ExportError("out_dir must not be the run directory itself")
 
-    run = policy_lib.resolve_run(workdir)  # PolicyError before any heavy work
+    run = runs.resolve_run(workdir)  # PolicyError before any heavy work
     tokenizer = tok_lib.load_tokenizer(run.tokenizer_dir)
-    config = policy_lib.run_model_config(run, len(tokenizer))
+    config = runs.run_model_config(run, len(tokenizer))
     step, arrays = _open_step(run, config, step)
     ids = _token_ids(tokenizer)
     changes = {}

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any, Optional
 
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 
 # A decoded tail that ends inside a multi-byte character is held back for at most this many
 # tokens (a UTF-8 character has at most 4 bytes, a byte-level token at least 1).

@@ -62,7 +62,7 @@ from ace_jax.policy.batching import Batcher
 from ace_jax.policy.engines import DECODE_CHUNK_TOKENS, Pending
 from ace_jax.policy.openai_api import (RequestError, completion_response, error_body,
                                        parse_chat_request, usage_of)
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 
 logger = logging.getLogger(__name__)
 

@@ -160,13 +160,13 @@ def build_model(cfg: ml_collections.ConfigDict, tokenizer, placement):
     """The policy, placed by ``placement``: ``model.init_from_run``'s newest checkpoint, an HF
     checkpoint (``model.hf_path``) or a seeded init of ``model.preset``."""
     if cfg.model.get("init_from_run", ""):
-        from ace_jax.policy import policy
+        from ace_jax.policy import interface, runs
 
         try:
             # straight into the placement's shardings: each host reads only its slices
-            model, _, step = policy.load_run_model(cfg.model.init_from_run,
-                                                   shardings=placement.params)
-        except (policy.PolicyError, ckpt_lib.CheckpointError) as e:
+            model, _, step = runs.load_run_model(cfg.model.init_from_run,
+                                                 shardings=placement.params)
+        except (interface.PolicyError, ckpt_lib.CheckpointError) as e:
             raise SetupError(f"model.init_from_run={cfg.model.init_from_run!r}: {e}") from e
         log.info("initial weights: %s step %d (no warm start)", cfg.model.init_from_run, step)
         placement.place_params(model)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ace_jax.policy import export
-from ace_jax.policy.policy import JaxPolicy, PolicyError
+from ace_jax.policy.interface import PolicyError
+from ace_jax.policy.policy import JaxPolicy
 from models import tokenizer as tok_lib
 from models.qwen3 import flat_params
 from tests.numerics import assert_close

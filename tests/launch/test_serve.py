@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from ace_jax.policy import engines, openai_api, sample_stream, serving
-from ace_jax.policy.policy import Completion, JaxPolicy, OpenAIPolicy
+from ace_jax.policy.interface import Completion
+from ace_jax.policy.openai_policy import OpenAIPolicy
+from ace_jax.policy.policy import JaxPolicy
 from ace_jax.runtime import generate
 from tests.run_fixture import make_tiny_run
 

@@ -8,7 +8,7 @@ import threading
 from ace_jax.env import agent
 from ace_jax.env.advice import Advice, SEEK_HELP_TAG
 from ace_jax.eval import runner
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 from sandbox import seed_corpus
 from sandbox.tasks.base import Task
 from sandbox.tasks.targets import TaskTargets

@@ -7,7 +7,7 @@ import pytest
 from ace_jax.curriculum import buffer as buffer_lib
 from ace_jax.env import agent, rewards
 from ace_jax.eval import harness, reports, runner, scoring
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 from sandbox.pool import SandboxPool
 from sandbox.result import Status
 from sandbox.tasks import mlebench

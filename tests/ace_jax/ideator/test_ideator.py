@@ -8,7 +8,7 @@ from ace_jax.env import agent
 from ace_jax.env.advice import Advice, AdviceRequest, Attempt
 from ace_jax.ideator import advisor, ideator, prompts, sft_examples
 from ace_jax.ideator.ideator import IdeaError
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 from sandbox.tasks.base import Task
 
 DESCRIPTION = "# Toy flowers\n\n## Overview\n\nPredict the colour of a flower from its size.\n"

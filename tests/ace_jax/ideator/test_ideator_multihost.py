@@ -21,15 +21,15 @@ SCRIPT = textwrap.dedent("""
                                process_id=int(sys.argv[2]))
     from ace_jax import config_utils
     from ace_jax.ideator import ideator_trainer
-    from ace_jax.policy import policy
+    from ace_jax.policy import interface
 
-    class Answering(policy.ChatPolicy):
+    class Answering(interface.ChatPolicy):
         '''Replies which process answered and to what (a chat policy as an endpoint is).'''
         name = "answering"
 
         def complete(self, conversations, seed=None):
-            return [policy.Completion(text=f"{jax.process_index()}:{c[-1]['content']}",
-                                      completion_tokens=1) for c in conversations]
+            return [interface.Completion(text=f"{jax.process_index()}:{c[-1]['content']}",
+                                         completion_tokens=1) for c in conversations]
 
     env = ideator_trainer.IdeatorEnv(config_utils.load_config_file("configs/ideator.py"),
                                      implementer=Answering())

@@ -23,7 +23,7 @@ from flax import nnx
 
 from ace_jax import config_utils
 from ace_jax.ideator import ideator, ideator_trainer, sft_examples
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 from ace_jax.runtime import generate
 from ace_jax.train.trainer import SetupError
 from models import qwen3

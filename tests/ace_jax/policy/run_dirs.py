@@ -37,14 +37,14 @@ MEDIUM = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=96,
 def make_run(workdir: str, overrides: dict | None = None, mesh: dict | None = None, *,
              vocab_size: int = 300, seed: int = 0, step: int = 1):
     """Writes a run directory; returns the flat parameters saved (numpy) and the model config."""
-    from ace_jax.policy import policy
+    from ace_jax.policy import runs
 
     overrides = dict(MODEL_OVERRIDES if overrides is None else overrides)
     tokenizer = write_run_files(workdir, overrides, vocab_size=vocab_size, mesh=mesh)
     model_cfg = model_configs.get_model_config("tiny_moe", **dict(overrides, vocab_size=len(tokenizer)))
     build = lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(seed))  # noqa: E731
     if mesh:
-        model = policy.run_placement(workdir).init_model(build)
+        model = runs.run_placement(workdir).init_model(build)
     else:
         model = build()
     params = nnx.state(model, nnx.Param)

@@ -48,7 +48,7 @@ def _export_in_subprocess(workdir, out, **kwargs) -> dict:
 
 
 def test_export_peak_memory_is_a_block_not_the_model(medium_run, tmp_path):
-    from ace_jax.policy import policy
+    from ace_jax.policy import runs
 
     workdir, saved, _ = medium_run
     params = sum(v.nbytes for v in saved.values())
@@ -63,7 +63,7 @@ def test_export_peak_memory_is_a_block_not_the_model(medium_run, tmp_path):
     assert r["largest_block_bytes"] == largest_param // 2
     assert r["peak_buffer_bytes"] <= r["largest_block_bytes"] + largest_param // (6 * 16)
     # the restore plan of the same mesh predicts that block
-    assert policy.restore_plan(workdir)["export_block"]["bytes"] == r["largest_block_bytes"]
+    assert runs.restore_plan(workdir)["export_block"]["bytes"] == r["largest_block_bytes"]
     shards = sorted(f for f in r["files"] if f.startswith("model-"))
     assert len(shards) >= params // SHARD
     for f in shards:   # each shard within the bound (+ its header) unless one tensor is larger

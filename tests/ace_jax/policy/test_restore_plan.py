@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from ace_jax import config_utils
-from ace_jax.policy import policy
+from ace_jax.policy import interface, mirror, policy, runs
 from models import qwen3
 from tests.run_fixture import make_tiny_run
 
@@ -27,7 +27,7 @@ def test_30b_restores_a_sixty_fourth_per_chip_on_the_pod():
     from models import configs as model_configs
 
     cfg = config_utils.load_config_file(str(REPO / "configs/ace30b.py"))
-    plan = policy.restore_plan(cfg, topology="v5p:4x4x4")
+    plan = runs.restore_plan(cfg, topology="v5p:4x4x4")
     mc = model_configs.get_model_config("qwen3_30b_a3b", **dict(cfg.model.overrides))
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(
         nnx.state(nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(mc, rngs=nnx.Rngs(0))), nnx.Param)))
@@ -61,8 +61,8 @@ def tiny_run(tmp_path_factory):
 
 def test_default_restore_uses_the_runs_mesh_and_matches_the_plan(tiny_run):
     workdir, saved = tiny_run
-    restored, _, _ = policy.load_run_model(workdir)
-    plan = policy.restore_plan(workdir)
+    restored, _, _ = runs.load_run_model(workdir)
+    plan = runs.restore_plan(workdir)
     assert plan["mesh"] == dict(data=1, fsdp=4, tensor=1, expert=2) and plan["devices"] == 8
     per_device = {d: 0 for d in jax.devices()}
     want = {r["name"]: r for r in plan["largest"]}
@@ -80,25 +80,25 @@ def test_default_restore_uses_the_runs_mesh_and_matches_the_plan(tiny_run):
 
 def test_single_device_and_explicit_placements(tiny_run):
     workdir, _ = tiny_run
-    one, _, _ = policy.load_run_model(workdir, shardings=policy.SINGLE_DEVICE)
+    one, _, _ = runs.load_run_model(workdir, shardings=runs.SINGLE_DEVICE)
     for x in qwen3.flat_params(one).values():
         assert x.sharding.device_set == {jax.devices()[0]}
-    place = policy.run_placement(workdir, devices=jax.devices()[:4])   # refitted: fsdp 2 x expert 2
+    place = runs.run_placement(workdir, devices=jax.devices()[:4])   # refitted: fsdp 2 x expert 2
     assert dict(place.mesh.shape) == dict(data=1, fsdp=2, tensor=1, expert=2)
-    four, _, _ = policy.load_run_model(workdir, shardings=place)
+    four, _, _ = runs.load_run_model(workdir, shardings=place)
     assert {len(x.sharding.device_set) for x in qwen3.flat_params(four).values()} == {4}
     with pytest.raises(ValueError, match="shardings"):
-        policy.load_run_model(workdir, shardings="everywhere")
+        runs.load_run_model(workdir, shardings="everywhere")
 
 
 def test_run_placement_refits_a_mesh_that_does_not_fit(tiny_run):
     cfg = json.load(open(os.path.join(tiny_run[0], "config.json")))
     cfg["mesh"].update(fsdp=16, expert=4, tensor=1)       # a 64-chip run served on 8 devices
-    place = policy.run_placement(cfg)
+    place = runs.run_placement(cfg)
     assert dict(place.mesh.shape) == dict(data=1, fsdp=2, tensor=1, expert=4)
     assert place.rules_dict["embed"] == ("fsdp", "expert")
     cfg["mesh"].update(fsdp=2, expert=3)
-    assert dict(policy.run_placement(cfg).mesh.shape)["expert"] == 1
+    assert dict(runs.run_placement(cfg).mesh.shape)["expert"] == 1
 
 
 def test_from_run_puts_the_policy_and_its_engine_on_the_runs_mesh(tiny_run):
@@ -111,6 +111,6 @@ def test_from_run_puts_the_policy_and_its_engine_on_the_runs_mesh(tiny_run):
     assert one.placement is None
     conv = [[{"role": "user", "content": "train a model"}]]
     assert sharded.complete(conv)[0].token_ids == one.complete(conv)[0].token_ids
-    with pytest.raises(policy.PolicyError, match="process 0"):
-        policy.follow()
-    policy.release_followers()     # one process: a no-op
+    with pytest.raises(interface.PolicyError, match="process 0"):
+        mirror.follow()
+    mirror.release_followers()     # one process: a no-op

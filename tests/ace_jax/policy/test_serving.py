@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from ace_jax.policy import batching, openai_api, sample_stream
-from ace_jax.policy.policy import Completion
+from ace_jax.policy.interface import Completion
 from models import tokenizer as tok_lib
 from tests.run_fixture import CORPUS
 

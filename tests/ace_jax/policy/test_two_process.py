@@ -46,7 +46,7 @@ def sharded_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_processes_load_their_shards_and_agree_with_one(sharded_run, tmp_path):
-    from ace_jax.policy import policy
+    from ace_jax.policy import policy, runs
     from ace_jax.runtime import checkpoint
     from models import qwen3
 
@@ -74,7 +74,7 @@ def test_two_processes_load_their_shards_and_agree_with_one(sharded_run, tmp_pat
 
     # one process, one device: the reference
     before = checkpoint.bytes_read()
-    model, tokenizer, step = policy.load_run_model(workdir, shardings=policy.SINGLE_DEVICE)
+    model, tokenizer, step = runs.load_run_model(workdir, shardings=runs.SINGLE_DEVICE)
     full_read = checkpoint.bytes_read() - before
     assert len(qwen3.flat_params(model)["norm/scale"].sharding.device_set) == 1
     ref_logits = two_process_load.forward(model, two_process_load.batch_ids(model.config.vocab_size))

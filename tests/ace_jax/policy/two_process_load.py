@@ -76,12 +76,12 @@ def main(workdir: str, out_dir: str, port: int, process_id: int) -> None:
                                process_id=process_id)
     from flax import nnx
 
-    from ace_jax.policy import policy
+    from ace_jax.policy import mirror, policy, runs
     from ace_jax.runtime import checkpoint
     from models import qwen3
 
     before = checkpoint.bytes_read()
-    model, tokenizer, step = policy.load_run_model(workdir)
+    model, tokenizer, step = runs.load_run_model(workdir)
     read = checkpoint.bytes_read() - before
     params = {}
     for name, x in qwen3.flat_params(model).items():
@@ -94,7 +94,7 @@ def main(workdir: str, out_dir: str, port: int, process_id: int) -> None:
             shard_shapes=sorted({tuple(s.data.shape) for s in shards}),
             want_shard_shape=list(x.sharding.shard_shape(x.shape)),
             local_bytes=sum(int(d.size * d.dtype.itemsize) for d in distinct.values()))
-    placement = policy.run_placement(workdir)
+    placement = runs.run_placement(workdir)
     logits = forward(model, batch_ids(model.config.vocab_size), placement)
     jax_policy = policy.JaxPolicy(model, tokenizer, max_new_tokens=MAX_NEW_TOKENS,
                                   placement=placement, multihost="leader", slots=8)
@@ -106,16 +106,16 @@ def main(workdir: str, out_dir: str, port: int, process_id: int) -> None:
             assert again == replies[:1], (again, replies[:1])
             queued = engine_requests(jax_policy)
         finally:
-            policy.release_followers()
+            mirror.release_followers()
     else:
-        replayed = policy.follow(poll_s=5)
+        replayed = mirror.follow(poll_s=5)
     with open(os.path.join(out_dir, f"proc{process_id}.json"), "w") as f:
         json.dump(dict(step=step, process=jax.process_index(), processes=jax.process_count(),
                        devices=jax.device_count(), local_devices=jax.local_device_count(),
                        mesh=dict(placement.mesh.shape), mirrored=jax_policy.mirrored,
                        bytes_read=read, params=params, logits=logits.tolist(),
                        replies=replies, replayed=replayed, queued=queued,
-                       messages_deleted=policy._MIRROR.deleted), f)
+                       messages_deleted=mirror._MIRROR.deleted), f)
     del nnx
 
 
