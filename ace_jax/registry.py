@@ -1,8 +1,9 @@
 """Named tables of interchangeable functions, picked by name in a config.
 
-One `Registry` per kind of thing: GRPO's advantage estimators, loss aggregations and KL
-estimators (`ace_jax.rl.grpo`), the LP samplers (`ace_jax.curriculum.learnability.SAMPLERS`) and
-the rewards (`ace_jax.env.rewards.REWARDS`). A variant is one decorated function:
+One `Registry` per kind of thing: GRPO's advantage estimators, loss aggregations, KL estimators
+and behaviour weights (`ace_jax.rl.advantage_estimators`, `.loss_aggregation`, `.kl_estimators`,
+`.behaviour_weights`), the LP samplers (`ace_jax.curriculum.learnability.SAMPLERS`) and the
+rewards (`ace_jax.env.rewards.REWARDS`). A variant is one decorated function:
 
     THINGS: Registry = Registry("thing")
 

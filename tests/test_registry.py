@@ -4,13 +4,16 @@ import pytest
 from ace_jax.curriculum import learnability
 from ace_jax.env import rewards
 from ace_jax.registry import Registry, UnknownNameError
-from ace_jax.rl import grpo
+from ace_jax.rl import advantage_estimators, kl_estimators, loss_aggregation
 
 # (registry, a name it must hold, how the public call site looks a name up)
 REGISTRIES = {
-    "advantage estimator": (grpo.ADVANTAGE_ESTIMATORS, "grpo", grpo.ADVANTAGE_ESTIMATORS.get),
-    "loss aggregation": (grpo.LOSS_AGGREGATIONS, "token_mean", grpo.LOSS_AGGREGATIONS.get),
-    "KL estimator": (grpo.KL_ESTIMATORS, "k3", lambda n: grpo.kl_divergence(0.0, 0.0, n)),
+    "advantage estimator": (advantage_estimators.ADVANTAGE_ESTIMATORS, "grpo",
+                            advantage_estimators.ADVANTAGE_ESTIMATORS.get),
+    "loss aggregation": (loss_aggregation.LOSS_AGGREGATIONS, "token_mean",
+                         loss_aggregation.LOSS_AGGREGATIONS.get),
+    "KL estimator": (kl_estimators.KL_ESTIMATORS, "k3",
+                     lambda n: kl_estimators.kl_divergence(0.0, 0.0, n)),
     "sampler": (learnability.SAMPLERS, "lp",
                 lambda n: learnability.get_spec(learnability.default_config(), n)),
     "reward": (rewards.REWARDS, "acegrpo_step", rewards.get_reward),
@@ -46,9 +49,9 @@ def test_duplicate_registration_is_refused(kind):
 
 
 def test_public_register_functions_refuse_duplicates():
-    for register, name in ((grpo.register_advantage_estimator, "rloo"),
-                           (grpo.register_loss_aggregation, "token_mean"),
-                           (grpo.register_kl_estimator, "k1"),
+    for register, name in ((advantage_estimators.register_advantage_estimator, "rloo"),
+                           (loss_aggregation.register_loss_aggregation, "token_mean"),
+                           (kl_estimators.register_kl_estimator, "k1"),
                            (learnability.register_sampler, "uniform"),
                            (rewards.register_reward, "ideator_ternary")):
         with pytest.raises(ValueError, match="already registered"):

@@ -1,47 +1,19 @@
-"""GRPO building blocks: advantage estimators, loss aggregation, KL estimators, the clipped loss.
+"""GRPO's objective: the `grpo` config section and the clipped policy loss over the registries.
 
 Vocabulary follows TRL and verl so recipes port by name. Every part that changes the gradient
 scale is a registry entry picked by name in the config (`default_config()`); a new variant is one
-small registered function, not a fork:
+small registered function in its registry's module, not a fork (`ace_jax.registry.Registry`;
+unknown names raise `UnknownNameError`, which lists the valid names):
 
-    @register_advantage_estimator("my_estimator")
-    def my_estimator(rewards, *, eps, std_ddof): ...   # [num_groups, G] -> [num_groups, G]
-
-Registries (`ace_jax.registry.Registry`; unknown names raise `UnknownNameError`, which lists the
-valid names):
-
-- advantage estimators, rewards [num_groups, G] -> advantages [num_groups, G]:
-  `grpo`   (r - mean) / (std + eps), std with `std_ddof` (default 1 = unbiased, as TRL and verl's
-           `torch.std`; 0 = biased, as `jnp.std`);
-  `drgrpo` r - mean (Dr.GRPO: no std scaling);
-  `rloo`   r - mean of the other G - 1 rewards (= G / (G - 1) * (r - mean)).
-  Whatever the estimator, a group whose rewards agree within `zero_variance_atol` gets advantage
-  exactly 0 (float rounding in the mean is never amplified by 1 / (std + eps)); with
-  `filter_zero_variance_groups` its tokens also leave every loss denominator.
-- loss aggregation modes, per-token loss [N, T] and loss mask [N, T] -> (numerator, denominator);
-  loss = numerator / denominator. The denominator depends on the mask only, so for gradient
-  accumulation compute `aggregation_denominator(loss_mask(...))` once on the full batch and pass
-  it as `loss_denominator` to every micro-batch: the micro-batch losses and gradients then sum to
-  the full-batch ones exactly (up to float summation order):
-  `token_mean`               sum of all loss tokens / number of loss tokens (verl's default);
-  `seq_mean_token_mean`      mean over sequences of (per-sequence token mean) (tunix's default);
-  `seq_mean_token_sum_norm`  mean over sequences of (per-sequence token sum / max_completion_length)
-                             (Dr.GRPO; the same normaliser as TRL's `dr_grpo`).
-  "Sequences" are the rows with at least one loss token: padding rows and filtered groups do not
-  count in any denominator.
-- KL estimators of KL(pi || pi_ref) per token, from log-probs of the sampled tokens:
-  `k1` logp - ref, `k2` (logp - ref)^2 / 2, `k3` exp(ref - logp) - (ref - logp) - 1,
-  `low_var_kl` k3 with verl's clamps (log-ratio to [-20, 20], result to [-10, 10]).
-- behaviour weights, log w [N, T] (log pi_prox - log mu, nats, already at its level and
-  clamped to [-20, 20]) and the bounds -> `BoundedWeight` (weight, high, low, masked) [N, T]:
-  `truncate` min(w, cap) (verl's / slime's TIS, TRL's `token_truncate`; no lower bound);
-  `mask` w where lower <= w <= cap, else 0 and the token counted as masked (MIS: AReaL's
-  `behav_imp_weight_cap` above, verl's rejection sampling on both sides, TRL's `*_mask`);
-  `none` w itself (plain importance sampling).
-- behaviour weight levels, log w per token [N, T] and completion mask [N, T] -> log w [N, T]:
-  `token` each token's own; `sequence` the sum over the sequence's completion tokens (w = the
-  product), applied to each; `geometric` the mean over them (w = the geometric mean of the
-  token weights, exp(mean log w)), applied to each.
+- `ace_jax.rl.advantage_estimators`: `ADVANTAGE_ESTIMATORS` (`grpo`, `drgrpo`, `rloo`), rewards
+  [num_groups, G] -> advantages [num_groups, G], and the zero-variance group test;
+- `ace_jax.rl.loss_aggregation`: `LOSS_AGGREGATIONS` (`token_mean`, `seq_mean_token_mean`,
+  `seq_mean_token_sum_norm`), per-token loss [N, T] and loss mask [N, T] -> (numerator,
+  denominator), and the full-batch denominator for gradient accumulation;
+- `ace_jax.rl.kl_estimators`: `KL_ESTIMATORS` (`k1`, `k2`, `k3`, `low_var_kl`), per-token
+  KL(pi || pi_ref) from log-probs of the sampled tokens;
+- `ace_jax.rl.behaviour_weights`: `BEHAVIOUR_WEIGHTS` (`truncate`, `mask`, `none`) and
+  `BEHAVIOUR_WEIGHT_LEVELS` (`token`, `sequence`, `geometric`), the weight pi_prox / mu.
 
 Three policies (decoupled PPO: Hilton et al. 2021, AReaL's `use_decoupled_loss`): the behaviour
 policy mu (the sampler; its log-probs recorded at generation time), the proximal policy pi_prox
@@ -73,59 +45,40 @@ T = completion length in tokens. Log-probs are natural-log probabilities (nats).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from ace_jax.registry import Registry
+from ace_jax.rl.advantage_estimators import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    group_rewards,
+    zero_variance_groups,
+)
+from ace_jax.rl.behaviour_weights import (
+    BEHAVIOUR_WEIGHT_LEVELS,
+    BEHAVIOUR_WEIGHTS,
+    LOG_W_CLAMP,
+    BoundedWeight,
+    bounded_weight,
+    level_log_weight,
+    tis_lower,
+)
+from ace_jax.rl.kl_estimators import KL_ESTIMATORS, kl_divergence
+from ace_jax.rl.loss_aggregation import LOSS_AGGREGATIONS, safe_divide
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "LOSS_AGGREGATIONS",
-    "KL_ESTIMATORS",
-    "BEHAVIOUR_WEIGHTS",
-    "register_advantage_estimator",
-    "register_loss_aggregation",
-    "register_kl_estimator",
-    "register_behaviour_weight",
-    "BEHAVIOUR_WEIGHT_LEVELS",
-    "register_behaviour_weight_level",
-    "BoundedWeight",
-    "LOG_W_CLAMP",
-    "tis_lower",
-    "default_config",
-    "validate_config",
-    "describe",
-    "group_rewards",
-    "compute_advantages",
-    "zero_variance_groups",
-    "aggregate_loss",
-    "aggregation_denominator",
-    "loss_mask",
-    "kl_divergence",
     "clipped_policy_loss",
+    "default_config",
+    "describe",
     "grpo_loss",
+    "validate_config",
 ]
 
 
-ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
-LOSS_AGGREGATIONS: Registry = Registry("loss aggregation mode")
-KL_ESTIMATORS: Registry = Registry("KL estimator")
-BEHAVIOUR_WEIGHTS: Registry = Registry("behaviour weight")
-
-register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
-register_loss_aggregation = LOSS_AGGREGATIONS.register
-register_kl_estimator = KL_ESTIMATORS.register
-register_behaviour_weight = BEHAVIOUR_WEIGHTS.register
-BEHAVIOUR_WEIGHT_LEVELS: Registry = Registry("behaviour weight level")
-register_behaviour_weight_level = BEHAVIOUR_WEIGHT_LEVELS.register
-
 PROXIMAL_POLICIES = ("behaviour", "learner")
 ROUTING_REPLAY = ("none", "R3")
-LOG_W_CLAMP = 20.0   # |log w| bound (nats) before any exp: e^20 ~ 4.9e8, as verl's clamp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,290 +190,11 @@ def describe(cfg: ml_collections.ConfigDict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Advantage estimators: rewards [num_groups, G] -> advantages [num_groups, G]
-# ----------------------------------------------------------------------------------------------
-
-def group_rewards(rewards: jax.Array, group_size: int | None = None) -> jax.Array:
-    """Rewards as [num_groups, G]: 2-D input is returned as is; flat [N] input needs `group_size`."""
-    rewards = jnp.asarray(rewards)
-    if rewards.ndim == 2:
-        if group_size is not None and rewards.shape[1] != group_size:
-            raise ValueError(f"rewards have group size {rewards.shape[1]}, group_size={group_size}")
-        grouped = rewards
-    elif rewards.ndim == 1:
-        if group_size is None:
-            raise ValueError("flat rewards [N] need group_size")
-        if group_size < 1 or rewards.shape[0] % group_size:
-            raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
-        grouped = rewards.reshape(-1, group_size)
-    else:
-        raise ValueError(f"rewards must be [num_groups, G] or [N], got shape {rewards.shape}")
-    if grouped.shape[1] < 2:
-        raise ValueError(f"GRPO needs at least 2 completions per group, got G={grouped.shape[1]}")
-    return grouped
-
-
-@register_advantage_estimator("grpo")
-def grpo_advantages(rewards: jax.Array, *, eps: float, std_ddof: int) -> jax.Array:
-    """(r - mean) / (std + eps) per group; std with `std_ddof` (1 unbiased, 0 biased)."""
-    mean = rewards.mean(axis=-1, keepdims=True)
-    std = rewards.std(axis=-1, keepdims=True, ddof=std_ddof)
-    return (rewards - mean) / (std + eps)
-
-
-@register_advantage_estimator("drgrpo")
-def drgrpo_advantages(rewards: jax.Array, *, eps: float, std_ddof: int) -> jax.Array:
-    """r - mean per group (Dr.GRPO removes the std scaling); eps and std_ddof are unused."""
-    del eps, std_ddof
-    return rewards - rewards.mean(axis=-1, keepdims=True)
-
-
-@register_advantage_estimator("rloo")
-def rloo_advantages(rewards: jax.Array, *, eps: float, std_ddof: int) -> jax.Array:
-    """r_i - mean_{j != i} r_j (leave-one-out baseline); eps and std_ddof are unused."""
-    del eps, std_ddof
-    g = rewards.shape[-1]
-    others_mean = (rewards.sum(axis=-1, keepdims=True) - rewards) / (g - 1)
-    return rewards - others_mean
-
-
-def zero_variance_groups(rewards: jax.Array, atol: float) -> jax.Array:
-    """bool [num_groups]: groups whose rewards all agree within `atol` (max - min <= atol).
-
-    A range test, not `std != 0`: float noise in rewards would defeat an exact test."""
-    return (rewards.max(axis=-1) - rewards.min(axis=-1)) <= atol
-
-
-def compute_advantages(rewards: jax.Array, cfg: ml_collections.ConfigDict,
-                       group_size: int | None = None) -> jax.Array:
-    """Advantages for rewards [num_groups, G] (or flat [N] with `group_size`), same shape as input.
-
-    The estimator is `cfg.advantage_estimator`. Groups whose rewards agree within
-    `cfg.zero_variance_atol` get advantage exactly 0 (whatever the estimator, filtered or not)."""
-    rewards = jnp.asarray(rewards, jnp.float32)
-    grouped = group_rewards(rewards, group_size)
-    fn = ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator)
-    adv = fn(grouped, eps=cfg.advantage_eps, std_ddof=cfg.advantage_std_ddof)
-    # Groups whose rewards agree within zero_variance_atol carry no signal: their advantage is
-    # exactly 0, so float rounding in the mean is never amplified by 1 / (std + eps).
-    flat = zero_variance_groups(grouped, cfg.zero_variance_atol)
-    adv = jnp.where(flat[:, None], 0.0, adv)
-    return adv.reshape(rewards.shape)
-
-
-# ----------------------------------------------------------------------------------------------
-# Loss aggregation: (per-token loss [N, T], mask [N, T]) -> (numerator, denominator)
-# ----------------------------------------------------------------------------------------------
-
-def _masked(loss: jax.Array, mask: jax.Array) -> jax.Array:
-    return jnp.where(mask > 0, loss * mask, 0.0)
-
-
-@register_loss_aggregation("token_mean")
-def token_mean(loss: jax.Array, mask: jax.Array, *, max_completion_length: int):
-    """Sum over all loss tokens / number of loss tokens."""
-    del max_completion_length
-    return _masked(loss, mask).sum(), mask.sum()
-
-
-@register_loss_aggregation("seq_mean_token_mean")
-def seq_mean_token_mean(loss: jax.Array, mask: jax.Array, *, max_completion_length: int):
-    """Mean over sequences with >= 1 loss token of that sequence's token mean."""
-    del max_completion_length
-    tokens = mask.sum(axis=-1)
-    has_tokens = tokens > 0
-    per_seq = _masked(loss, mask).sum(axis=-1) / jnp.where(has_tokens, tokens, 1.0)
-    return jnp.where(has_tokens, per_seq, 0.0).sum(), has_tokens.sum().astype(loss.dtype)
-
-
-@register_loss_aggregation("seq_mean_token_sum_norm")
-def seq_mean_token_sum_norm(loss: jax.Array, mask: jax.Array, *, max_completion_length: int):
-    """Dr.GRPO: mean over sequences with >= 1 loss token of (token sum / max_completion_length)."""
-    if not max_completion_length > 0:
-        raise ValueError("seq_mean_token_sum_norm needs max_completion_length > 0, "
-                         f"got {max_completion_length}")
-    has_tokens = mask.sum(axis=-1) > 0
-    numerator = _masked(loss, mask).sum() / max_completion_length
-    return numerator, has_tokens.sum().astype(loss.dtype)
-
-
-def aggregate_loss(loss: jax.Array, mask: jax.Array, mode: str, *,
-                   max_completion_length: int = 0) -> jax.Array:
-    """Scalar loss from per-token loss [N, T] and loss mask [N, T] with aggregation `mode`.
-
-    Returns 0 when the mask selects nothing."""
-    if loss.shape != mask.shape or loss.ndim != 2:
-        raise ValueError(f"loss {loss.shape} and mask {mask.shape} must both be [N, T]")
-    num, den = LOSS_AGGREGATIONS.get(mode)(loss, mask.astype(loss.dtype),
-                                          max_completion_length=max_completion_length)
-    return _safe_divide(num, den)
-
-
-def aggregation_denominator(loss_mask: jax.Array, mode: str, *,
-                            max_completion_length: int = 0) -> jax.Array:
-    """The denominator `mode` uses for loss mask [N, T] (it depends on the mask only).
-
-    For micro-batching, compute it once on the full batch's loss mask (completion mask times the
-    zero-variance filter, see `loss_mask`) and pass it as `loss_denominator` to every micro-batch."""
-    mask = jnp.asarray(loss_mask, jnp.float32)
-    return LOSS_AGGREGATIONS.get(mode)(jnp.zeros_like(mask), mask,
-                                       max_completion_length=max_completion_length)[1]
-
-
-def loss_mask(completion_mask: jax.Array, rewards: jax.Array, group_size: int,
-              cfg: ml_collections.ConfigDict) -> jax.Array:
-    """float [N, T]: the tokens `grpo_loss` trains on (completion tokens of kept groups)."""
-    keep = completion_mask > 0
-    if cfg.filter_zero_variance_groups:
-        grouped = group_rewards(jnp.asarray(rewards, jnp.float32), group_size)
-        keep = keep & jnp.repeat(~zero_variance_groups(grouped, cfg.zero_variance_atol),
-                                 group_size)[:, None]
-    return keep.astype(jnp.float32)
-
-
-def _safe_divide(num: jax.Array, den: jax.Array) -> jax.Array:
-    return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
-
-
-# ----------------------------------------------------------------------------------------------
-# KL estimators: per-token KL(pi || pi_ref) from log-probs of the sampled tokens
-# ----------------------------------------------------------------------------------------------
-
-@register_kl_estimator("k1")
-def kl_k1(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
-    """logp - ref (unbiased, high variance, can be negative)."""
-    return logprobs - ref_logprobs
-
-
-@register_kl_estimator("k2")
-def kl_k2(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
-    """(logp - ref)^2 / 2 (biased, low variance, >= 0)."""
-    return 0.5 * jnp.square(logprobs - ref_logprobs)
-
-
-@register_kl_estimator("k3")
-def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
-    """exp(ref - logp) - (ref - logp) - 1 (unbiased, low variance, >= 0; Schulman's k3)."""
-    d = ref_logprobs - logprobs
-    return jnp.exp(d) - d - 1.0
-
-
-@register_kl_estimator("low_var_kl")
-def kl_low_var(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
-    """k3 with verl's clamps: log-ratio clipped to [-20, 20], the estimate to [-10, 10]."""
-    d = jnp.clip(ref_logprobs - logprobs, -20.0, 20.0)
-    return jnp.clip(jnp.exp(d) - d - 1.0, -10.0, 10.0)
-
-
-def kl_divergence(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str) -> jax.Array:
-    """Per-token KL estimate, same shape as the inputs, by registered `estimator` name."""
-    return KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs)
-
-
-# ----------------------------------------------------------------------------------------------
-# Behaviour weights: log w = log pi_prox - log mu [N, T] -> per-level log w -> bounded weight
-# ----------------------------------------------------------------------------------------------
-
-class BoundedWeight(NamedTuple):
-    """What a behaviour-weight mode makes of log w [N, T].
-
-    Attributes:
-      weight: float32 [N, T] the weight W_t that multiplies the token's loss.
-      high: bool [N, T] tokens whose w the upper bound changed (truncated or masked).
-      low: bool [N, T] tokens whose w the lower bound changed (masked).
-      masked: bool [N, T] tokens whose weight is 0 (they stay in the loss denominator).
-    """
-
-    weight: jax.Array
-    high: jax.Array
-    low: jax.Array
-    masked: jax.Array
-
-
-def tis_lower(cfg: ml_collections.ConfigDict) -> float:
-    """The lower bound of ``behaviour_weight="mask"``: ``cfg.tis_lower``, or 1 / ``cfg.tis_cap``
-    when it is None (0: no lower bound)."""
-    lower = cfg.get("tis_lower")
-    return 1.0 / cfg.tis_cap if lower is None else float(lower)
-
-
-def _no_flags(log_w: jax.Array) -> jax.Array:
-    return jnp.zeros(log_w.shape, bool)
-
-
-@register_behaviour_weight("truncate")
-def truncated_weight(log_w: jax.Array, *, cap: float, lower: float) -> BoundedWeight:
-    """min(w, cap): truncated importance sampling (nothing is masked; ``lower`` is unused)."""
-    del lower
-    high = log_w > jnp.log(cap)
-    return BoundedWeight(jnp.exp(jnp.minimum(log_w, jnp.log(cap))), high, _no_flags(log_w),
-                         _no_flags(log_w))
-
-
-@register_behaviour_weight("mask")
-def masked_weight(log_w: jax.Array, *, cap: float, lower: float) -> BoundedWeight:
-    """w where lower <= w <= cap, else 0 (masked importance sampling, MIS); masked tokens stay in
-    the loss denominator. ``lower`` = 0: no lower bound."""
-    high = log_w > jnp.log(cap)
-    low = (log_w < jnp.log(lower)) if lower > 0 else _no_flags(log_w)
-    masked = high | low
-    return BoundedWeight(jnp.where(masked, 0.0, jnp.exp(log_w)), high, low, masked)
-
-
-@register_behaviour_weight("none")
-def plain_weight(log_w: jax.Array, *, cap: float, lower: float) -> BoundedWeight:
-    """w: untruncated importance sampling (the bounds are unused)."""
-    del cap, lower
-    return BoundedWeight(jnp.exp(log_w), _no_flags(log_w), _no_flags(log_w), _no_flags(log_w))
-
-
-@register_behaviour_weight_level("token")
-def token_level(log_w: jax.Array, completion: jax.Array) -> jax.Array:
-    """Each completion token's own log w [N, T] (0 elsewhere)."""
-    return jnp.where(completion, log_w, 0.0)
-
-
-@register_behaviour_weight_level("sequence")
-def sequence_level(log_w: jax.Array, completion: jax.Array) -> jax.Array:
-    """The sum of log w over the row's completion tokens (w = the product), on each of them."""
-    total = jnp.where(completion, log_w, 0.0).sum(axis=-1, keepdims=True)
-    return jnp.where(completion, total, 0.0)
-
-
-@register_behaviour_weight_level("geometric")
-def geometric_level(log_w: jax.Array, completion: jax.Array) -> jax.Array:
-    """The mean of log w over the row's completion tokens (w = the geometric mean of the token
-    weights), on each of them; length-normalised, so a long sequence's weight does not explode."""
-    total = jnp.where(completion, log_w, 0.0).sum(axis=-1, keepdims=True)
-    count = completion.sum(axis=-1, keepdims=True).astype(log_w.dtype)
-    return jnp.where(completion, total / jnp.maximum(count, 1.0), 0.0)
-
-
-def level_log_weight(cfg: ml_collections.ConfigDict, log_w: jax.Array,
-                     completion: jax.Array) -> jax.Array:
-    """Token log w [N, T] (nats) at ``cfg.behaviour_weight_level`` (0 off the completion tokens,
-    not yet clamped)."""
-    return BEHAVIOUR_WEIGHT_LEVELS.get(cfg.behaviour_weight_level)(log_w, completion)
-
-
-def bounded_weight(cfg: ml_collections.ConfigDict, level: jax.Array,
-                   completion: jax.Array) -> BoundedWeight:
-    """The weight ``cfg.behaviour_weight`` makes of log w [N, T] at its level
-    (`level_log_weight`): clamped to [-LOG_W_CLAMP, LOG_W_CLAMP], then bounded. A token the
-    clamp changed counts as changed high / low too; flags are False off ``completion``."""
-    clamped = jnp.clip(level, -LOG_W_CLAMP, LOG_W_CLAMP)
-    b = BEHAVIOUR_WEIGHTS.get(cfg.behaviour_weight)(clamped, cap=cfg.tis_cap,
-                                                    lower=tis_lower(cfg))
-    return BoundedWeight(b.weight, (b.high | (level > LOG_W_CLAMP)) & completion,
-                         (b.low | (level < -LOG_W_CLAMP)) & completion, b.masked & completion)
-
-
-# ----------------------------------------------------------------------------------------------
 # The clipped policy loss
 # ----------------------------------------------------------------------------------------------
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    return _safe_divide(jnp.where(mask, x, 0.0).sum(), mask.sum().astype(x.dtype))
+    return safe_divide(jnp.where(mask, x, 0.0).sum(), mask.sum().astype(x.dtype))
 
 
 def _behaviour_weight_measures(level: jax.Array, bound: BoundedWeight, completion: jax.Array,
@@ -546,8 +220,8 @@ def _behaviour_weight_measures(level: jax.Array, bound: BoundedWeight, completio
         "offpolicy/behaviour_weight_min": jnp.where(
             n > 0, jnp.min(jnp.where(completion, w, jnp.inf)), 0.0),
         # (sum w)^2 / (n sum w^2) = mean(w)^2 / mean(w^2)
-        "offpolicy/ess": _safe_divide(jnp.square(_safe_divide(w_sum, n)),
-                                      _safe_divide(w_sq_sum, n)),
+        "offpolicy/ess": safe_divide(jnp.square(safe_divide(w_sum, n)),
+                                      safe_divide(w_sq_sum, n)),
         "offpolicy/truncated_frac": frac(bound.high | bound.low),
         "offpolicy/truncated_frac_high": frac(bound.high),
         "offpolicy/truncated_frac_low": frac(bound.low),
@@ -670,7 +344,7 @@ def clipped_policy_loss(
         per_token, keep.astype(dtype), max_completion_length=cfg.max_completion_length)
     if loss_denominator is not None:
         denominator = jnp.asarray(loss_denominator, dtype)
-    loss = _safe_divide(numerator, denominator)
+    loss = safe_divide(numerator, denominator)
     metrics["loss_denominator"] = jax.lax.stop_gradient(denominator)
 
     r = sg(ratio)

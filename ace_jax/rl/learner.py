@@ -38,6 +38,9 @@ import optax
 from flax import nnx
 
 from ace_jax.rl import grpo
+from ace_jax.rl.advantage_estimators import (compute_advantages, group_rewards,
+                                             zero_variance_groups)
+from ace_jax.rl.loss_aggregation import aggregation_denominator
 from ace_jax.rl.rollout_batch import (completion_logprobs, DEFAULT_CHUNK_TOKENS, placed_on,
                                       TrainBatch)
 
@@ -328,10 +331,10 @@ def _learner_step(graphdef, tx, schedule, grpo_cfg, optim_cfg, group_size, tempe
                   state: LearnerState, batch: TrainBatch):
     n = batch.input_ids.shape[0]
     m = minibatches(grpo_cfg)
-    grouped = grpo.group_rewards(batch.rewards, group_size)
-    advantages = (grpo.compute_advantages(grouped, grpo_cfg).reshape(n)
+    grouped = group_rewards(batch.rewards, group_size)
+    advantages = (compute_advantages(grouped, grpo_cfg).reshape(n)
                   if batch.advantages is None else batch.advantages)   # the host's (Reinforce-Ada)
-    zero_var = grpo.zero_variance_groups(grouped, grpo_cfg.zero_variance_atol)
+    zero_var = zero_variance_groups(grouped, grpo_cfg.zero_variance_atol)
     if grpo_cfg.filter_zero_variance_groups:
         sequence_mask = jnp.repeat(~zero_var, group_size)
     else:
@@ -405,7 +408,7 @@ def _minibatch_update(graphdef, tx, grpo_cfg, optim_cfg, group_size, temperature
                                            split=split_mode(optim_cfg)),
                          (batch, advantages, sequence_mask))
     # One denominator for the whole minibatch: the microbatch losses then sum to its loss.
-    den_total = grpo.aggregation_denominator(
+    den_total = aggregation_denominator(
         keep, grpo_cfg.loss_agg_mode, max_completion_length=grpo_cfg.max_completion_length)
 
     grad_fn = jax.value_and_grad(

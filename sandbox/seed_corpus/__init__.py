@@ -114,6 +114,7 @@ def procedural_pair_rows(seed: int = 0) -> list[dict]:
     strong_dev, improves); [] without a sweep."""
     from sandbox import grading
     from sandbox.seed_corpus import procedural as proc_scripts
+    from sandbox.tasks.procedural_schema import make_spec, parse_task_id
 
     proc = _procedural()
     df = proc.sweep_results(seed)
@@ -123,7 +124,7 @@ def procedural_pair_rows(seed: int = 0) -> list[dict]:
            if r.status == "ok" and r.dev_score == r.dev_score}
     out = []
     for t in procedural_task_ids():
-        lower = proc.make_spec(*proc.parse_task_id(t)).metric_info.lower_is_better
+        lower = make_spec(*parse_task_id(t)).metric_info.lower_is_better
         for weak, strong in proc_scripts.declared_pairs(t):
             w, s = dev.get((t, weak)), dev.get((t, strong))
             out.append({"task_id": t, "weak": weak, "strong": strong, "weak_dev": w,

@@ -83,10 +83,11 @@ _VAL_LINES = {
 
 def _spec(task_id: str):
     from sandbox.tasks import procedural
+    from sandbox.tasks.procedural_schema import make_spec, parse_task_id
 
     if task_id not in set(procedural.all_ids()):
         raise KeyError(f"{task_id!r} is not a registered procedural instance")
-    return procedural.make_spec(*procedural.parse_task_id(task_id))
+    return make_spec(*parse_task_id(task_id))
 
 
 def models_for(task_id: str):

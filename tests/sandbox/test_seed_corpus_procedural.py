@@ -8,6 +8,7 @@ import pytest
 from sandbox import seed_corpus
 from sandbox.seed_corpus import procedural as proc_scripts
 from sandbox.tasks import procedural, registry
+from sandbox.tasks.procedural_schema import make_spec, parse_task_id
 
 TRAIN = set(procedural.split_ids("train"))
 HELD = set(procedural.split_ids("heldout")) | set(procedural.split_ids("heldout_family"))
@@ -22,7 +23,7 @@ def test_baseline_scripts_compile_and_find_the_columns_in_the_data():
     feature: one model's script is the same text on every training-kind instance of a metric."""
     by_metric_model: dict = {}
     for t in procedural.all_ids()[::7]:
-        spec = procedural.make_spec(*procedural.parse_task_id(t))
+        spec = make_spec(*parse_task_id(t))
         scripts = proc_scripts.baseline_scripts(t)
         assert [s.name for s in scripts] == sorted(s.name for s in scripts) and len(scripts) == 8
         for s in scripts:
@@ -50,7 +51,7 @@ def test_the_roles_a_script_reads_from_the_data_are_the_instance_s(tmp_path):
     import pandas as pd
 
     for t in procedural.all_ids()[::5]:
-        spec = procedural.make_spec(*procedural.parse_task_id(t))
+        spec = make_spec(*parse_task_id(t))
         procedural.prepare_instance(spec, tmp_path / t, 0)
         train = pd.read_csv(tmp_path / t / "public" / "train.csv")
         test = pd.read_csv(tmp_path / t / "public" / "test.csv")
@@ -119,7 +120,7 @@ def test_sft_examples_from_training_instances_and_refused_for_held_out(tmp_path)
     for t in train_ids:
         drafts = [e for e in examples if e.task_id == t and e.kind == "draft"]
         assert len(drafts) == 8
-        spec = procedural.make_spec(*procedural.parse_task_id(t))
+        spec = make_spec(*parse_task_id(t))
         assert spec.target in drafts[0].prompt
     held = registry.load_task(sorted(HELD)[0], tmp_path, seed=0)
     with pytest.raises(KeyError, match="held out"):

@@ -1,6 +1,5 @@
-"""Tests for ace_jax.rl.grpo: hand-computed estimators/aggregations/KL, exact policy-gradient checks."""
-import math
-
+"""Tests for ace_jax.rl.grpo: exact policy-gradient checks of the clipped loss, the behaviour
+weights and their measures, the config's validation and description."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,8 +7,10 @@ import pytest
 
 from ace_jax.registry import Registry, UnknownNameError
 from ace_jax.rl import grpo
+from ace_jax.rl.behaviour_weights import tis_lower
+from ace_jax.rl.kl_estimators import kl_divergence
+from ace_jax.rl.loss_aggregation import aggregation_denominator, loss_mask
 from tests.numerics import assert_close
-
 
 
 def cfg_with(**overrides):
@@ -17,136 +18,6 @@ def cfg_with(**overrides):
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg
-
-
-# ------------------------------------------------------------------ advantage estimators
-
-REWARDS = np.array([[1.0, 0.0, 0.0, 1.0], [2.0, 4.0, 6.0, 8.0]], np.float32)
-
-
-def test_grpo_advantages_unbiased_std_by_hand():
-    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_eps=0.0, advantage_std_ddof=1))
-    s0 = math.sqrt(1.0 / 3.0)          # sqrt(4 * 0.25 / 3)
-    s1 = math.sqrt(20.0 / 3.0)         # sqrt((9 + 1 + 1 + 9) / 3)
-    want = [[0.5 / s0, -0.5 / s0, -0.5 / s0, 0.5 / s0], [-3 / s1, -1 / s1, 1 / s1, 3 / s1]]
-    np.testing.assert_allclose(adv, want, rtol=1e-6)
-
-
-def test_grpo_advantages_biased_std_and_eps_by_hand():
-    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_eps=0.1, advantage_std_ddof=0))
-    s1 = math.sqrt(5.0)
-    want = [[0.5 / 0.6, -0.5 / 0.6, -0.5 / 0.6, 0.5 / 0.6],
-            [-3 / (s1 + 0.1), -1 / (s1 + 0.1), 1 / (s1 + 0.1), 3 / (s1 + 0.1)]]
-    np.testing.assert_allclose(adv, want, rtol=1e-6)
-
-
-def test_drgrpo_advantages_by_hand():
-    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_estimator="drgrpo"))
-    np.testing.assert_allclose(adv, [[0.5, -0.5, -0.5, 0.5], [-3, -1, 1, 3]], rtol=1e-6)
-
-
-def test_rloo_advantages_by_hand():
-    adv = grpo.compute_advantages(REWARDS, cfg_with(advantage_estimator="rloo"))
-    # r_i - mean of the other three
-    want = [[1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3], [2 - 6, 4 - 16 / 3, 6 - 14 / 3, 8 - 4]]
-    np.testing.assert_allclose(adv, want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo"])
-def test_flat_rewards_with_group_size_match_grouped(name):
-    cfg = cfg_with(advantage_estimator=name)
-    flat = grpo.compute_advantages(REWARDS.reshape(-1), cfg, group_size=4)
-    assert flat.shape == (8,)
-    np.testing.assert_array_equal(flat, np.asarray(grpo.compute_advantages(REWARDS, cfg)).reshape(-1))
-
-
-@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo"])
-def test_zero_variance_group_gets_exactly_zero_advantage(name):
-    # mean([0.1] * 3) != 0.1 in float32: without the guard, grpo would turn that rounding noise
-    # into advantages of size noise / eps
-    rewards = np.array([[3.0, 3.0, 3.0], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1 + 1e-7], [0.0, 1.0, 0.0]],
-                       np.float32)
-    adv = np.asarray(grpo.compute_advantages(rewards, cfg_with(advantage_estimator=name)))
-    np.testing.assert_array_equal(adv[:3], 0.0)
-    assert np.abs(adv[3]).min() > 0.1
-
-
-def test_advantage_input_errors():
-    cfg = cfg_with()
-    with pytest.raises(ValueError, match="at least 2 completions"):
-        grpo.compute_advantages(np.ones((3, 1)), cfg)
-    with pytest.raises(ValueError, match="groups of 4"):
-        grpo.compute_advantages(np.ones(6), cfg, group_size=4)
-    with pytest.raises(ValueError, match="need group_size"):
-        grpo.compute_advantages(np.ones(6), cfg)
-    with pytest.raises(UnknownNameError, match="drgrpo, grpo, rloo"):
-        grpo.compute_advantages(REWARDS, cfg_with(advantage_estimator="ppo"))
-
-
-# ------------------------------------------------------------------ loss aggregation
-
-LOSS = np.array([[1.0, 2.0, 3.0, np.inf], [10.0, np.nan, 0.0, 0.0], [5.0, 5.0, 0.0, 0.0]],
-                np.float32)
-MASK = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
-
-
-@pytest.mark.parametrize("mode,want", [
-    ("token_mean", (1 + 2 + 3 + 10) / 4),
-    ("seq_mean_token_mean", (2 + 10) / 2),              # row 3 has no tokens and does not count
-    ("seq_mean_token_sum_norm", (6 / 5 + 10 / 5) / 2),  # max_completion_length = 5
-])
-def test_aggregation_by_hand(mode, want):
-    got = grpo.aggregate_loss(jnp.asarray(LOSS), jnp.asarray(MASK), mode, max_completion_length=5)
-    np.testing.assert_allclose(got, want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
-def test_aggregation_micro_batches_accumulate_exactly(mode):
-    rng = np.random.default_rng(0)
-    loss = rng.normal(size=(6, 5)).astype(np.float32)
-    mask = (rng.random((6, 5)) < 0.6).astype(np.float32)
-    fn = grpo.LOSS_AGGREGATIONS.get(mode)
-    num, den = fn(jnp.asarray(loss), jnp.asarray(mask), max_completion_length=7)
-    parts = [fn(jnp.asarray(loss[s]), jnp.asarray(mask[s]), max_completion_length=7)
-             for s in (slice(0, 2), slice(2, 6))]
-    np.testing.assert_allclose(sum(p[0] for p in parts) / sum(p[1] for p in parts), num / den,
-                               rtol=1e-6)
-
-
-def test_aggregation_all_masked_is_zero_and_errors():
-    z = grpo.aggregate_loss(jnp.ones((2, 3)), jnp.zeros((2, 3)), "token_mean")
-    assert float(z) == 0.0
-    with pytest.raises(ValueError, match="max_completion_length > 0"):
-        grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), "seq_mean_token_sum_norm")
-    with pytest.raises(UnknownNameError, match="seq_mean_token_mean, seq_mean_token_sum_norm"):
-        grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), "seq_sum")
-    with pytest.raises(ValueError, match=r"\[N, T\]"):
-        grpo.aggregate_loss(jnp.ones((2, 3)), jnp.ones((2, 4)), "token_mean")
-
-
-# ------------------------------------------------------------------ KL estimators
-
-def test_kl_estimators_by_hand():
-    logp = jnp.log(jnp.array([0.5, 0.25]))
-    ref = jnp.log(jnp.array([0.25, 0.5]))
-    l2 = math.log(2.0)
-    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "k1"), [l2, -l2], rtol=1e-6)
-    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "k2"), [l2 ** 2 / 2] * 2, rtol=1e-6)
-    want_k3 = [0.5 + l2 - 1.0, 2.0 - l2 - 1.0]   # exp(d) - d - 1, d = ref - logp = -ln2, +ln2
-    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "k3"), want_k3, rtol=1e-6)
-    np.testing.assert_allclose(grpo.kl_divergence(logp, ref, "low_var_kl"), want_k3, rtol=1e-6)
-    # the clamps of low_var_kl
-    big = grpo.kl_divergence(jnp.array([0.0]), jnp.array([30.0]), "low_var_kl")
-    np.testing.assert_allclose(big, [10.0])
-
-
-@pytest.mark.parametrize("name", ["k1", "k3"])
-def test_k1_k3_are_unbiased_for_the_exact_kl(name):
-    p = np.array([0.1, 0.2, 0.3, 0.4])
-    q = np.array([0.4, 0.3, 0.2, 0.1])
-    exact = float(np.sum(p * np.log(p / q)))
-    per_x = np.asarray(grpo.kl_divergence(jnp.log(p), jnp.log(q), name))
-    np.testing.assert_allclose(np.sum(p * per_x), exact, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ toy categorical policy
@@ -427,7 +298,7 @@ def test_kl_term_gradient_k1_and_k3():
 
         (loss, metrics), g = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(logprobs)
         np.testing.assert_allclose(g[0], 0.5 * dkl / 2, rtol=1e-5, atol=1e-7)
-        kl = np.asarray(grpo.kl_divergence(logprobs, ref, name))
+        kl = np.asarray(kl_divergence(logprobs, ref, name))
         np.testing.assert_allclose(float(loss), 0.5 * kl.mean(), rtol=1e-5)
         np.testing.assert_allclose(float(metrics["kl"]), kl.mean(), rtol=1e-5)
 
@@ -509,8 +380,8 @@ def test_micro_batches_with_global_denominator_sum_to_full_batch(mode):
     rewards = np.array([1.0, 1.0, 1.0, 2.0, -1.0, 0.0], np.float32)   # group 0 is zero-variance
     cfg = cfg_with(loss_agg_mode=mode, max_completion_length=T)
     behaviour = token_logprobs(jnp.asarray(theta), jnp.asarray(actions)) - 0.03
-    den = grpo.aggregation_denominator(grpo.loss_mask(mask, rewards, G, cfg), mode,
-                                       max_completion_length=T)
+    den = aggregation_denominator(loss_mask(mask, rewards, G, cfg), mode,
+                                  max_completion_length=T)
 
     def loss_and_grad(th, rows, denominator):
         a, b, r, m = jnp.asarray(actions[rows]), behaviour[rows], rewards[rows], mask[rows]
@@ -648,7 +519,7 @@ def test_off_policy_knobs_are_validated_and_described():
     with pytest.raises(ValueError, match="geometric"):
         grpo.validate_config(cfg_with(behaviour_weight_level="batch"))
     grpo.validate_config(cfg_with(behaviour_weight_level="geometric", tis_lower=0.0))
-    assert grpo.tis_lower(cfg_with(tis_cap=4.0)) == 0.25
+    assert tis_lower(cfg_with(tis_cap=4.0)) == 0.25
     line = grpo.describe(cfg_with(proximal="learner", behaviour_weight="mask"))
     assert "mask at 2 per token, lower bound 0.5" in line
     assert "one optimizer step per batch (r = 1: the clip does not act)" in line

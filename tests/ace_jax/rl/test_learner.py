@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from ace_jax.rl import grpo, learner, rollout_batch
+from ace_jax.rl.advantage_estimators import compute_advantages
 from ace_jax.runtime.generate import Generator, SamplingConfig
 from models import configs, qwen3
 from tests.numerics import assert_close
@@ -105,7 +106,7 @@ def test_update_raises_logprob_of_advantaged_completions():
     before = seq_logprob(model)
     lrn.step(batch)
     after = seq_logprob(lrn.model())
-    adv = np.asarray(grpo.compute_advantages(batch.rewards.reshape(-1, G), g)).reshape(-1)
+    adv = np.asarray(compute_advantages(batch.rewards.reshape(-1, G), g)).reshape(-1)
     delta = after - before
     assert np.mean(delta[adv > 0]) > np.mean(delta[adv < 0])
 
@@ -354,7 +355,7 @@ def test_the_batch_own_advantages_replace_the_group_ones():
     advantages another."""
     model, batch = _setup(seed=2)
     g, o = _cfgs()
-    adv = grpo.compute_advantages(batch.rewards.reshape(-1, G), g).reshape(-1)
+    adv = compute_advantages(batch.rewards.reshape(-1, G), g).reshape(-1)
 
     def loss(b):
         return float(learner.Learner.create(model, g, o, group_size=G).step(b)["loss"])
