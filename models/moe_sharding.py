@@ -15,7 +15,9 @@ Three ways to run a layer's E experts over tokens that are split over the mesh's
   axis (size n) holds E / n experts and keeps them (the weights are only gathered over the OTHER
   axes their sharding uses: none in the sampler's layout, 'fsdp' in the learner's). The tokens of
   the n devices of an expert group are all-gathered over 'expert' (each device then sees the
-  group's n x N_local tokens and their routes), each device runs ITS experts on the assignments
+  group's n x N_local tokens and their routes; the routes' ids and weights travel packed in ONE
+  all-gather, `gather_rows`: a decode step's collectives are latency-bound, so each op saved is
+  a few microseconds per layer), each device runs ITS experts on the assignments
   routed to them, and the fp32 partial outputs are reduce-scattered back over 'expert' to the
   devices that own the tokens. Dropless, static shapes, exact: every assignment is computed by
   the one device holding its expert, nothing is dropped, no capacity. Communication per layer:
@@ -55,6 +57,7 @@ one (or on a mesh of one device) the dispatch runs as it is.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -231,6 +234,52 @@ def _local_all_experts(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtyp
     return jnp.einsum("ne,enh->nh", combine, y.astype(_F32))
 
 
+_WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def _packed_all_gather(arrays, axis: str):
+    """`jax.lax.all_gather` (tiled, over dim 0) of several [N, ...] arrays as ONE collective:
+    each is bitcast to unsigned words of the narrowest itemsize among them, flattened to
+    [N, words], concatenated, gathered, split and bitcast back. Bit-exact; one collective's
+    latency where each array would pay its own (a decode step's tokens and routes are a few KB:
+    latency-bound)."""
+    unit = min(jnp.dtype(a.dtype).itemsize for a in arrays)
+    word = _WORDS[unit]
+    parts = [jax.lax.bitcast_convert_type(a, word).reshape(a.shape[0], -1) for a in arrays]
+    packed = jax.lax.all_gather(jnp.concatenate(parts, axis=1), axis, tiled=True)
+    out, start = [], 0
+    for a, part in zip(arrays, parts):
+        width = part.shape[1]
+        ratio = jnp.dtype(a.dtype).itemsize // unit
+        words = packed[:, start:start + width].reshape(
+            packed.shape[0], *a.shape[1:], *((ratio,) if ratio > 1 else ()))
+        out.append(jax.lax.bitcast_convert_type(words, a.dtype))
+        start += width
+    return tuple(out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def gather_rows(arrays, axis: str):
+    """The rows of ``arrays`` (a tuple of [N, ...] arrays, any dtypes) all-gathered over the
+    mesh axis ``axis`` (tiled: [n x N, ...], in device order) in one collective
+    (`_packed_all_gather`). Inside ``shard_map``. Differentiable: a float array's cotangent is
+    reduce-scattered back, as `jax.lax.all_gather`'s transpose does; an integer array gets none."""
+    return _packed_all_gather(arrays, axis)
+
+
+def _gather_rows_fwd(arrays, axis):
+    return _packed_all_gather(arrays, axis), None
+
+
+def _gather_rows_bwd(axis, _, cotangents):
+    return (tuple(None if ct.dtype == jax.dtypes.float0 else
+                  jax.lax.psum_scatter(ct, axis, scatter_dimension=0, tiled=True)
+                  for ct in cotangents),)
+
+
+gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
+
+
 def expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down, dtype, *,
                              platform: str, parallelism: str = "expert", partials: str = "float32"):
     """Expert-parallel dropless dispatch ("expert" or "expert_tensor", see the module docstring)
@@ -262,7 +311,8 @@ def expert_parallel_dispatch(x, top_k_index, top_k_weights, w_gate, w_up, w_down
 
     def local(x, idx, wts, wg, wu, wd):
         if tokens_split:  # the expert group's tokens and routes, in device order
-            x, idx, wts = (jax.lax.all_gather(a, EXPERT_AXIS, tiled=True) for a in (x, idx, wts))
+            x = jax.lax.all_gather(x, EXPERT_AXIS, tiled=True)
+            idx, wts = gather_rows((idx, wts), EXPERT_AXIS)
         shard = 0   # this device's index in the expert group, major to minor
         for a in axes:
             shard = shard * dict(mesh.shape)[a] + jax.lax.axis_index(a)

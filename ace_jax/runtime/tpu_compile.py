@@ -111,17 +111,9 @@ def torus_hops(coords: Sequence[Sequence[int]], dims: Sequence[int]) -> int:
         e = len({c[axis] for c in coords})
         hops += e // 2 if e == size and size % 4 == 0 else e - 1
     return hops
-def collective_bytes(hlo: str) -> dict[str, int]:
-    """Bytes each kind of collective moves per device in an optimised HLO text (one count per
-    instruction: an op inside a ``while`` body counts once, like ``cost_analysis``).
-
-    From each op's result shape (operands are not typed in the optimised text): all-gather the
-    result, reduce-scatter the operand (result x group size), all-to-all and collective-permute
-    the operand (= result), all-reduce 2 x the operand (a ring sends and receives it about
-    twice). Async ``-start`` ops count once (their ``-done`` twin is skipped); a start's tuple
-    holds (operands, results): the results half is used. Returns {kind: bytes, "total": bytes}.
-    """
-    out = dict.fromkeys(COLLECTIVES, 0)
+def _collectives(hlo: str):
+    """(op, bytes moved per device, line) of each collective in an optimised HLO text (see
+    `collective_bytes` for the bytes)."""
     for line in hlo.splitlines():
         m = _COLLECTIVE.search(line)
         if not m:
@@ -137,6 +129,21 @@ def collective_bytes(hlo: str) -> dict[str, int]:
             moved *= _group_size(line)
         elif op == "all-reduce":
             moved *= 2
+        yield op, moved, line
+
+
+def collective_bytes(hlo: str) -> dict[str, int]:
+    """Bytes each kind of collective moves per device in an optimised HLO text (one count per
+    instruction: an op inside a ``while`` body counts once, like ``cost_analysis``).
+
+    From each op's result shape (operands are not typed in the optimised text): all-gather the
+    result, reduce-scatter the operand (result x group size), all-to-all and collective-permute
+    the operand (= result), all-reduce 2 x the operand (a ring sends and receives it about
+    twice). Async ``-start`` ops count once (their ``-done`` twin is skipped); a start's tuple
+    holds (operands, results): the results half is used. Returns {kind: bytes, "total": bytes}.
+    """
+    out = dict.fromkeys(COLLECTIVES, 0)
+    for op, moved, _ in _collectives(hlo):
         out[op] += moved
     out["total"] = sum(out[k] for k in COLLECTIVES)
     return out
@@ -312,34 +319,43 @@ def collective_hops(hlo: str, devices: Sequence[Any] | None = None) -> dict[str,
     torus) a group's hops are `torus_hops` of its chips; without, a group of ``n`` devices is
     taken as one bidirectional ring, ``n // 2`` hops. An all-gather, reduce-scatter or all-to-all
     waits that, an all-reduce (a reduce-scatter then an all-gather) twice that, a
-    collective-permute one hop; a group of one device none. Returns {"ops": int, "hops": int,
-    "by_group": {"<kind> x<n>": [ops, hops]}}. What a hop costs is the caller's constant
-    (`ace_jax.train.dry_run_speed.CHIPS`).
+    collective-permute one hop; a group of one device none. ``axis_bytes``: each op's bytes
+    (`collective_bytes`) over the torus axes its group spans, summed: an op over ``a`` axes has
+    ``a`` axes' links (the scaling book: a gather over several axes "increases the available
+    bandwidth by a factor of n_axes"), so its bytes take the time of ``1/a`` of them on one axis;
+    without ``devices`` every group is one axis. Returns {"ops": int, "hops": int,
+    "axis_bytes": float, "by_group": {"<kind> x<n>": [ops, hops]}}. What a hop and an axis's
+    bandwidth cost is the caller's constant (`ace_jax.train.dry_run_speed.CHIPS`).
     """
     coords = None
     if devices is not None and all(getattr(d, "coords", None) is not None for d in devices):
         coords = [tuple(d.coords) for d in devices]
         dims = [max(c[i] for c in coords) + 1 for i in range(len(coords[0]))]
     by_group: dict[str, list[int]] = {}
-    for line in hlo.splitlines():
-        m = _COLLECTIVE.search(line)
-        if not m:
-            continue
+    axis_bytes = 0.0
+    for op, moved, line in _collectives(hlo):
         ids = _first_group(line) or [0]
-        n = len(ids)
-        if m["op"] == "collective-permute":
+        n, axes = len(ids), 1
+        if op == "collective-permute":
             hops = 1
         elif n <= 1:
             continue
         else:
             placed = coords is not None and max(ids) < len(coords)
-            hops = torus_hops([coords[i] for i in ids], dims) if placed else n // 2
-            hops *= 2 if m["op"] == "all-reduce" else 1
-        row = by_group.setdefault(f"{m['op']} x{n}", [0, 0])
+            if placed:
+                group = [coords[i] for i in ids]
+                hops = torus_hops(group, dims)
+                axes = max(1, sum(len({c[a] for c in group}) > 1 for a in range(len(dims))))
+            else:
+                hops = n // 2
+            hops *= 2 if op == "all-reduce" else 1
+        row = by_group.setdefault(f"{op} x{n}", [0, 0])
         row[0] += 1
         row[1] += hops
+        axis_bytes += moved / axes
     return dict(ops=sum(r[0] for r in by_group.values()),
-                hops=sum(r[1] for r in by_group.values()), by_group=by_group)
+                hops=sum(r[1] for r in by_group.values()), axis_bytes=axis_bytes,
+                by_group=by_group)
 
 
 def _device_assignment(compiled: Any) -> list | None:

@@ -23,14 +23,16 @@ per microbatch (one microbatch's rows, one log-prob chunk) and multiplied by the
 
 The serial figure (``*_serial``) charges what the max leaves out, per chip and step:
 
-    t_serial = max(FLOPs / peak, HBM bytes / HBM BW) + collective bytes / ICI_axis
+    t_serial = max(FLOPs / peak, HBM bytes / HBM BW) + sum_ops(bytes / axes) / ICI_axis
                + ICI hops x hop latency
 
 compute and HBM overlapping inside a kernel but no collective overlapping either; ICI_axis is
 one torus axis's bidirectional bandwidth (a collective along one axis uses its two links, not
-the chip's six), the hops are counted from the compiled HLO and its chips' places on the torus
-(`tpu_compile.collective_hops`), and a hop's latency is the table's constant with its source
-(`CHIPS`). It is the figure the RL
+the chip's six; one over a plane of two axes has both axes' links: the scaling book's
+n_axes), the hops and each op's axes are read from the compiled HLO and its chips' places on
+the torus (`tpu_compile.collective_hops`), and a hop's latency is the table's constant with its
+source (`CHIPS`). The scaling book takes a collective's time as the max of its latency and
+its bytes' time; the serial figure adds them. It is the figure the RL
 step estimate uses for the decode of the engine the config runs (``decode_engine``).
 
 Decode is costed as the rollout's average step: a step reads the filled key blocks only, so its
@@ -67,9 +69,11 @@ CHIPS: dict[str, dict[str, Any]] = {
 
 
 def _cost(c: dict) -> dict[str, float]:
+    total = float(c["collective_bytes"].get("total", 0))
+    hops = c.get("collective_hops") or {}
     return dict(flops=float(c["flops"]), hbm_bytes=float(c["hbm_bytes"]),
-                collective_bytes=float(c["collective_bytes"].get("total", 0)),
-                hops=float((c.get("collective_hops") or {}).get("hops", 0)))
+                collective_bytes=total, hops=float(hops.get("hops", 0)),
+                axis_bytes=float(hops.get("axis_bytes", total)))
 
 
 def extrapolate(one: dict, two: dict, layers: int) -> dict[str, float]:
@@ -104,7 +108,7 @@ def serial(cost: dict[str, float], chip: dict[str, float]) -> dict[str, Any] | N
         return None
     compute_s = max(cost["flops"] / (chip["peak_tflops_bf16"] * 1e12),
                     cost["hbm_bytes"] / (chip["hbm_gbps"] * GB))
-    ici_s = cost["collective_bytes"] / (chip["ici_axis_gbps"] * GB)
+    ici_s = cost.get("axis_bytes", cost["collective_bytes"]) / (chip["ici_axis_gbps"] * GB)
     latency_s = cost["hops"] * chip["hop_latency_us"] * 1e-6
     return dict(compute_s=compute_s, ici_axis_s=ici_s, latency_s=latency_s, hops=cost["hops"],
                 seconds=compute_s + ici_s + latency_s)

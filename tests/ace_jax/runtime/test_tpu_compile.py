@@ -101,7 +101,10 @@ def test_collective_hops_of_a_program_the_tpu_compiler_made():
         x = jax.ShapeDtypeStruct((n * 8, 128), jnp.float32, sharding=NamedSharding(mesh, P("x")))
         out = NamedSharding(mesh, P())
         hlo = jax.jit(lambda a: a.sum(0), out_shardings=out).lower(x).compile().as_text()
-        assert tpu_compile.collective_hops(hlo) == want, hlo
+        got = tpu_compile.collective_hops(hlo)
+        # without a device assignment every group is one torus axis: its bytes, undivided
+        assert got.pop("axis_bytes") == tpu_compile.collective_bytes(hlo)["total"]
+        assert got == want, hlo
 
 
 def test_torus_hops_ring_an_axis_with_its_wraparound_and_line_a_part_of_it():
@@ -118,18 +121,21 @@ def test_torus_hops_ring_an_axis_with_its_wraparound_and_line_a_part_of_it():
 def test_collective_hops_place_a_group_on_the_torus():
     """v5p:4x4x4 as the sampler's mesh ('expert' 16 x 'tensor' 4, `mesh_utils`): a sum over
     'expert' is one all-reduce over a 4 x 4 plane, 2 x (2 + 2) hops on the torus where a ring of
-    16 would wait 2 x 8; over 'tensor' (one axis of 4 with its wraparound) 2 x 2. The compiled
-    program's own device assignment is what `compile_program` reads."""
+    16 would wait 2 x 8; over 'tensor' (one axis of 4 with its wraparound) 2 x 2. The plane's
+    sum has two axes' links, so its bytes count half on one axis (``axis_bytes``); the axis's sum
+    counts whole. The compiled program's own device assignment is what `compile_program` reads."""
     from jax.experimental import mesh_utils
 
     devices = mesh_utils.create_device_mesh((16, 4), devices=tpu_compile.topology_devices("v5p:4x4x4"))
     mesh = Mesh(devices, ("expert", "tensor"))
     x = jax.ShapeDtypeStruct((16 * 8, 4 * 128), jnp.float32,
                              sharding=NamedSharding(mesh, P("expert", "tensor")))
-    for dim, torus, ring in ((0, 8, 16), (1, 4, 4)):      # dim 0 over 'expert', 1 over 'tensor'
+    for dim, torus, ring, axes in ((0, 8, 16, 2), (1, 4, 4, 1)):  # dim 0 over 'expert', 1 'tensor'
         lowered = jax.jit(lambda a: a.sum(dim)).lower(x)
         compiled = lowered.compile()
         got = tpu_compile.collective_hops(compiled.as_text(), list(devices.flat))
         assert got["hops"] == torus and got["ops"] == 1, got
+        moved = tpu_compile.collective_bytes(compiled.as_text())["total"]
+        assert moved > 0 and got["axis_bytes"] == moved / axes
         assert tpu_compile.collective_hops(compiled.as_text())["hops"] == ring
         assert tpu_compile.compile_program(lowered).collective_hops["hops"] == torus

@@ -358,7 +358,7 @@ def test_roofline_names_the_binding_term_and_layers_extrapolate():
     one = dict(flops=1e12, hbm_bytes=2e9, collective_bytes={"total": 1e8})
     two = dict(flops=3e12, hbm_bytes=3e9, collective_bytes={"total": 1e8})
     cost = dry_run_speed.extrapolate(one, two, 4)            # + 3 layers of (2e12, 1e9, 0)
-    assert cost == dict(flops=7e12, hbm_bytes=5e9, collective_bytes=1e8, hops=0.0)
+    assert cost == dict(flops=7e12, hbm_bytes=5e9, collective_bytes=1e8, hops=0.0, axis_bytes=1e8)
     r = dry_run_speed.roofline(cost, chip)
     assert r["bound"] == "flops" and r["seconds"] == pytest.approx(0.07)
     assert r["hbm_s"] == pytest.approx(0.005) and r["ici_s"] == pytest.approx(0.001)
@@ -366,7 +366,8 @@ def test_roofline_names_the_binding_term_and_layers_extrapolate():
 
 def test_the_serial_figure_adds_ici_per_axis_and_a_latency_per_hop():
     """max(FLOP, HBM) + collective bytes / one axis's ICI + hops x hop latency; layers
-    extrapolate the hops too; no figure for a chip without the constants."""
+    extrapolate the hops too; an op over two torus axes (``axis_bytes``) counts half its
+    bytes; no figure for a chip without the constants."""
     chip = dict(peak_tflops_bf16=100.0, hbm_gbps=1000.0, ici_gbps=1200.0, ici_axis_gbps=200.0,
                 hop_latency_us=1.0)
     one = dict(flops=1e9, hbm_bytes=2e9, collective_bytes={"total": 1e8},
@@ -381,6 +382,11 @@ def test_the_serial_figure_adds_ici_per_axis_and_a_latency_per_hop():
     # the max figure is never above the serial one
     assert dry_run_speed.roofline(cost, chip)["seconds"] <= s["seconds"]
     assert dry_run_speed.serial(cost, dict(chip, hop_latency_us=None)) is None
+    # the same bytes, half of them in ops over a plane of two axes: 3e8 -> 2.25e8 axis-bytes
+    for c, total in ((one, 1e8), (two, 2e8)):
+        c["collective_hops"]["axis_bytes"] = 0.75 * total
+    s = dry_run_speed.serial(dry_run_speed.extrapolate(one, two, 3), chip)
+    assert s["ici_axis_s"] == pytest.approx(2.25e8 / 200e9)
     # a layer's collectives by kind and group: the 2-layer program's less the 1-layer one's
     one["collective_hops"]["by_group"] = {"all-reduce x4": [1, 4], "all-gather x16": [2, 16]}
     two["collective_hops"]["by_group"] = {"all-reduce x4": [2, 8], "all-gather x16": [2, 16],
