@@ -175,7 +175,8 @@ def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
     coordinator = log0.read_text(errors="replace") if log0.exists() else ""
     kaggle = pathlib.Path(kaggle_log).read_text(errors="replace") if os.path.exists(kaggle_log) else ""
     lost = pathlib.Path(lost_host).read_text().strip() if os.path.exists(lost_host) else ""
-    steps = [int(m["step"]) for m in _metrics(workdir) if "reward/mean" in m]
+    logged = [m for m in _metrics(workdir) if "reward/mean" in m]
+    steps = [int(m["step"]) for m in logged]
     exported = storage.exists(storage.join(export, "config.json")) and any(
         n.endswith(".safetensors") for n in storage.listdir(export))
     seconds = {}
@@ -190,6 +191,9 @@ def summary(root: str, workdir: str, export: str, hosts: int, phases: str,
         tasks=len([m for m in manifests if m]),
         mlebench_prepared=bool(manifests) and all(m.get("mlebench_prepared") for m in manifests),
         engine=run_cfg.get("engine", {}).get("kind"),
+        # the paged engine's host round trip per decode call, gathered across the processes
+        engine_host_gather_ms=next((m["engine/host_gather_ms"] for m in reversed(logged)
+                                    if "engine/host_gather_ms" in m), None),
         tokenizer_bytes_per_host=max(f["tokenizer_bytes"] for f in fetched),
         fetched_bytes_per_host=[f["bytes"] for f in fetched],
         tasks_fetched_per_host=[f["task_ids"] for f in fetched],

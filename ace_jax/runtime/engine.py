@@ -58,6 +58,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import time
 from typing import Sequence
 
 import jax
@@ -166,8 +167,10 @@ class Engine:
                                for k in range(self._shards)]
         self._slot_prefix: list[tuple[int, int] | None] = [None] * s
         self._next_id = 0
+        # host_gather_s: seconds the host spent gathering decode calls' results once they were
+        # computed (`multihost.host_value`: across processes on a pod), summed over the calls
         self.stats = dict(decode_calls=0, decode_steps=0, prefill_calls=0, tokens=0,
-                          peak_pages=0)
+                          peak_pages=0, host_gather_s=0.0)
         (self._prefill, self._admit, self._retire, self._decode, self._slice_layers,
          self._pack) = engine_programs.jitted(self.record_routes)
         self._layers = self._sliced_layers()
@@ -299,9 +302,12 @@ class Engine:
         # the host's share of the call: S x (3 x steps + 2) int32 (ace30b: 512 x 98 x 4 B =
         # 200 kB), and the routes only when recorded (S x steps x L_moe x k bytes)
         self._bind_waiting()     # host work (and prefills) for what waits, while it decodes
-        tokens, logprobs, emitted, done, reason = engine_programs.unpack_step(
-            multihost.host_value(packed), steps)
+        jax.block_until_ready(packed)
+        t0 = time.perf_counter()
+        host = multihost.host_value(packed)
         routes = None if routes is None else multihost.host_value(routes)
+        self.stats["host_gather_s"] += time.perf_counter() - t0
+        tokens, logprobs, emitted, done, reason = engine_programs.unpack_step(host, steps)
         self.stats["tokens"] += int(emitted.sum())
         for slot, owner in enumerate(self._slot_owner):
             if owner is None:

@@ -72,6 +72,9 @@ SPEC_REFERENCE: dict[str, dict[str, float]] = {
 }
 
 
+HOST_ROUND_TRIP_MS = 0.0
+
+
 def default_config() -> ml_collections.ConfigDict:
     """The ``dry_run`` config section: the target hardware and the projection's assumptions."""
     c = ml_collections.ConfigDict()
@@ -96,6 +99,12 @@ def default_config() -> ml_collections.ConfigDict:
     # decode_useful_tok_s_chip's completion lengths: fractions of the new-token budget, cycled
     # over the rollout's rows (illustrative, not measured; "" for no useful figure)
     c.completion_mix = "0.25,0.5,0.75,1.0"
+    # the paged engine's host round trip per decode call (gathering the call's results across
+    # the processes, once computed): the RL step estimate adds it per call (new tokens /
+    # engine.sync_every calls). Measured, not modelled: `engine_host_gather_ms` of the reduced
+    # pod rehearsal (2 processes on one CPU machine, scripts/pod_rehearsal.sh --reduced); a pod's
+    # 16 hosts over its data-centre network are not measured.
+    c.host_round_trip_ms = HOST_ROUND_TRIP_MS
     return c
 
 
@@ -268,7 +277,8 @@ def run_dry_run(config: ml_collections.ConfigDict, *, devices: Any = None,
                                             config.engine.kind, layout.placement.mesh.size),
                                         slots=int(config.engine.slots),
                                         sync_every=int(config.engine.sync_every),
-                                        completion_mix=str(dry.get("completion_mix", "")))
+                                        completion_mix=str(dry.get("completion_mix", "")),
+                                        host_round_trip_s=float(dry.get("host_round_trip_ms", 0.0)) / 1e3)
 
     report = {
         "model": dict(preset=config.model.preset, hf_path=str(config.model.get("hf_path", "")),

@@ -201,7 +201,7 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
                   n_act: int, prefill_s: float, decode_min: dict[str, float],
                   key_blocks: dict[str, float], paged_pages: dict[str, float] | None = None,
                   engine_kind: str = "static", slots: int = 0, sync_every: int = 1,
-                  completion_mix: str = "") -> dict[str, Any]:
+                  completion_mix: str = "", host_round_trip_s: float = 0.0) -> dict[str, Any]:
     """The report's ``speed`` section from the cost programs (`cost_programs`), or {} when any
     is missing or failed. Per chip; seconds; tokens/s. ``decode_min``: the bytes a decode step
     must read at the mean fill (`dry_run_analytic.decode_min_bytes`), whose HBM time is the
@@ -212,7 +212,9 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     ``decode_tok_s_chip_serial`` price (``decode_engine``): the paged engine's figures when they
     compiled, else the static generator's. ``completion_mix`` (`completion_lengths`; "" for
     none), ``slots`` and ``sync_every`` (the paged engine's) give ``decode_useful_tok_s_chip``:
-    the serial figure times `useful_fraction`."""
+    the serial figure times `useful_fraction`. ``host_round_trip_s``: the paged engine's host
+    round trip per decode call (``dry_run.host_round_trip_ms``), added to its rollout once per
+    ``sync_every`` steps (``host_round_trips_s``)."""
     names = ("decode_step_L1", "decode_step_L2", "decode_last_L1", "decode_last_L2", "reshard",
              "learner_microbatch_L1", "learner_microbatch_L2")
     if not all(compiled.get(n, {}).get("ok") for n in names):
@@ -249,7 +251,9 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
             out.update(decode_useful=dict(use, mix=completion_mix),
                        decode_useful_tok_s_chip=out["decode_tok_s_chip_serial"] * use["fraction"])
     # the engine's decode: serial seconds where the chip's constants are known, else the max
-    rollout_s = prefill_s + m * (runs or (paged if engine == "paged" else decode))["seconds"]
+    round_trips_s = -(-m // sync_every) * host_round_trip_s if engine == "paged" else 0.0
+    rollout_s = (prefill_s + m * (runs or (paged if engine == "paged" else decode))["seconds"]
+                 + round_trips_s)
     step_s = rollout_s + reshard["seconds"] + learner["seconds"]
     return dict(
         out, decode_engine=engine,
@@ -260,7 +264,8 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
         decode_min=dict(decode_min, seconds=min_s), decode_min_tok_s_chip=rows_per_chip / min_s,
         decode_hbm_gb=decode["hbm_bytes"] / GB, decode_collective_gb=decode["collective_bytes"] / GB,
         reshard_s=reshard["seconds"], learner_flops_ratio=learner_flops_ratio,
-        trained_tokens=trained_tokens, prefill_s=prefill_s, rollout_s=rollout_s,
+        trained_tokens=trained_tokens, prefill_s=prefill_s, host_round_trips_s=round_trips_s,
+        rollout_s=rollout_s,
         learner_s=learner["seconds"], step_s_estimate=step_s)
 
 
@@ -319,9 +324,12 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
             f"  useful decode: {speed['decode_useful_tok_s_chip']:,.0f} tokens/s per chip (serial x "
             f"{u['fraction']:.3f}: completions at {u['mix']} of the budget, the rollout "
             f"{u['steps']:.0f} steps until its longest row ends; an illustrative mix, not measured)")
+    trips = speed.get("host_round_trips_s", 0.0)
+    decode_s = speed["rollout_s"] - speed["prefill_s"] - trips
     lines.append(
         f"  RL step estimate {speed['step_s_estimate']:.1f} s = prefill {speed['prefill_s']:.1f} "
-        f"(analytic, at the MFU) + decode {speed['rollout_s'] - speed['prefill_s']:.1f} (the "
-        f"{speed['decode_engine']} engine, serial where the chip's constants are known) + reshard "
-        f"{speed['reshard_s']:.3f} + learner {speed['learner_s']:.1f}; no host round trips")
+        f"(analytic, at the MFU) + decode {decode_s:.1f} (the {speed['decode_engine']} engine, "
+        f"serial where the chip's constants are known) + host round trips {trips:.2f} "
+        f"(dry_run.host_round_trip_ms per engine call, measured on 2 CPU processes) + reshard "
+        f"{speed['reshard_s']:.3f} + learner {speed['learner_s']:.1f}")
     return lines

@@ -76,3 +76,15 @@ def update_weights(generator, learner) -> None:
     """The learner's parameters into the generator, stamped with the learner's step (their
     policy version)."""
     generator.update_weights(learner.params, version=int(learner.state.step))
+
+
+def engine_metrics(generator) -> dict[str, float]:
+    """The paged engine's host round trips so far: ``engine/decode_calls`` and
+    ``engine/host_gather_ms`` (the mean milliseconds the host spent gathering a decode call's
+    results once computed, across processes on a pod: what a call costs beyond its device
+    time); {} for the static generator."""
+    if not isinstance(generator, engine.Engine):
+        return {}
+    calls = generator.stats["decode_calls"]
+    return {"engine/decode_calls": float(calls),
+            "engine/host_gather_ms": 1e3 * generator.stats["host_gather_s"] / max(calls, 1)}

@@ -460,8 +460,8 @@ class Trainer:
         m.update({(k if k.startswith("offpolicy/") else f"grpo/{k}"): v for k, v in learn.items()})
         m["grpo/zero_var_frac"] = learn.get("frac_zero_variance_groups", 0.0)
         m.update(step_metrics.lp_metrics(s.step, self.sampler, self.buffer))
-        m.update(step_metrics.best_score_metrics(self.best_scores, self.task_by_id))
-        m.update(self.env.metrics(s))
+        m.update(step_metrics.best_score_metrics(self.best_scores, self.task_by_id),
+                 **generation.engine_metrics(self.generator), **self.env.metrics(s))
         return m
 
     # ------------------------------------------------------------------ 8: persist / resume

@@ -226,6 +226,22 @@ def test_shapes_are_fixed_nothing_compiles_after_the_first_run(model):
     assert not [e for e in events if "compile" in e or "trace" in e], events
 
 
+def test_the_host_round_trip_of_each_decode_call_is_timed(model):
+    """``host_gather_s`` sums the host's gathers of the decode calls' results (after the device
+    finished them); `generation.engine_metrics` reports the mean per call in ms."""
+    from ace_jax.train import generation
+
+    eng = _engine(model, _sampling(temperature=1.0))
+    assert generation.engine_metrics(eng) == {"engine/decode_calls": 0.0,
+                                              "engine/host_gather_ms": 0.0}
+    eng.generate(PROMPTS, jax.random.key(0))
+    calls, gather = eng.stats["decode_calls"], eng.stats["host_gather_s"]
+    assert calls >= 4 and gather > 0          # 12 new tokens at 3 steps per call
+    m = generation.engine_metrics(eng)
+    assert m["engine/decode_calls"] == calls
+    assert m["engine/host_gather_ms"] == pytest.approx(1e3 * gather / calls)
+
+
 def test_prompt_pages_are_shared_and_all_pages_return(model):
     """G samples of a 20-token prompt (5 full pages of 4) hold the 5 prompt pages once: the
     peak is 5 + G x (own pages) pages, not G x the whole row."""

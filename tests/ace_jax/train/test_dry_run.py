@@ -395,6 +395,30 @@ def test_the_serial_figure_adds_ici_per_axis_and_a_latency_per_hop():
                                                       "all-to-all x16": [1, 8]}
 
 
+def test_the_step_estimate_adds_a_host_round_trip_per_engine_call():
+    """The paged engine's rollout pays ``host_round_trip_s`` once per ``sync_every`` decode
+    steps (4,096 new tokens / 32 = 128 calls); the static generator's none."""
+    cost = dict(ok=True, flops=1e9, hbm_bytes=1e9, collective_bytes={"total": 1e6},
+                collective_hops=dict(ops=1, hops=2, axis_bytes=1e6, by_group={}))
+    names = [f"{p}{s}_L{n}" for p in ("", "paged_") for s in ("decode_step", "decode_last")
+             for n in (1, 2)] + ["reshard", "learner_microbatch_L1", "learner_microbatch_L2"]
+    compiled = {k: dict(cost) for k in names}
+    shp = dict(rows=64, new_tokens=4096, prompt_len=1024, group_size=8, prompts=8, microbatches=1)
+    fill = dict(decode_step=1.0, decode_last=2.0, mean=1.5)
+
+    def speed(kind, trip):
+        return dry_run_speed.speed_section(
+            compiled, dry=dry_run.default_config(), shp=shp, layers=4, chips=8, n_act=10**9,
+            prefill_s=0.5, decode_min=dict(total=1e9, weights=5e8, kv=5e8), key_blocks=fill, paged_pages=fill,
+            engine_kind=kind, slots=64, sync_every=32, host_round_trip_s=trip)
+
+    base, paged = speed("paged", 0.0), speed("paged", 0.01)
+    assert paged["host_round_trips_s"] == pytest.approx(128 * 0.01)
+    assert paged["step_s_estimate"] == pytest.approx(base["step_s_estimate"] + 1.28)
+    assert speed("static", 0.01)["host_round_trips_s"] == 0.0
+    assert "host round trips 1.28" in "\n".join(dry_run_speed.format_speed(paged))
+
+
 def test_useful_fraction_waits_for_the_longest_row_and_idles_to_the_call_end():
     """Tokens kept / slot-steps: one wave of rows ends with its longest; a row's slot idles to
     the end of its call; with more rows than slots, a freed slot takes the next row at a call's
