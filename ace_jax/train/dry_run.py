@@ -104,9 +104,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.completion_mix = "0.25,0.5,0.75,1.0"
     # the paged engine's host round trip per decode call (gathering the call's results across
     # the processes, once computed): the RL step estimate adds it per call (new tokens /
-    # engine.sync_every calls). Measured, not modelled: `engine_host_gather_ms` of the reduced
-    # pod rehearsal (2 processes on one CPU machine, scripts/pod_rehearsal.sh --reduced); a pod's
-    # 16 hosts over its data-centre network are not measured.
+    # engine.sync_every calls). Measured, not modelled (where: HOST_ROUND_TRIP_MS); a pod's 16
+    # hosts over its data-centre network are not measured.
     c.host_round_trip_ms = HOST_ROUND_TRIP_MS
     return c
 
