@@ -11,7 +11,8 @@ prefix's softmax with the own slots'.
 Why a kernel: XLA's fusions of the pure-JAX loop write each block's scores to HBM and read them
 back; with the 64 query rows per KV head of a group's prefix the scores of a block (fp32) weigh as
 much as its keys and values. Here a grid step (row b, key block j) DMAs the block's K and V
-([bk, nkv, d] each) into VMEM, and its scores, probabilities and running statistics never leave
+([nkv, bk, d] each: the cache read heads before slots, so one KV head is not padded to two by
+the TPU's tiling) into VMEM, and its scores, probabilities and running statistics never leave
 it. The kernel declares its cost (``pl.CostEstimate``), which XLA's cost analysis reads in place
 of a custom call's operand sizes: the K / V blocks it DMAs (the filled ones: the key block index
 is clamped to the last filled block, and Pallas does not copy a block again when consecutive grid
@@ -81,15 +82,14 @@ def _init(m_sc, l_sc, acc_sc):
 
 
 def _accumulate(q_ref, k_ref, v_ref, visible, v_valid, m_sc, l_sc, acc_sc, *, nkv: int,
-                scaling: float, dtype: Any, heads_first: bool):
+                scaling: float, dtype: Any):
     """One key block into the running statistics, per KV head: q_ref [nkv, R, d], k_ref / v_ref
-    [bk, nkv, d] (``heads_first``: [nkv, bk, d], a page of the paged pool), ``visible`` bool
-    [1, bk]; ``v_valid`` bool [bk, 1] or None (slots whose values are defined: a partial last
-    block's tail is not)."""
-    head = (lambda ref, h: ref[h]) if heads_first else (lambda ref, h: ref[:, h, :])  # noqa: E731
+    [nkv, bk, d] (heads before slots: a block of the cache, or a page of the paged pool),
+    ``visible`` bool [1, bk]; ``v_valid`` bool [bk, 1] or None (slots whose values are defined: a
+    partial last block's tail is not)."""
     for h in range(nkv):
-        k = head(k_ref, h).astype(dtype)                                   # [bk, d]
-        v = head(v_ref, h).astype(dtype)
+        k = k_ref[h].astype(dtype)                                         # [bk, d]
+        v = v_ref[h].astype(dtype)
         if v_valid is not None:
             v = jnp.where(v_valid, v, jnp.zeros_like(v))
         sc = jax.lax.dot_general(q_ref[h].astype(dtype), k, (((1,), (1,)), ((), ())),
@@ -117,13 +117,12 @@ def _write(out_ref, lse_ref, m_sc, l_sc, acc_sc, *, nkv: int):
 
 
 def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv: int,
-               scaling: float, dtype: Any, heads_first: bool = False):
+               scaling: float, dtype: Any):
     """Grid step j over a row's key blocks of ``bk`` slots, ``filled`` of them real, ``len(kv)``
     blocks per step: reset the statistics at step 0, fold in each block t (block j x len(kv) + t)
     that holds filled slots (``visibility(pos)`` -> (visible [1, bk], v_valid [bk, 1] or None)
     for the block's slot positions pos [1, bk]), write out / lse at step ``last``. refs = (q, kv,
-    out, lse), kv a tuple of (k, v) block refs; scratch = (m, l, acc); ``heads_first``: as
-    `_accumulate`."""
+    out, lse), kv a tuple of (k, v) block refs; scratch = (m, l, acc)."""
     q_ref, kv, out_ref, lse_ref = refs
 
     @pl.when(j == 0)
@@ -137,7 +136,7 @@ def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv:
         def _block_step(start=start, k_ref=k_ref, v_ref=v_ref):
             visible, v_valid = visibility(start + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1))
             _accumulate(q_ref, k_ref, v_ref, visible, v_valid, *scratch, nkv=nkv,
-                        scaling=scaling, dtype=dtype, heads_first=heads_first)
+                        scaling=scaling, dtype=dtype)
 
     @pl.when(j == last)
     def _finish():
@@ -146,7 +145,7 @@ def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv:
 
 def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_ref, m_sc, l_sc,
             acc_sc, *, bk: int, s: int, nkv: int, scaling: float, dtype: Any, last: int):
-    """One grid step (row b, key block j). q_ref [nkv, R, d]; k_ref / v_ref [bk, nkv, d]; mask_ref
+    """One grid step (row b, key block j). q_ref [nkv, R, d]; k_ref / v_ref [nkv, bk, d]; mask_ref
     [1, bk]; out_ref [nkv, R, d] and lse_ref [nkv, R, LANES] (written at the last block); scratch
     m_sc / l_sc [nkv, R, LANES] (lane-replicated running max and sum), acc_sc [nkv, R, d]."""
     del layer_ref  # used by the index maps only
@@ -195,9 +194,15 @@ def _pallas_call(kernel, name: str, scalars: int, grid: tuple[int, int], kv_spec
 def _local(filled, layer, q, k_cache, v_cache, mask, *, static_filled: int | None, scaling: float,
            dtype: Any, block_kv: int, interpret: bool):
     """The pallas_call on one device's shard: q [B, nkv, R, d], caches [L, B, S, nkv, d], mask
-    [B, 1, S] int32, filled / layer int32 [1] -> (out fp32 [B, nkv, R, d], lse fp32 [B, nkv, R])."""
+    [B, 1, S] int32, filled / layer int32 [1] -> (out fp32 [B, nkv, R, d], lse fp32 [B, nkv, R]).
+
+    The kernel reads the caches heads before slots ([L, B, nkv, S, d], a transposed view): its
+    blocks' minor dims (slots, d) then tile without padding whatever nkv is, and the compiler
+    can lay the cache out so that the view is free (where the cache is [.., S, nkv, d] in
+    memory, one KV head per chip pads every slot's head to two under ``T(2,128)``)."""
     b, nkv, r, d = q.shape
     s = k_cache.shape[2]
+    k_cache, v_cache = jnp.swapaxes(k_cache, 2, 3), jnp.swapaxes(v_cache, 2, 3)
     bk = _block(s, block_kv)
     total = -(-s // bk)
     blocks = total if static_filled is None else min(max(-(-static_filled // bk), 1), total)
@@ -206,12 +211,12 @@ def _local(filled, layer, q, k_cache, v_cache, mask, *, static_filled: int | Non
         # lax.div (truncating; the fill is >= 0): jnp's floor division lowers through `sign`,
         # which needs a real TPU's generation to lower
         last_filled = jnp.maximum(jax.lax.div(filled_ref[0] + bk - 1, bk) - 1, 0)
-        return layer_ref[0], i, jnp.minimum(j, last_filled), 0, 0
+        return layer_ref[0], i, 0, jnp.minimum(j, last_filled), 0
 
     def mask_map(i, j, filled_ref, layer_ref):
-        return i, 0, kv_map(i, j, filled_ref, layer_ref)[2]
+        return i, 0, kv_map(i, j, filled_ref, layer_ref)[3]
 
-    kv_spec = pl.BlockSpec((None, None, bk, nkv, d), kv_map)
+    kv_spec = pl.BlockSpec((None, None, nkv, bk, d), kv_map)
     mask_spec = pl.BlockSpec((None, 1, bk), mask_map)
     cost = declared_cost(b, nkv, r, d, blocks, bk, k_cache.dtype.itemsize, q.dtype.itemsize)
     kernel = functools.partial(_kernel, bk=bk, s=s, nkv=nkv, scaling=float(scaling), dtype=dtype,
@@ -271,7 +276,7 @@ def _paged_kernel(table_ref, lengths_ref, layer_ref, q_ref, *refs, page_size: in
     filled = lengths_ref[pl.program_id(0)]
     _grid_step(pl.program_id(1), page_size, filled, last, lambda pos: (pos < filled, None),
                (q_ref, kv, out_ref, lse_ref), tuple(scratch), nkv=nkv, scaling=scaling,
-               dtype=dtype, heads_first=True)
+               dtype=dtype)
 
 
 def pages_per_step(pages: int, page_size: int) -> int:

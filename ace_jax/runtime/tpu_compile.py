@@ -187,7 +187,10 @@ def large_copies(hlo: str, min_bytes: int) -> list[dict]:
     least ``min_bytes`` (`padded_bytes`: the layout's padding counted), e.g. a KV page pool
     converted to another layout. Per copy: name, shape, bytes (padded), its computation and
     ``in_loop`` (the computation is a ``while`` body: it runs every iteration). Each instruction
-    counts once, like ``cost_analysis`` (a loop body's copy is one entry)."""
+    counts once, like ``cost_analysis`` (a loop body's copy is one entry). ``in_hbm``: whether the
+    copy moves HBM to HBM (a layout conversion or a duplicate); memory-space assignment's moves
+    between HBM and the chip's on-chip memory (``S(1)`` in a layout: a ``copy-start`` whose
+    source or destination is there) are copies too, but convert nothing."""
     bodies = {m["name"] for m in _BODY.finditer(hlo)}
     out, computation = [], ""
     for line in hlo.splitlines():
@@ -201,8 +204,12 @@ def large_copies(hlo: str, min_bytes: int) -> list[dict]:
         shape = _LAID_OUT.search(m["shape"])   # copy-start: (destination, source, context)
         size = padded_bytes(shape.group(0))
         if size >= min_bytes:
+            # copy-start's result is (destination, source, context): both buffers' layouts
+            on_chip = [re.search(r"S\(\d+\)", x["layout"] or "") is not None
+                       for x in list(_LAID_OUT.finditer(m["shape"]))[:2]]
             out.append(dict(name=m["name"], op=m["op"], shape=shape.group(0), bytes=size,
-                            computation=computation, in_loop=computation in bodies))
+                            computation=computation, in_loop=computation in bodies,
+                            in_hbm=not any(on_chip)))
     return out
 
 

@@ -143,7 +143,9 @@ def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2, kv_heads: int
     their bytes. ``static``: also the static generator's rollout (`static_rollout_call`: 4
     prompts of ``prompt_len`` tokens x 8 samples, 4,096 new tokens, the chip's share of
     ace30b's static rollout): its cache's arrays (dense bytes, and the most any layout of
-    them in its HLO takes with padding) and their copies (`tpu_compile.copies_of`)."""
+    them in its HLO takes with padding), their copies within HBM (`tpu_compile.copies_of`) and,
+    apart, the compiler's moves of them to and from on-chip memory (``on_chip_moves``: a
+    stand-in of a few layers has a cache small enough for that)."""
     mc = model_configs.tiny_moe(hidden_size=512, num_attention_heads=4 * kv_heads,
                                 num_key_value_heads=kv_heads, head_dim=128,
                                 num_hidden_layers=layers, vocab_size=1024, dtype="bfloat16")
@@ -168,13 +170,16 @@ def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2, kv_heads: int
         program, arrays = static_rollout_call(mc, 4, prompt_len, 8, sampling,
                                               tpu_compile.topology_devices(topology)[0])
         dense = [math.prod(a.shape) * a.dtype.itemsize for a in arrays]
-        copies = [c for a in arrays for c in tpu_compile.copies_of(program.hlo, a.shape, a.dtype)]
+        found = [c for a in arrays for c in tpu_compile.copies_of(program.hlo, a.shape, a.dtype)]
+        copies = [c for c in found if c["in_hbm"]]
+        keys = ("name", "shape", "bytes", "in_loop")
         out["static"] = dict(
             cache_arrays=[dict(shape=list(a.shape), bytes=b,
                                padded_max=max(layouts(program.hlo, a).values(), default=b))
                           for a, b in zip(arrays, dense)],
             cache_copies=len(copies), cache_copies_in_loop=sum(c["in_loop"] for c in copies),
-            copies=[{k: c[k] for k in ("name", "shape", "bytes", "in_loop")} for c in copies])
+            copies=[{k: c[k] for k in keys} for c in copies],
+            on_chip_moves=[{k: c[k] for k in keys} for c in found if not c["in_hbm"]])
     return out
 
 

@@ -44,15 +44,15 @@ def _cache(seed, b, s, nkv, d, layers, dtype):
     return k, v, jnp.asarray(mask)
 
 
-@pytest.mark.parametrize("s,block,filled,layers,dtype", [
-    (256, 128, 200, 0, jnp.float32),    # one layer, two blocks, the second partly filled
-    (320, 128, 301, 3, jnp.float32),    # a stack; S not a multiple of the block: a partial last block
-    (320, 128, 301, 3, jnp.bfloat16),
-    (128, 512, 128, 2, jnp.bfloat16),   # one block of S slots (the block is clipped to S)
-    (256, 128, 0, 0, jnp.bfloat16),     # nothing filled
+@pytest.mark.parametrize("s,block,filled,layers,dtype,nkv", [
+    (256, 128, 200, 0, jnp.float32, 2),    # one layer, two blocks, the second partly filled
+    (320, 128, 301, 3, jnp.float32, 2),    # a stack; S not a multiple of the block: a partial last block
+    (320, 128, 301, 3, jnp.bfloat16, 4),
+    (128, 512, 128, 2, jnp.bfloat16, 1),   # one block of S slots (the block is clipped to S); one
+    (256, 128, 0, 0, jnp.bfloat16, 1),     # KV head (the pod's per chip); nothing filled
 ])
-def test_kernel_equals_the_xla_loop(s, block, filled, layers, dtype):
-    b, nkv, r, d = 3, 2, 4, 128
+def test_kernel_equals_the_xla_loop(s, block, filled, layers, dtype, nkv):
+    b, r, d = 3, 4, 128
     k, v, mask = _cache(filled + s, b, s, nkv, d, layers, dtype)
     q = jnp.asarray(np.random.RandomState(1).randn(b, 1, nkv * r, d), dtype)
     layer = 1 if layers else None
@@ -135,6 +135,7 @@ def test_the_model_picks_the_kernel_for_splash_only():
 @pytest.mark.skipif(not _HAS_LIBTPU, reason="libtpu is not installed: no TPU compiler for ahead-of-time lowering")
 def test_kernel_compiles_for_tpu_and_declares_the_filled_blocks():
     from jax.experimental import topologies
+    from jax.experimental.layout import Format, Layout
     topology = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x2")
     mesh = jax.sharding.Mesh(np.array(topology.devices).reshape(8, 1, 1, 1),
                              ("data", "fsdp", "tensor", "expert"))
@@ -144,9 +145,13 @@ def test_kernel_compiles_for_tpu_and_declares_the_filled_blocks():
     q = sds((b, 1, nkv * g, d), jnp.bfloat16, P("data"))
     k = v = sds((layers, b, s, nkv, d), jnp.bfloat16, P(None, "data"))
     mask = sds((b, s), jnp.bool_, P("data"))
+    # the cache's layout left to the compiler, as the rollout's loop (which makes and carries the
+    # cache) leaves it: the kernel reads it heads before slots
+    auto = Format(Layout.AUTO, k.sharding)
     with jax.set_mesh(mesh):
         compiled = jax.jit(functools.partial(decode_attention, filled=filled, scaling=d ** -0.5,
-                                             layer=1, block_kv=512, kernel="pallas")
+                                             layer=1, block_kv=512, kernel="pallas"),
+                           in_shardings=(q.sharding, auto, auto, mask.sharding)
                            ).lower(q, k, v, mask).compile()
     hlo = compiled.as_text()
     assert "decode_attention" in hlo and "all-gather" not in hlo

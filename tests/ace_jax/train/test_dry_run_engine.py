@@ -69,3 +69,25 @@ def test_pool_copies_are_every_copy_of_a_pool_sized_array_in_the_compiled_call(d
     assert all(c["bytes"] >= pool.size * 2 for c in copies)
     scan_bodies = set(re.findall(r"body=%([\w.\-]+)", program.hlo))
     assert all(c["in_loop"] == (c["computation"] in scan_bodies) for c in copies)
+
+
+def test_the_static_rollout_reads_its_cache_unpadded_and_in_place():
+    """Issue 49 item 5: the static generator's rollout (prefill, then the decode loop through the
+    kernel) at one KV head of d = 128 per chip lays its cache's arrays (the rows' own slots and
+    the shared prompts') out without padding and copies none of them within HBM: the kernel reads
+    the cache heads before slots, which one head under ``T(2,128)`` would otherwise pad to two
+    (and the prompts' keys, written unpadded by the prefill, were copied into that layout)."""
+    mc = configs.tiny_moe(hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=128, num_hidden_layers=2, vocab_size=512, dtype="bfloat16")
+    sampling = generate.SamplingConfig(max_new_tokens=256, eos_ids=(1,), pad_id=0, group_size=4)
+    program, arrays = dry_run_engine.static_rollout_call(
+        mc, 2, 1024, 4, sampling, tpu_compile.topology_devices("v5p:2x2x1")[0])
+    assert program.ok, program.error
+    assert "decode_attention" in program.hlo
+    assert len(arrays) == 2   # the rows' own slots and the shared prompts
+    for array in arrays:
+        dense = array.size * 2
+        found = dry_run_engine.layouts(program.hlo, array)
+        assert found and set(found.values()) == {dense}, found
+        copies = tpu_compile.copies_of(program.hlo, array.shape, array.dtype)
+        assert [c for c in copies if c["in_hbm"]] == [], copies
