@@ -38,9 +38,9 @@ Kernels:
   * `paged_write` / `paged_attention`: a PAGED cache (fixed-size pages in a pool shared by all
     rows, a page table per row; `models.qwen3.PagedKVCache`): T new tokens per row written at
     the row's own fill, and T queries per row (a decode step: T = 1; a prefill chunk: T > 1)
-    against the row's filled pages only, block by block, with an online softmax. On TPU a
-    decode step runs `models.decode_kernel.paged_decode_stats` (``kernel="pallas"``), which
-    reads each page in place from the stacked pool by its id. The pool is
+    against the row's filled pages only, block by block, with an online softmax. On TPU both
+    run `models.decode_kernel.paged_decode_stats` (``kernel="pallas"``), which reads each page
+    in place from the stacked pool by its id (a prefill chunk causal within it). The pool is
     [L, P, nkv, page_size, d]: the minor dims (page_size, d) tile without padding at any nkv,
     and the kernel reads the stored layout (no conversion of the pool on entry, exit or per
     layer; `ace_jax.train.dry_run_engine` reads the compiled call for such copies). jax's
@@ -614,9 +614,10 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, layer,
       page_table: int32 [B, pages_per_row]; start: int32 [B].
       scaling, dtype: as `blockwise_attention`.
       block_slots: slots read per step of the loop (rounded to whole pages).
-      kernel: as `decode_attention`'s; a decode step (T == 1) with "pallas" / "pallas_interpret"
-        runs `models.decode_kernel.paged_decode_stats` (the TPU kernel: several pages per grid
-        step, each read in place by its page id); chunks (T > 1) always take the loop.
+      kernel: as `decode_attention`'s; "pallas" / "pallas_interpret" run
+        `models.decode_kernel.paged_decode_stats` (the TPU kernel: several pages per grid step,
+        each read in place by its page id), a decode step (T == 1) or a prefill chunk (T > 1,
+        causal within it); "xla" the page loop.
       read_pages: None, or a static bound on the pages any row reads: only the first
         ``read_pages`` columns of the table are read, so the kernel's grid and its declared cost
         cover those (`qwen3.PagedKVCache.read_pages`; the caller promises the bound).
@@ -730,12 +731,14 @@ def _paged_stats(q, k_pages, v_pages, layer, page_table, start, *, scaling, dtyp
     g = nq // nkv
     if kernel not in DECODE_KERNELS:
         raise ValueError(f"decode kernel {kernel!r}; valid: {list(DECODE_KERNELS)}")
-    if kernel != "xla" and t == 1:
+    if kernel != "xla":   # the kernel, a row's T tokens as T x g query rows per KV head, t major
         from models import decode_kernel  # local: Pallas only where the kernel runs
+        qk = jnp.transpose(q.reshape(b, t, nkv, g, d), (0, 2, 1, 3, 4)).reshape(b, nkv, t * g, d)
         out, lse = decode_kernel.paged_decode_stats(
-            q.reshape(b, nkv, g, d), k_pages, v_pages, page_table, jnp.maximum(start + 1, 0), layer,
-            scaling=scaling, dtype=dtype, interpret=kernel == "pallas_interpret")
-        return out.reshape(b, nkv, g, 1, d), lse.reshape(b, nkv, g, 1)
+            qk, k_pages, v_pages, page_table, start + t, layer, scaling=scaling, dtype=dtype,
+            interpret=kernel == "pallas_interpret", queries=t)
+        return (jnp.swapaxes(out.reshape(b, nkv, t, g, d), 2, 3),
+                jnp.swapaxes(lse.reshape(b, nkv, t, g), 2, 3))
     pages_per_block = max(1, min(block_slots // page_size, page_table.shape[1]))
     blocks = -(-page_table.shape[1] // pages_per_block)
     table = _pad_axis(page_table, 1, blocks * pages_per_block)

@@ -32,9 +32,10 @@ kernel runs in ``jax.shard_map``, rows over the batch axes and KV heads over 'te
 (``interpret=True``: the tests).
 
 `paged_decode_stats` is the same online softmax over a PAGED cache (the rollout engine's:
-`models.attention.paged_attention`): grid (row, step over the row's table), a step reading
-several pages, each DMA'd from the stacked pool by its id (scalar-prefetched page table, lengths
-and layer), on one device.
+`models.attention.paged_attention`), for a decode step or a prefill chunk (T tokens per row,
+causal within it): grid (row, query tile, step over the row's table), a step reading several
+pages, each DMA'd from the stacked pool by its id (scalar-prefetched page table, lengths, layer
+and each tile's reach), on one device.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ __all__ = ["MASK_VALUE", "LANES", "PAGED_STEP_SLOTS", "decode_stats", "paged_dec
 MASK_VALUE = float(np.finfo(np.float32).min)   # as models.attention: a finite "minus infinity"
 LANES = 128                                    # TPU lane width: the key block's multiple
 PAGED_STEP_SLOTS = 512                         # slots a paged grid step reads (4 pages of 128)
+PAGED_BLOCK_Q = 512                            # query rows a paged grid step holds (a prefill's tile)
 _F32 = jnp.float32
 
 
@@ -156,32 +158,37 @@ def _kernel(filled_ref, layer_ref, q_ref, k_ref, v_ref, mask_ref, out_ref, lse_r
         return ((mask_ref[...] != 0) & (pos < filled) & (pos < s),
                 jnp.transpose(pos < s) if s % bk else None)
 
-    _grid_step(pl.program_id(1), bk, filled, last, visibility,
+    _grid_step(pl.program_id(2), bk, filled, last, visibility,
                (q_ref, ((k_ref, v_ref),), out_ref, lse_ref), (m_sc, l_sc, acc_sc), nkv=nkv,
                scaling=scaling, dtype=dtype)
 
 
-def _pallas_call(kernel, name: str, scalars: int, grid: tuple[int, int], kv_specs: list,
-                 q_shape: tuple[int, int, int, int], cost: dict, interpret: bool):
-    """The pallas_call both kernels share: ``scalars`` scalar-prefetch operands, then q
-    [B, nkv, R, d] (one row's block per grid row) and the ``kv_specs`` operands -> (out fp32
-    [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]), with the running statistics in VMEM scratch."""
+def _pallas_call(kernel, name: str, scalars: int, steps: int, kv_specs: list,
+                 q_shape: tuple[int, int, int, int], cost: dict, interpret: bool,
+                 block_q: int | None = None):
+    """The pallas_call the kernels share: grid (row, query tile, step), ``scalars``
+    scalar-prefetch operands, then q [B, nkv, R, d] (a row's tile of ``block_q`` query rows per
+    grid point; default all R) and the ``kv_specs`` operands (index maps of (row, tile, step,
+    *scalars)) -> (out fp32 [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]), with the running
+    statistics in VMEM scratch."""
     b, nkv, r, d = q_shape
-    rows = lambda i, j, *_: (i, 0, 0, 0)  # noqa: E731
+    bq = block_q or r
+    rows = lambda i, qi, j, *_: (i, 0, qi, 0)  # noqa: E731
 
     def call(*args):
         out, lse = pl.pallas_call(
             kernel,
             grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=scalars, grid=grid,
-                in_specs=[pl.BlockSpec((None, nkv, r, d), rows), *kv_specs],
-                out_specs=[pl.BlockSpec((None, nkv, r, d), rows),
-                           pl.BlockSpec((None, nkv, r, LANES), rows)],
-                scratch_shapes=[pltpu.VMEM((nkv, r, LANES), _F32),
-                                pltpu.VMEM((nkv, r, LANES), _F32), pltpu.VMEM((nkv, r, d), _F32)]),
+                num_scalar_prefetch=scalars, grid=(b, r // bq, steps),
+                in_specs=[pl.BlockSpec((None, nkv, bq, d), rows), *kv_specs],
+                out_specs=[pl.BlockSpec((None, nkv, bq, d), rows),
+                           pl.BlockSpec((None, nkv, bq, LANES), rows)],
+                scratch_shapes=[pltpu.VMEM((nkv, bq, LANES), _F32),
+                                pltpu.VMEM((nkv, bq, LANES), _F32), pltpu.VMEM((nkv, bq, d), _F32)]),
             out_shape=[jax.ShapeDtypeStruct((b, nkv, r, d), _F32),
                        jax.ShapeDtypeStruct((b, nkv, r, LANES), _F32)],
-            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "arbitrary")),
             cost_estimate=pl.CostEstimate(**cost),
             interpret=interpret,
             name=name,
@@ -207,21 +214,21 @@ def _local(filled, layer, q, k_cache, v_cache, mask, *, static_filled: int | Non
     total = -(-s // bk)
     blocks = total if static_filled is None else min(max(-(-static_filled // bk), 1), total)
 
-    def kv_map(i, j, filled_ref, layer_ref):
+    def kv_map(i, qi, j, filled_ref, layer_ref):
         # lax.div (truncating; the fill is >= 0): jnp's floor division lowers through `sign`,
         # which needs a real TPU's generation to lower
         last_filled = jnp.maximum(jax.lax.div(filled_ref[0] + bk - 1, bk) - 1, 0)
         return layer_ref[0], i, 0, jnp.minimum(j, last_filled), 0
 
-    def mask_map(i, j, filled_ref, layer_ref):
-        return i, 0, kv_map(i, j, filled_ref, layer_ref)[3]
+    def mask_map(i, qi, j, filled_ref, layer_ref):
+        return i, 0, kv_map(i, qi, j, filled_ref, layer_ref)[3]
 
     kv_spec = pl.BlockSpec((None, None, nkv, bk, d), kv_map)
     mask_spec = pl.BlockSpec((None, 1, bk), mask_map)
     cost = declared_cost(b, nkv, r, d, blocks, bk, k_cache.dtype.itemsize, q.dtype.itemsize)
     kernel = functools.partial(_kernel, bk=bk, s=s, nkv=nkv, scaling=float(scaling), dtype=dtype,
                                last=blocks - 1)
-    return _pallas_call(kernel, "decode_attention", 2, (b, blocks), [kv_spec, kv_spec, mask_spec],
+    return _pallas_call(kernel, "decode_attention", 2, blocks, [kv_spec, kv_spec, mask_spec],
                         (b, nkv, r, d), cost, interpret)(filled, layer, q, k_cache, v_cache, mask)
 
 
@@ -264,19 +271,22 @@ def decode_stats(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, kv_mask: 
 
 
 # ============================================================================ paged cache
-def _paged_kernel(table_ref, lengths_ref, layer_ref, q_ref, *refs, page_size: int, nkv: int,
-                  scaling: float, dtype: Any, last: int):
-    """One grid step (row b, step j over its page table): refs = (k_0 .. k_{n-1}, v_0 ..
-    v_{n-1}, out, lse, m, l, acc), k_t / v_t [nkv, page_size, d] the step's page t; the row sees
-    its slots s < lengths[b]."""
+def _paged_kernel(table_ref, lengths_ref, layer_ref, tile_ref, q_ref, offsets_ref, *refs,
+                  page_size: int, nkv: int, scaling: float, dtype: Any, last: int):
+    """One grid step (row b, query tile qi, step j over its page table): q_ref [nkv, bq, d] the
+    tile's query rows, offsets_ref int32 [bq, 1] their offsets (query row r sees the row's slots
+    s < lengths[b] + offsets[r]); tile_ref [tiles]: each tile's largest offset (its pages past
+    lengths[b] + that are not read); refs = (k_0 .. k_{n-1}, v_0 .. v_{n-1}, out, lse, m, l,
+    acc), k_t / v_t [nkv, page_size, d] the step's page t."""
     del table_ref, layer_ref  # used by the index maps only
     n = (len(refs) - 5) // 2
     kv = tuple(zip(refs[:n], refs[n:2 * n]))
     out_ref, lse_ref, *scratch = refs[2 * n:]
-    filled = lengths_ref[pl.program_id(0)]
-    _grid_step(pl.program_id(1), page_size, filled, last, lambda pos: (pos < filled, None),
-               (q_ref, kv, out_ref, lse_ref), tuple(scratch), nkv=nkv, scaling=scaling,
-               dtype=dtype)
+    length = lengths_ref[pl.program_id(0)]
+    limit = length + offsets_ref[...]                                      # [bq, 1]
+    _grid_step(pl.program_id(2), page_size, length + tile_ref[pl.program_id(1)], last,
+               lambda pos: (pos < limit, None), (q_ref, kv, out_ref, lse_ref), tuple(scratch),
+               nkv=nkv, scaling=scaling, dtype=dtype)
 
 
 def pages_per_step(pages: int, page_size: int) -> int:
@@ -296,23 +306,30 @@ def step_page(t, j, last_page, n: int):
 def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                        page_table: jax.Array, lengths: jax.Array, layer: jax.Array | int, *,
                        scaling: float, dtype: Any = None, interpret: bool = False,
-                       per_step: int | None = None) -> tuple[jax.Array, jax.Array]:
+                       per_step: int | None = None, queries: int = 1,
+                       block_q: int = PAGED_BLOCK_Q) -> tuple[jax.Array, jax.Array]:
     """(out fp32 [B, nkv, R, d], log-sum-exp fp32 [B, nkv, R]) of q [B, nkv, R, d] against the
     first ``lengths[b]`` slots of row b in a PAGED cache: pools ``k_pages`` / ``v_pages``
     [L, P, nkv, page_size, d] read at ``layer``, slot s of row b at page
     ``page_table[b, s // page_size]`` [B, pages_per_row], offset ``s % page_size``
     (`models.attention.paged_attention`'s layout, on one device: the rollout engine's).
 
-    Grid (row, step): a step reads ``per_step`` pages (default `pages_per_step`) of K and of V,
-    each its own operand, which Pallas double-buffers (the next step's pages are DMA'd while
-    this step computes); the page ids and lengths are scalar-prefetched (SMEM). Only the pages in
-    use are read: page t of a step past the row's last filled page maps to the page that operand
-    held at the step before, which Pallas does not copy again (a row with fewer pages than
-    ``per_step`` reads its last page for the missing ones). The declared cost is every page of
-    the table (the fills are traced: an upper bound; ``read_pages`` of
-    `models.attention.paged_attention` narrows the table to the pages read). A row with
-    ``lengths[b] == 0`` gets out 0 and log-sum-exp ``MASK_VALUE``. ``interpret``: Pallas
-    interpret mode (off TPU)."""
+    ``queries`` T > 1: a chunk of T consecutive tokens per row (a prefill), R = T x g query rows,
+    t major (row r is token r // g); token t sees the slots s < lengths[b] - (T - 1 - t), i.e. up
+    to its own (``lengths[b]``: the chunk's last slot + 1), causally.
+
+    Grid (row, query tile, step): a tile is ``block_q`` query rows (all R when fewer; R is padded
+    to whole tiles with rows that see nothing); a step reads ``per_step`` pages (default
+    `pages_per_step`) of K and of V, each its own operand, which Pallas double-buffers (the
+    next step's pages are DMA'd while this step computes); the page ids, lengths and each tile's
+    reach are scalar-prefetched (SMEM). Only the pages in use are read: page t of a step past
+    the last page the tile's rows see maps to the page that operand held at the step before,
+    which Pallas does not copy again (a row with fewer pages than ``per_step`` reads its last
+    page for the missing ones). Each tile reads its row's pages anew. The declared cost is every
+    page of the table for every tile (the fills are traced: an upper bound; ``read_pages`` of
+    `models.attention.paged_attention` narrows the table to the pages read). A query row that
+    sees no slot gets out 0 and log-sum-exp ``MASK_VALUE``. ``interpret``: Pallas interpret
+    mode (off TPU)."""
     if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
         raise ValueError(f"k_pages {k_pages.shape} and v_pages {v_pages.shape} must be the same "
                          "[L, P, nkv, page_size, d]")
@@ -323,24 +340,39 @@ def paged_decode_stats(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     if lengths.shape != (b,):
         raise ValueError(f"lengths must be [B] = [{b}], got {lengths.shape}")
     r = q.shape[2]
+    if queries < 1 or r % queries:
+        raise ValueError(f"queries={queries} must divide q's {r} query rows (T x g)")
     n = per_step or pages_per_step(pages, page_size)
     if not 1 <= n <= pages:
         raise ValueError(f"per_step must be in [1, {pages}] (the table's pages), got {n}")
     steps = -(-pages // n)
+    # query row r is token r // g of the chunk; it sees lengths[b] + offset[r] slots
+    offsets = jnp.arange(r, dtype=jnp.int32) // (r // queries) - (queries - 1)
+    bq = r if r <= block_q else block_q
+    tiles = -(-r // bq)
+    pad = tiles * bq - r                      # padded rows see nothing
+    offsets = jnp.pad(offsets, (0, pad), constant_values=-(pages * page_size + queries))
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0)))
 
     def kv_map(t: int):
-        def index(i, j, table_ref, lengths_ref, layer_ref):
+        def index(i, qi, j, table_ref, lengths_ref, layer_ref, tile_ref):
             # lax.div (truncating; operands >= 0): jnp's floor division lowers through `sign`,
             # which needs a real TPU's generation to lower (see `_local`)
-            last_page = jnp.maximum(jax.lax.div(lengths_ref[i] + page_size - 1, page_size) - 1, 0)
+            seen = jnp.maximum(lengths_ref[i] + tile_ref[qi], 0)
+            last_page = jnp.maximum(jax.lax.div(seen + page_size - 1, page_size) - 1, 0)
             return layer_ref[0], table_ref[i * pages + step_page(t, j, last_page, n)], 0, 0, 0
         return pl.BlockSpec((None, None, nkv, page_size, d), index)
 
     specs = [kv_map(t) for t in range(n)]
-    cost = declared_cost(b, nkv, r, d, pages, page_size, k_pages.dtype.itemsize, q.dtype.itemsize)
+    offsets_spec = pl.BlockSpec((bq, 1), lambda i, qi, j, *_: (qi, 0))
+    cost = declared_cost(b * tiles, nkv, bq, d, pages, page_size, k_pages.dtype.itemsize,
+                         q.dtype.itemsize)
     kernel = functools.partial(_paged_kernel, page_size=page_size, nkv=nkv, scaling=float(scaling),
                                dtype=jnp.dtype(dtype or q.dtype), last=steps - 1)
-    return _pallas_call(kernel, "paged_decode_attention", 3, (b, steps), specs + specs,
-                        (b, nkv, r, d), cost, interpret)(
+    out, lse = _pallas_call(kernel, "paged_decode_attention", 4, steps,
+                            [offsets_spec] + specs + specs, (b, nkv, tiles * bq, d), cost,
+                            interpret, block_q=bq)(
         page_table.astype(jnp.int32).reshape(-1), lengths.astype(jnp.int32),
-        jnp.asarray(layer, jnp.int32).reshape(1), q, *(k_pages,) * n, *(v_pages,) * n)
+        jnp.asarray(layer, jnp.int32).reshape(1), offsets.reshape(tiles, bq).max(axis=1), q,
+        offsets.reshape(-1, 1), *(k_pages,) * n, *(v_pages,) * n)
+    return out[:, :, :r], lse[:, :, :r]

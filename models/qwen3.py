@@ -171,9 +171,9 @@ def _stacked(num_layers: int | None, shape: tuple[int, ...], axes: tuple[str, ..
 
 
 def _decode_kernel(mask: "AttentionMask") -> str:
-    """The decode step's attention kernel (`models.attention.decode_attention`,
-    `paged_attention`): the Pallas one for a "splash" model (on TPU; interpret mode elsewhere, as
-    splash itself) and for a paged cache on TPU, else XLA's loop."""
+    """The attention kernel of a decode step (`models.attention.decode_attention`,
+    `paged_attention`) and of a paged prefill chunk: the Pallas one for a "splash" model (on TPU;
+    interpret mode elsewhere, as splash itself) and for a paged cache on TPU, else XLA's loop."""
     if mask.impl == "paged":
         return "pallas" if mask.platform == "tpu" else "xla"
     if mask.impl != "splash":

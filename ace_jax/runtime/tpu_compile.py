@@ -213,12 +213,14 @@ def large_copies(hlo: str, min_bytes: int) -> list[dict]:
     return out
 
 
-def copies_of(hlo: str, shape: Sequence[int], dtype: Any) -> list[dict]:
+def copies_of(hlo: str, shape: Sequence[int], dtype: Any, on_chip: bool = False) -> list[dict]:
     """`large_copies` of an array of ``shape`` and ``dtype`` (e.g. one KV cache or page pool
-    array per chip): the copies whose result has those dims, in any layout."""
+    array per chip): the copies within HBM whose result has those dims, in any layout
+    (``on_chip``: the moves to and from on-chip memory too)."""
     dims = ",".join(map(str, shape))
     dense = math.prod(shape) * np.dtype(dtype).itemsize
-    return [c for c in large_copies(hlo, dense) if _LAID_OUT.search(c["shape"])["dims"] == dims]
+    return [c for c in large_copies(hlo, dense) if _LAID_OUT.search(c["shape"])["dims"] == dims
+            and (on_chip or c["in_hbm"])]
 
 
 class TopologyError(ValueError):

@@ -126,8 +126,8 @@ def layouts(hlo: str, array: jax.ShapeDtypeStruct) -> dict[str, int]:
 
 def pool_copies(program: tpu_compile.CompiledProgram, state: engine_programs.SlotState
                 ) -> list[dict]:
-    """The copies in ``program``'s HLO of one of ``state``'s pool arrays (its dims, any layout):
-    `tpu_compile.large_copies`'s entries."""
+    """The copies within HBM in ``program``'s HLO of one of ``state``'s pool arrays (its dims,
+    any layout): `tpu_compile.large_copies`'s entries."""
     pool = state.pools[0][0]
     return tpu_compile.copies_of(program.hlo, pool.shape, pool.dtype)
 
@@ -170,7 +170,8 @@ def pod_chip_figures(topology: str = "v5p:2x2x1", layers: int = 2, kv_heads: int
         program, arrays = static_rollout_call(mc, 4, prompt_len, 8, sampling,
                                               tpu_compile.topology_devices(topology)[0])
         dense = [math.prod(a.shape) * a.dtype.itemsize for a in arrays]
-        found = [c for a in arrays for c in tpu_compile.copies_of(program.hlo, a.shape, a.dtype)]
+        found = [c for a in arrays
+                 for c in tpu_compile.copies_of(program.hlo, a.shape, a.dtype, on_chip=True)]
         copies = [c for c in found if c["in_hbm"]]
         keys = ("name", "shape", "bytes", "in_loop")
         out["static"] = dict(

@@ -223,6 +223,40 @@ def test_paged_kernel_reads_several_pages_per_step(nkv):
                                          interpret=True, per_step=8, **kw)
 
 
+@pytest.mark.parametrize("nkv", [1, 2, 4])
+def test_a_prefill_chunk_through_the_paged_kernel_equals_the_page_loop(nkv):
+    """Issue 49 item 2: a chunk of T = 12 tokens per row (a prefill) through the paged kernel,
+    causal within the chunk: rows whose chunk starts at slot 0, mid-page (after a cached prefix)
+    and on a page boundary, and one at start -1 (its first token sees nothing), equal the page
+    loop at 1, 2 and 4 KV heads. With 16 query rows per tile (T x g = 24 or 48 rows: 2 or 3
+    tiles, the last padded) each tile reads only the pages its tokens see."""
+    layers, pages, ps, g, d, b, t = 2, 40, 16, 2, 128, 4, 12
+    k, v = _pool(11, layers, pages, ps, nkv, d, jnp.float32)
+    rng = np.random.RandomState(12)
+    table = jnp.asarray(rng.permutation(np.arange(1, pages))[:b * 6].reshape(b, 6), jnp.int32)
+    start = jnp.asarray([0, 21, 48, -1], jnp.int32)
+    q = jnp.asarray(rng.randn(b, t, nkv * g, d), jnp.float32)
+    kw = dict(scaling=d ** -0.5, dtype=jnp.float32)
+    want = paged_attention(q, k, v, 1, table, start, block_slots=ps, kernel="xla", **kw)
+    got = paged_attention(q, k, v, 1, table, start, kernel="pallas_interpret", **kw)
+    assert got.shape == want.shape == (b, t, nkv * g, d)
+    assert_close(np.asarray(got), np.asarray(want), reduction_len=6 * ps, dtype=jnp.float32)
+    qk = jnp.transpose(q.reshape(b, t, nkv, g, d), (0, 2, 1, 3, 4)).reshape(b, nkv, t * g, d)
+    for block_q in (16, 512):
+        out, lse = decode_kernel.paged_decode_stats(qk, k, v, table, start + t, 1, interpret=True,
+                                                    queries=t, block_q=block_q, **kw)
+        assert out.shape == (b, nkv, t * g, d) and lse.shape == (b, nkv, t * g)
+        assert_close(np.asarray(jnp.swapaxes(out.reshape(b, nkv, t, g, d), 1, 2)).reshape(
+            b, t, nkv * g, d), np.asarray(want), reduction_len=6 * ps, dtype=jnp.float32)
+        # row 3's first token (slot -1) sees nothing: out 0, log-sum-exp MASK_VALUE
+        np.testing.assert_array_equal(np.asarray(lse[3, :, :g]), decode_kernel.MASK_VALUE)
+        np.testing.assert_array_equal(np.asarray(out[3, :, :g]), 0.0)
+        assert (np.asarray(lse[:3]) > decode_kernel.MASK_VALUE).all()
+    with pytest.raises(ValueError, match="queries"):
+        decode_kernel.paged_decode_stats(qk, k, v, table, start + t, 1, interpret=True,
+                                         queries=5, **kw)
+
+
 def test_a_multi_page_step_reads_each_filled_page_once():
     """The pages each operand reads step by step (`step_page`): a new page is a DMA, the same
     page as at the step before is not (Pallas skips it). Over a 7-page table a row DMAs each of
