@@ -386,7 +386,7 @@ class ProcessBackend(base.Backend):
         if self.uses_status_fd:
             status_r, status_w = os.pipe()
             status = supervise_lib.StatusPipe(status_r)
-        host_rss_kb, _ = supervise_lib.status_memory_kb(os.getpid())
+        host_rss_kb = max(supervise_lib.status_memory_kb(os.getpid()))   # VmHWM >= VmRSS
         start = time.monotonic()
         try:
             cmd = self._command(task, workdir, limits, status_fd=status_w)
@@ -455,8 +455,10 @@ class ProcessBackend(base.Backend):
                 proc.returncode = -signal.SIGKILL
         raw.exit_code = self._translate_exit(proc.returncode)
         raw.wall_s = end - start
-        # wait4's ru_maxrss = max(host RSS at fork, peak of the tree it waited for): exact when it
-        # clearly exceeds what the fork inherited, else rely on the /proc samples. The host's RSS
+        # wait4's ru_maxrss = max(the host's PEAK RSS at fork, peak of the tree it waited for):
+        # the forked copy inherits the host's high-water mark (VmHWM), not its current RSS (a
+        # test runner that once held 6 GB and now holds 4.7 made a 96 MB script read 6,160 MB).
+        # Exact when it clearly exceeds that, else rely on the /proc samples. The host's RSS
         # moves between its reading and the fork (a multi-GB test runner: by several percent),
         # hence the wide margin.
         if rusage.ru_maxrss > 1.25 * host_rss_kb + 256 * 1024:

@@ -79,6 +79,15 @@ def test_peak_memory_is_measured(pool, fake_task):
     assert 90 <= r.peak_memory_mb < 400, r.peak_memory_mb
 
 
+def test_peak_memory_ignores_the_hosts_past_peak(pool, fake_task):
+    """A forked script inherits the host's high-water mark (VmHWM) as its ``ru_maxrss``: after the
+    host held ~768 MB more than it holds now, the 96 MB script still measures as itself."""
+    big = bytearray(768 << 20)
+    big[::4096] = b"1" * len(big[::4096])
+    del big
+    test_peak_memory_is_measured(pool, fake_task)
+
+
 def test_keep_keeps_the_working_dir(fake_task, tmp_path):
     backend = ProcessBackend(root_dir=tmp_path, keep=True)
     raw = backend.execute(fake_task, GOOD_CODE)
