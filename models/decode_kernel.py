@@ -87,8 +87,8 @@ def _accumulate(q_ref, k_ref, v_ref, visible, v_valid, m_sc, l_sc, acc_sc, *, nk
                 scaling: float, dtype: Any):
     """One key block into the running statistics, per KV head: q_ref [nkv, R, d], k_ref / v_ref
     [nkv, bk, d] (heads before slots: a block of the cache, or a page of the paged pool),
-    ``visible`` bool [1, bk] or [R, bk] (per query row); ``v_valid`` bool [bk, 1] or None (slots whose values are defined: a
-    partial last block's tail is not)."""
+    ``visible`` bool [1, bk] or [R, bk] (per query row); ``v_valid`` bool [bk, 1] or None (slots
+    whose values are defined: a partial last block's tail is not)."""
     for h in range(nkv):
         k = k_ref[h].astype(dtype)                                         # [bk, d]
         v = v_ref[h].astype(dtype)
@@ -122,9 +122,9 @@ def _grid_step(j, bk: int, filled, last: int, visibility, refs, scratch, *, nkv:
                scaling: float, dtype: Any):
     """Grid step j over a row's key blocks of ``bk`` slots, ``filled`` of them real, ``len(kv)``
     blocks per step: reset the statistics at step 0, fold in each block t (block j x len(kv) + t)
-    that holds filled slots (``visibility(pos)`` -> (visible [1 or R, bk], v_valid [bk, 1] or None)
-    for the block's slot positions pos [1, bk]), write out / lse at step ``last``. refs = (q, kv,
-    out, lse), kv a tuple of (k, v) block refs; scratch = (m, l, acc)."""
+    that holds filled slots (``visibility(pos)`` -> (visible [1 or R, bk], v_valid [bk, 1] or
+    None) for the block's slot positions pos [1, bk]), write out / lse at step ``last``. refs =
+    (q, kv, out, lse), kv a tuple of (k, v) block refs; scratch = (m, l, acc)."""
     q_ref, kv, out_ref, lse_ref = refs
 
     @pl.when(j == 0)
@@ -276,8 +276,9 @@ def _paged_kernel(table_ref, lengths_ref, layer_ref, tile_ref, q_ref, offsets_re
     """One grid step (row b, query tile qi, step j over its page table): q_ref [nkv, bq, d] the
     tile's query rows, offsets_ref int32 [bq, 1] their offsets (query row r sees the row's slots
     s < lengths[b] + offsets[r]); tile_ref [tiles]: each tile's largest offset (no row of the
-    tile sees a slot from lengths[b] + that offset on, so those pages are not read); refs = (k_0 .. k_{n-1}, v_0 .. v_{n-1}, out, lse, m, l,
-    acc), k_t / v_t [nkv, page_size, d] the step's page t."""
+    tile sees a slot from lengths[b] + that offset on, so those pages are not read); refs =
+    (k_0 .. k_{n-1}, v_0 .. v_{n-1}, out, lse, m, l, acc), k_t / v_t [nkv, page_size, d] the
+    step's page t."""
     del table_ref, layer_ref  # used by the index maps only
     n = (len(refs) - 5) // 2
     kv = tuple(zip(refs[:n], refs[n:2 * n]))

@@ -201,12 +201,12 @@ def large_copies(hlo: str, min_bytes: int) -> list[dict]:
         m = _COPY.match(line)
         if not m:
             continue
-        shape = _LAID_OUT.search(m["shape"])   # copy-start: (destination, source, context)
+        # copy-start's result is (destination, source, context): both buffers' layouts
+        buffers = list(_LAID_OUT.finditer(m["shape"]))[:2]
+        shape = buffers[0]
         size = padded_bytes(shape.group(0))
         if size >= min_bytes:
-            # copy-start's result is (destination, source, context): both buffers' layouts
-            on_chip = [re.search(r"S\(\d+\)", x["layout"] or "") is not None
-                       for x in list(_LAID_OUT.finditer(m["shape"]))[:2]]
+            on_chip = [re.search(r"S\(\d+\)", x["layout"] or "") is not None for x in buffers]
             out.append(dict(name=m["name"], op=m["op"], shape=shape.group(0), bytes=size,
                             computation=computation, in_loop=computation in bodies,
                             in_hbm=not any(on_chip)))

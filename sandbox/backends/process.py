@@ -386,7 +386,7 @@ class ProcessBackend(base.Backend):
         if self.uses_status_fd:
             status_r, status_w = os.pipe()
             status = supervise_lib.StatusPipe(status_r)
-        host_rss_kb = max(supervise_lib.status_memory_kb(os.getpid()))   # VmHWM >= VmRSS
+        host_peak_kb = max(supervise_lib.status_memory_kb(os.getpid()))   # VmHWM >= VmRSS
         start = time.monotonic()
         try:
             cmd = self._command(task, workdir, limits, status_fd=status_w)
@@ -461,7 +461,7 @@ class ProcessBackend(base.Backend):
         # Exact when it clearly exceeds that, else rely on the /proc samples. The host's RSS
         # moves between its reading and the fork (a multi-GB test runner: by several percent),
         # hence the wide margin.
-        if rusage.ru_maxrss > 1.25 * host_rss_kb + 256 * 1024:
+        if rusage.ru_maxrss > 1.25 * host_peak_kb + 256 * 1024:
             memory.peak_kb = max(memory.peak_kb, rusage.ru_maxrss)
         raw.peak_memory_mb = memory.peak_mb()
         raw.stdout, raw.stderr = out.text(), err.text()
