@@ -14,7 +14,9 @@ weights, generation, sampler and the probe. The arms of one seed share its warm 
 difference between arms is paired by seed. Each run is ``ablation.run_job``: running the command
 again reuses finished runs (keyed on their resolved config) and resumes an interrupted one, so a
 comparison too long for one sitting is finished by running it again; ``--export_only`` writes the
-raw data of the runs finished so far (``complete`` in runs.json says whether all are).
+raw data of the runs finished so far (``complete`` in runs.json says whether all are). One too
+long for one machine runs a few seeds at a time: an export keeps the runs an earlier export of
+the same settings wrote (``earlier_runs``), so ``--seeds`` names only the seeds still to run.
 
 Tables and figures are made from the raw data alone: ``python -m ace_jax.experiments.tables``,
 with the paired statistics here: ``paired_t_p`` (the t-test behind a 95% t-interval),
@@ -184,15 +186,44 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 WARM = "warm"   # the arm name of the warm starts in the raw data (with ``export(warm_root=)``)
 
 
+def earlier_runs(out_dir: str, settings: Mapping[str, Any]
+                 ) -> dict[tuple[str, int], tuple[dict, list[dict[str, Any]]]]:
+    """The runs an earlier export wrote to ``out_dir`` (its runs.json entry and its rows), keyed
+    on (arm, seed), when that export had the same config, overrides and arms as ``settings``;
+    {} when there is none or the settings differ. A comparison too long for one machine is
+    run a few seeds at a time (``--seeds`` of those left) and each export keeps the others."""
+    info_path = os.path.join(out_dir, "runs.json")
+    csv_path = os.path.join(out_dir, "metrics.csv.gz")
+    if not (os.path.exists(info_path) and os.path.exists(csv_path)):
+        return {}
+    with open(info_path) as f:
+        info = json.load(f)
+    if any(info.get(k) != v for k, v in settings.items()):
+        print(f"{out_dir}: the earlier export's settings differ; its runs are not kept",
+              file=sys.stderr)
+        return {}
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in read_csv(csv_path):
+        rows.setdefault((r["arm"], r["seed"]), []).append(r)
+    return {(e["arm"], e["seed"]): (e, rows.get((e["arm"], e["seed"]), []))
+            for e in info.get("runs", [])}
+
+
 def export(out_dir: str, root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
            *, command: str, config: str, overrides: Mapping[str, Any] = (),
            warm_root: str | None = None) -> dict:
     """Writes ``metrics.csv.gz`` and ``runs.json`` of the finished runs under ``root`` to
     ``out_dir``; returns the runs.json content. With ``warm_root`` the warm starts are
     exported too, as arm ``WARM`` (their probe is the one of every arm's first parameters).
+    A run with no folder under ``root`` that an earlier export to ``out_dir`` holds (same
+    settings, ``earlier_runs``) is kept as that export wrote it, its seed with the others.
     A run's entry in runs.json names the commits it ran on (``ablation.run_job``'s marker;
     absent for runs made before markers recorded them)."""
     os.makedirs(out_dir, exist_ok=True)
+    settings = {"config": config, "overrides": {k: str(v) for k, v in dict(overrides).items()},
+                "arms": {a: {k: str(v) for k, v in o.items()} for a, o in arms.items()}}
+    earlier = earlier_runs(out_dir, settings)
+    seeds = sorted(set(seeds) | {seed for _, seed in earlier})
     rows, runs = [], []
     dirs = [(arm, seed, os.path.join(root, arm, f"seed{seed}")) for arm in arms for seed in seeds]
     if warm_root is not None:
@@ -200,6 +231,10 @@ def export(out_dir: str, root: str, arms: Mapping[str, Mapping[str, Any]], seeds
     for arm, seed, workdir in dirs:
         marker = os.path.join(workdir, ablation.DONE_MARKER)
         if not os.path.exists(marker):
+            if (arm, seed) in earlier:          # exported before, its folder is elsewhere
+                entry, kept = earlier[arm, seed]
+                rows += kept
+                runs.append(entry)
             continue
         with open(marker) as f:
             job = json.load(f)
@@ -207,9 +242,7 @@ def export(out_dir: str, root: str, arms: Mapping[str, Mapping[str, Any]], seeds
         runs.append({"arm": arm, "seed": seed, "fingerprint": job["fingerprint"],
                      **({"commits": job["commits"]} if "commits" in job else {})})
     write_csv(rows, os.path.join(out_dir, "metrics.csv.gz"))
-    info = {"command": command, "commit": provenance.commit(ablation.REPO)[0], "config": config,
-            "overrides": {k: str(v) for k, v in dict(overrides).items()},
-            "arms": {a: {k: str(v) for k, v in o.items()} for a, o in arms.items()},
+    info = {"command": command, "commit": provenance.commit(ablation.REPO)[0], **settings,
             "seeds": list(seeds), "runs": runs,
             "complete": sum(r["arm"] != WARM for r in runs) == len(arms) * len(seeds)}
     with open(os.path.join(out_dir, "runs.json"), "w") as f:

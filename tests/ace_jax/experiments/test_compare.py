@@ -56,3 +56,29 @@ def test_export_keeps_the_warm_starts_and_each_run_s_commits(tmp_path):
     assert [(r["arm"], r["step"], r.get("probe/heldout_valid_rate")) for r in rows] == [
         ("warm", 0, 0.25), ("lp", 0, None), ("lp", 20, 0.5)]
     assert json.loads((out / "runs.json").read_text()) == info
+
+
+def test_an_export_keeps_the_runs_an_earlier_export_of_the_same_settings_wrote(tmp_path):
+    """Seeds run on another machine (their folders gone) stay in the raw data when the next
+    seeds are exported, and only while the settings are the same."""
+    out = str(tmp_path / "results")
+    first, second = tmp_path / "first", tmp_path / "second"
+    _finished_run(str(first / "warm0"), [{"step": 0, "probe/heldout_valid_rate": 0.25}])
+    _finished_run(str(first / "lp" / "seed0"), [{"step": 20, "probe/heldout_valid_rate": 0.5}])
+    compare.export(out, str(first), {"lp": {"x": 1}}, [0], command="c", config="x",
+                   warm_root=str(first))
+    _finished_run(str(second / "warm1"), [{"step": 0, "probe/heldout_valid_rate": 0.125}])
+    _finished_run(str(second / "lp" / "seed1"), [{"step": 20, "probe/heldout_valid_rate": 0.75}])
+    info = compare.export(out, str(second), {"lp": {"x": 1}}, [1], command="c", config="x",
+                          warm_root=str(second))
+    assert info["seeds"] == [0, 1] and info["complete"]
+    assert [(r["arm"], r["seed"], r["fingerprint"]) for r in info["runs"]] == [
+        ("warm", 0, "fp-warm0"), ("warm", 1, "fp-warm1"), ("lp", 0, "fp-seed0"),
+        ("lp", 1, "fp-seed1")]
+    rows = compare.read_csv(str(tmp_path / "results" / "metrics.csv.gz"))
+    assert [(r["arm"], r["seed"], r["probe/heldout_valid_rate"]) for r in rows] == [
+        ("warm", 0, 0.25), ("warm", 1, 0.125), ("lp", 0, 0.5), ("lp", 1, 0.75)]
+    # another arm setting: the earlier runs are another experiment's and are not kept
+    info = compare.export(out, str(second), {"lp": {"x": 2}}, [1], command="c", config="x",
+                          warm_root=str(second))
+    assert [(r["arm"], r["seed"]) for r in info["runs"]] == [("warm", 1), ("lp", 1)]
