@@ -96,7 +96,8 @@ def summary(report: dict) -> dict:
                    step_s_estimate=round(sp["step_s_estimate"], 1), decode_engine=sp["decode_engine"])
         if sp.get("host_round_trips_s"):
             out["host_round_trips_s"] = round(sp["host_round_trips_s"], 3)
-        for key in ("decode_tok_s_chip_serial", "decode_useful_tok_s_chip"):
+        for key in ("decode_tok_s_chip_serial", "decode_serial_floor_tok_s_chip",
+                    "decode_useful_tok_s_chip"):
             if key in sp:
                 out[key] = round(sp[key], 1)
         if "paged_decode_tok_s_chip" in sp:

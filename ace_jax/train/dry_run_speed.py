@@ -50,7 +50,7 @@ from typing import Any, Sequence
 
 from ace_jax.train.dry_run_analytic import GB
 
-__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "serial", "hops_per_layer",
+__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "serial", "serial_floor", "hops_per_layer",
            "average_step", "paged_decode", "useful_fraction", "completion_lengths", "speed_section"]
 
 # Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
@@ -112,6 +112,17 @@ def serial(cost: dict[str, float], chip: dict[str, float]) -> dict[str, Any] | N
     latency_s = cost["hops"] * chip["hop_latency_us"] * 1e-6
     return dict(compute_s=compute_s, ici_axis_s=ici_s, latency_s=latency_s, hops=cost["hops"],
                 seconds=compute_s + ici_s + latency_s)
+
+
+def serial_floor(step_serial: dict[str, Any], min_hbm_s: float) -> dict[str, float]:
+    """The serial figure's floor for a decode step of this mesh and batch: ``step_serial``'s
+    (`serial`) collectives, bytes and hops, as compiled, after an HBM term of ``min_hbm_s``
+    (the step's weights and K / V read once and nothing else: `dry_run_analytic.
+    decode_min_bytes` at the HBM bandwidth). What the serial figure could reach if every other
+    byte of HBM traffic went, the collectives unchanged. Seconds."""
+    return dict(hbm_s=min_hbm_s, ici_axis_s=step_serial["ici_axis_s"],
+                latency_s=step_serial["latency_s"],
+                seconds=min_hbm_s + step_serial["ici_axis_s"] + step_serial["latency_s"])
 
 
 def chip_figures(dry) -> dict[str, Any]:
@@ -212,7 +223,8 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     ``decode_tok_s_chip_serial`` price (``decode_engine``): the paged engine's figures when they
     compiled, else the static generator's. ``completion_mix`` (`completion_lengths`; "" for
     none), ``slots`` and ``sync_every`` (the paged engine's) give ``decode_useful_tok_s_chip``:
-    the serial figure times `useful_fraction`. ``host_round_trip_s``: the paged engine's host
+    the serial figure times `useful_fraction`. ``decode_serial_floor_tok_s_chip``: the serial
+    figure with the HBM term at ``decode_min`` (`serial_floor`). ``host_round_trip_s``: the paged engine's host
     round trip per decode call (``dry_run.host_round_trip_ms``), added to its rollout once per
     ``sync_every`` steps (``host_round_trips_s``)."""
     names = ("decode_step_L1", "decode_step_L2", "decode_last_L1", "decode_last_L2", "reshard",
@@ -228,7 +240,6 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     learner = roofline({key: k * v for key, v in mb.items()}, chip)
     rows_per_chip = n / chips
     decode_tok_s_chip = rows_per_chip / decode["seconds"]
-    min_s = decode_min["total"] / (chip["hbm_gbps"] * GB)
     # tokens the step trains on: each group's prompt once and its G completions
     trained_tokens = b * (p + g * m)
     learner_flops_ratio = learner["flops"] * chips / (6.0 * n_act * trained_tokens)
@@ -242,8 +253,12 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
                                     "paged_decode_step"))
     engine = "paged" if engine_kind == "paged" and paged is not None else "static"
     runs = out.get(f"{engine}_decode_serial")
+    min_s = decode_min["total"] / (chip["hbm_gbps"] * GB)
     if runs is not None:
-        out.update(decode_tok_s_chip_serial=out[f"{engine}_decode_tok_s_chip_serial"])
+        floor = serial_floor(runs, min_s)
+        out.update(decode_tok_s_chip_serial=out[f"{engine}_decode_tok_s_chip_serial"],
+                   decode_serial_floor=floor,
+                   decode_serial_floor_tok_s_chip=rows_per_chip / floor["seconds"])
         if completion_mix:
             lengths = completion_lengths(completion_mix, n, m)
             use = (useful_fraction(lengths, slots or n, sync_every) if engine == "paged"
@@ -318,6 +333,13 @@ def format_speed(speed: dict[str, Any]) -> list[str]:
                 f"{s['hops']:.0f} hops x {c['hop_latency_us']:g} us {s['latency_s'] * 1e3:.3f} ms); "
                 f"a layer's collectives [ops, hops]: "
                 + ", ".join(f"{k} {v}" for k, v in s.get("per_layer", {}).items()))
+    if "decode_serial_floor" in speed:
+        f = speed["decode_serial_floor"]
+        lines.append(
+            f"  serial floor: {speed['decode_serial_floor_tok_s_chip']:,.0f} tokens/s per chip "
+            f"(the {speed['decode_engine']} engine's serial step with HBM at the bound above: "
+            f"{f['hbm_s'] * 1e3:.3f} + ICI {f['ici_axis_s'] * 1e3:.3f} + hops "
+            f"{f['latency_s'] * 1e3:.3f} ms; what no saving of HBM traffic alone can pass)")
     if "decode_useful" in speed:
         u = speed["decode_useful"]
         lines.append(

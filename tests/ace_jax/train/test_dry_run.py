@@ -417,6 +417,12 @@ def test_the_step_estimate_adds_a_host_round_trip_per_engine_call():
     assert paged["step_s_estimate"] == pytest.approx(base["step_s_estimate"] + 1.28)
     assert speed("static", 0.01)["host_round_trips_s"] == 0.0
     assert "host round trips 1.28" in "\n".join(dry_run_speed.format_speed(paged))
+    # the serial floor: the engine's serial step with its HBM term at the bound's 1e9 bytes
+    floor, step = paged["decode_serial_floor"], paged["paged_decode_serial"]
+    min_s = 1e9 / (float(dry_run.default_config().hbm_bw_gbps) * 1e9)
+    assert floor["seconds"] == pytest.approx(min_s + step["ici_axis_s"] + step["latency_s"])
+    assert paged["decode_serial_floor_tok_s_chip"] == pytest.approx(64 / 8 / floor["seconds"])
+    assert "serial floor:" in "\n".join(dry_run_speed.format_speed(paged))
 
 
 def test_useful_fraction_waits_for_the_longest_row_and_idles_to_the_call_end():
@@ -529,6 +535,8 @@ def test_sampler_layout_decode_moves_tokens_not_weights():
         assert speed[f"{eng}_decode_serial"]["hops"] > 0, speed[f"{eng}_decode_serial"]
         assert speed[f"{eng}_decode_serial"]["per_layer"], speed[f"{eng}_decode_serial"]
         assert 0 < speed[f"{eng}_decode_tok_s_chip_serial"] <= tok_max
+        # its floor (HBM at the bytes a step must read) is never below it
+        assert s["decode_serial_floor_tok_s_chip"] >= s["decode_tok_s_chip_serial"], s
         # the default mix's rows end at 1/4 ... 1 of the budget: the learner keeps under 5/8
         # of the serial figure's tokens
         assert s["decode_useful_tok_s_chip"] <= 0.625 * s["decode_tok_s_chip_serial"] + 0.1
