@@ -23,10 +23,6 @@ SYLLABLES = ("ka", "lo", "mi", "ra", "tu", "se", "no", "vi", "de", "po", "zu", "
              "go", "ha", "ju", "le", "mo", "ne", "pi", "qu", "ri", "sa", "to", "wy")
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 def _standardise(f: np.ndarray) -> np.ndarray:
     s = f.std()
     return (f - f.mean()) / (s if s > 0 else 1.0)
