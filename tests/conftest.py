@@ -1,8 +1,21 @@
-"""Test-wide setup: 8 simulated CPU devices (for sharding tests) and fp32 matmul precision.
+"""Test-wide setup: 8 simulated CPU devices (for sharding tests), fp32 matmul precision, and one
+persistent XLA compilation cache per test run.
 
-XLA reads XLA_FLAGS when the backend starts, so it is set here, before any test imports jax.
+XLA reads XLA_FLAGS when the backend starts, and jax reads ``JAX_COMPILATION_CACHE_DIR`` when it
+is imported, so both are set here, before any test imports jax.
+
+The cache: the library makes a fresh ``jax.jit`` per Learner, Engine and generator, so every test
+that builds one compiles its programs again, although many tests build the same programs (the
+tiny model's learner step, the engine's decode call). With the cache a program compiled once in
+a run is read back by the later tests and by the other pytest-xdist worker (the run's id names
+the folder; it is removed when the run ends). Only programs that took at least 0.5 s to compile
+are written. A hit gives the executable a fresh compile would give (the key is the program, its
+compile options, the devices and the jax / XLA versions). ``JAX_COMPILATION_CACHE_DIR=`` (empty)
+turns it off.
 """
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -11,3 +24,16 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_RUN_CACHE = os.path.join(tempfile.gettempdir(), "ace_jax_tests_xla_" + os.environ.get(
+    "PYTEST_XDIST_TESTRUNUID", str(os.getpid())))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _RUN_CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+def pytest_sessionfinish(session):
+    """The run's cache goes when the run ends (in the process that started it: the xdist
+    controller, or the only process without xdist)."""
+    if not hasattr(session.config, "workerinput") and \
+            os.environ.get("JAX_COMPILATION_CACHE_DIR") == _RUN_CACHE:
+        shutil.rmtree(_RUN_CACHE, ignore_errors=True)

@@ -1,4 +1,7 @@
 """Setup errors of the trainer are clear and come before any heavy work."""
+import contextlib
+
+import jax
 import numpy as np
 import pytest
 
@@ -237,20 +240,41 @@ def test_max_staleness_knob():
         train_config.validate(c)
 
 
+@contextlib.contextmanager
+def _compiling_everything():
+    """The persistent compilation cache off (tests/conftest.py turns it on for the run):
+    ``perf/compile_seconds`` counts XLA compiles, and a program another test compiled would be
+    a cache hit, not a compile."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def k1_run(tiny_setup, tmp_path_factory):
     """k = 1 (today's overlap), checkpoints every 2 iterations, written in the background."""
     cfg = tiny_loop_cfg(tiny_setup, tmp_path_factory.mktemp("k1") / "run", max_staleness=1)
     cfg.checkpoint.save_interval_steps = 2
     cfg.checkpoint.async_save = True
-    return run_loop(cfg)
+    with _compiling_everything():
+        return run_loop(cfg)
 
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_each_batch_is_learned_at_most_k_updates_after_it_was_generated(
         k, k1_run, tiny_setup, tmp_path):
-    got = k1_run if k == 1 else run_loop(tiny_loop_cfg(tiny_setup, tmp_path / "run",
-                                                       max_staleness=k))
+    if k == 1:
+        got = k1_run
+    else:
+        with _compiling_everything():
+            got = run_loop(tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=k))
     assert [m["step"] for m in got["metrics"]] == [0, 1, 2]
     # the probe: before updates 0 and 2 (probe.every = 2) and after the last, a line of its own
     assert [(step, p["probe/updates"]) for step, p in got["probes"]] == [(0, 0), (2, 2), (3, 3)]

@@ -76,8 +76,11 @@ def _env(devices: int) -> dict:
 
 
 def _cmd(workdir, mesh):
+    # the launcher enables the cache its config names (ace_jax/runtime/compile_cache.py), which
+    # wins over the environment's JAX_COMPILATION_CACHE_DIR: name the module's folder there
+    cache = [f"--config.compile_cache_dir={_CACHE_DIR[0]}"] if _CACHE_DIR else []
     return [sys.executable, str(REPO / "launch/tpu_train.py"), "--config=configs/local.py",
-            *_flags(workdir, mesh)]
+            *_flags(workdir, mesh), *cache]
 
 
 def _launch(workdir, mesh, devices, timeout=900):
