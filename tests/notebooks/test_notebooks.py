@@ -17,6 +17,9 @@ def _backend() -> str:
 TINY_RUN = {"rl.batch_states": 1, "rl.group_size": 2, "sampling.max_new_tokens": 48,
             "tasks.ids": "('iris-species',)", "lp.explore_steps": 1, "lp.anneal_steps": 1,
             "sft.seconds": 120}
+# the notebooks that do not show the probe run without it (a probe before the first update and
+# after the last, per run: most of a 2-step run's time); the quickstart shows it
+NO_PROBE = {"probe.every": 0}
 
 
 def test_quickstart(tmp_path):
@@ -40,8 +43,8 @@ def test_ablation_lp_vs_uniform(tmp_path):
     nb = run_notebook(
         os.path.join(REPO, "notebooks", "ablation_lp_vs_uniform.ipynb"),
         dict(root=str(root), samplers=("lp", "uniform"), seeds=(0,),
-             overrides={**TINY_RUN, "tasks.cache_dir": str(tmp_path / "tasks"), "sft.steps": 5,
-                        "rl.num_steps": 2, "optim.decay_steps": 2},
+             overrides={**TINY_RUN, **NO_PROBE, "tasks.cache_dir": str(tmp_path / "tasks"),
+                        "sft.steps": 5, "rl.num_steps": 2, "optim.decay_steps": 2},
              eval_samplers=("lp", "uniform"), eval_tasks=("iris-species",), eval_max_steps=1,
              backend=_backend()),
         str(tmp_path / "ablation.out.ipynb"))
@@ -61,7 +64,7 @@ def test_ablation_lp_vs_uniform(tmp_path):
 
 def test_ideator(tmp_path):
     root = tmp_path / "ideator"
-    small = {**TINY_RUN, "tasks.cache_dir": str(tmp_path / "tasks"), "sft.steps": 5,
+    small = {**TINY_RUN, **NO_PROBE, "tasks.cache_dir": str(tmp_path / "tasks"), "sft.steps": 5,
              "rl.seed_with_references": True}
     nb = run_notebook(
         os.path.join(REPO, "notebooks", "ideator.ipynb"),
