@@ -50,8 +50,9 @@ from typing import Any, Sequence
 
 from ace_jax.train.dry_run_analytic import GB
 
-__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "serial", "serial_floor", "hops_per_layer",
-           "average_step", "paged_decode", "useful_fraction", "completion_lengths", "speed_section"]
+__all__ = ["CHIPS", "extrapolate", "at_blocks", "roofline", "serial", "serial_floor",
+           "hops_per_layer", "average_step", "paged_decode", "useful_fraction",
+           "completion_lengths", "speed_section"]
 
 # Per chip. Source: Google Cloud's TPU v5p documentation, as gathered in reference/tpu_aot.md.
 # ``ici_axis_gbps`` and ``hop_latency_us`` (the serial figure's): the scaling book ("How to Scale
@@ -224,9 +225,9 @@ def speed_section(compiled: dict[str, dict], *, dry, shp: dict[str, int], layers
     compiled, else the static generator's. ``completion_mix`` (`completion_lengths`; "" for
     none), ``slots`` and ``sync_every`` (the paged engine's) give ``decode_useful_tok_s_chip``:
     the serial figure times `useful_fraction`. ``decode_serial_floor_tok_s_chip``: the serial
-    figure with the HBM term at ``decode_min`` (`serial_floor`). ``host_round_trip_s``: the paged engine's host
-    round trip per decode call (``dry_run.host_round_trip_ms``), added to its rollout once per
-    ``sync_every`` steps (``host_round_trips_s``)."""
+    figure with the HBM term at ``decode_min`` (`serial_floor`). ``host_round_trip_s``: the
+    paged engine's host round trip per decode call (``dry_run.host_round_trip_ms``), added to
+    its rollout once per ``sync_every`` steps (``host_round_trips_s``)."""
     names = ("decode_step_L1", "decode_step_L2", "decode_last_L1", "decode_last_L2", "reshard",
              "learner_microbatch_L1", "learner_microbatch_L2")
     if not all(compiled.get(n, {}).get("ok") for n in names):
