@@ -9,9 +9,9 @@ that builds one compiles its programs again, although many tests build the same 
 tiny model's learner step, the engine's decode call). With the cache a program compiled once in
 a run is read back by the later tests and by the other pytest-xdist worker (one folder per run,
 named by the process that starts it; removed when the run ends). Only programs that took at
-least 0.5 s to compile are written. A hit gives the executable a fresh compile would give (the key is the program, its
-compile options, the devices and the jax / XLA versions). ``JAX_COMPILATION_CACHE_DIR=`` (empty)
-turns it off.
+least 0.5 s to compile are written. A hit gives the executable a fresh compile would give (the
+key is the program, its compile options, the devices and the jax / XLA versions).
+``JAX_COMPILATION_CACHE_DIR=`` (empty) turns it off.
 """
 import os
 import shutil
