@@ -292,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = export(os.path.join(args.results, args.name), root, arms, seeds, command=command,
                   config=args.config, overrides={**overrides, "rl.num_steps": args.steps},
                   warm_root=(args.warm_root or root) if args.export_warm else None)
-    print(f"{sum(r['arm'] != WARM for r in info['runs'])} of {len(arms) * len(seeds)} runs in "
+    done = sum(r["arm"] != WARM for r in info["runs"])
+    print(f"{done} of {len(arms) * len(info['seeds'])} runs in "
           f"{os.path.join(args.results, args.name)} (complete: {info['complete']})")
     return 1 if failed else 0
 
