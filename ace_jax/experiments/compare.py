@@ -187,26 +187,27 @@ WARM = "warm"   # the arm name of the warm starts in the raw data (with ``export
 
 
 def earlier_runs(out_dir: str, settings: Mapping[str, Any]
-                 ) -> dict[tuple[str, int], tuple[dict, list[dict[str, Any]]]]:
-    """The runs an earlier export wrote to ``out_dir`` (its runs.json entry and its rows), keyed
-    on (arm, seed), when that export had the same config, overrides and arms as ``settings``;
-    {} when there is none or the settings differ. A comparison too long for one machine is
-    run a few seeds at a time (``--seeds`` of those left) and each export keeps the others."""
+                 ) -> tuple[list[int], dict[tuple[str, int], tuple[dict, list[dict[str, Any]]]]]:
+    """What an earlier export wrote to ``out_dir`` when it had the same config, overrides and
+    arms as ``settings``: (its seeds, the planned ones; its runs, each its runs.json entry and
+    its rows, keyed on (arm, seed)); ([], {}) when there is none or the settings differ. A
+    comparison too long for one machine is run a few seeds at a time (``--seeds`` of those
+    left) and each export keeps the others."""
     info_path = os.path.join(out_dir, "runs.json")
     csv_path = os.path.join(out_dir, "metrics.csv.gz")
     if not (os.path.exists(info_path) and os.path.exists(csv_path)):
-        return {}
+        return [], {}
     with open(info_path) as f:
         info = json.load(f)
     if any(info.get(k) != v for k, v in settings.items()):
         print(f"{out_dir}: the earlier export's settings differ; its runs are not kept",
               file=sys.stderr)
-        return {}
+        return [], {}
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in read_csv(csv_path):
         rows.setdefault((r["arm"], r["seed"]), []).append(r)
-    return {(e["arm"], e["seed"]): (e, rows.get((e["arm"], e["seed"]), []))
-            for e in info.get("runs", [])}
+    return list(info.get("seeds", [])), {(e["arm"], e["seed"]): (
+        e, rows.get((e["arm"], e["seed"]), [])) for e in info.get("runs", [])}
 
 
 def export(out_dir: str, root: str, arms: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
@@ -216,14 +217,15 @@ def export(out_dir: str, root: str, arms: Mapping[str, Mapping[str, Any]], seeds
     ``out_dir``; returns the runs.json content. With ``warm_root`` the warm starts are
     exported too, as arm ``WARM`` (their probe is the one of every arm's first parameters).
     A run with no folder under ``root`` that an earlier export to ``out_dir`` holds (same
-    settings, ``earlier_runs``) is kept as that export wrote it, its seed with the others.
+    settings, ``earlier_runs``) is kept as that export wrote it, and that export's seeds (the
+    planned ones, finished or not) stay in ``seeds``.
     A run's entry in runs.json names the commits it ran on (``ablation.run_job``'s marker;
     absent for runs made before markers recorded them)."""
     os.makedirs(out_dir, exist_ok=True)
     settings = {"config": config, "overrides": {k: str(v) for k, v in dict(overrides).items()},
                 "arms": {a: {k: str(v) for k, v in o.items()} for a, o in arms.items()}}
-    earlier = earlier_runs(out_dir, settings)
-    seeds = sorted(set(seeds) | {seed for _, seed in earlier})
+    earlier_seeds, earlier = earlier_runs(out_dir, settings)
+    seeds = sorted(set(seeds) | set(earlier_seeds))
     rows, runs = [], []
     dirs = [(arm, seed, os.path.join(root, arm, f"seed{seed}")) for arm in arms for seed in seeds]
     if warm_root is not None:

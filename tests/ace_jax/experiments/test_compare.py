@@ -65,13 +65,13 @@ def test_an_export_keeps_the_runs_an_earlier_export_of_the_same_settings_wrote(t
     first, second = tmp_path / "first", tmp_path / "second"
     _finished_run(str(first / "warm0"), [{"step": 0, "probe/heldout_valid_rate": 0.25}])
     _finished_run(str(first / "lp" / "seed0"), [{"step": 20, "probe/heldout_valid_rate": 0.5}])
-    compare.export(out, str(first), {"lp": {"x": 1}}, [0], command="c", config="x",
-                   warm_root=str(first))
+    compare.export(out, str(first), {"lp": {"x": 1}}, [0, 2], command="c", config="x",
+                   warm_root=str(first))                 # seed 2 planned, not run
     _finished_run(str(second / "warm1"), [{"step": 0, "probe/heldout_valid_rate": 0.125}])
     _finished_run(str(second / "lp" / "seed1"), [{"step": 20, "probe/heldout_valid_rate": 0.75}])
     info = compare.export(out, str(second), {"lp": {"x": 1}}, [1], command="c", config="x",
                           warm_root=str(second))
-    assert info["seeds"] == [0, 1] and info["complete"]
+    assert info["seeds"] == [0, 1, 2] and not info["complete"]   # seed 2 is still planned
     assert [(r["arm"], r["seed"], r["fingerprint"]) for r in info["runs"]] == [
         ("warm", 0, "fp-warm0"), ("warm", 1, "fp-warm1"), ("lp", 0, "fp-seed0"),
         ("lp", 1, "fp-seed1")]
