@@ -1,13 +1,11 @@
 """Setup errors of the trainer are clear and come before any heavy work."""
-import contextlib
-
-import jax
 import numpy as np
 import pytest
 
 from ace_jax import config_utils
 from ace_jax.curriculum import seeds
 from ace_jax.train import config as train_config, trainer
+from tests.jax_cache import persistent_cache
 
 
 @pytest.fixture
@@ -240,30 +238,13 @@ def test_max_staleness_knob():
         train_config.validate(c)
 
 
-@contextlib.contextmanager
-def _compiling_everything():
-    """The persistent compilation cache off (tests/conftest.py turns it on for the run):
-    ``perf/compile_seconds`` counts XLA compiles, and a program another test compiled would be
-    a cache hit, not a compile."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", None)
-    compilation_cache.reset_cache()
-    try:
-        yield
-    finally:
-        jax.config.update("jax_compilation_cache_dir", before)
-        compilation_cache.reset_cache()
-
-
 @pytest.fixture(scope="module")
 def k1_run(tiny_setup, tmp_path_factory):
     """k = 1 (today's overlap), checkpoints every 2 iterations, written in the background."""
     cfg = tiny_loop_cfg(tiny_setup, tmp_path_factory.mktemp("k1") / "run", max_staleness=1)
     cfg.checkpoint.save_interval_steps = 2
     cfg.checkpoint.async_save = True
-    with _compiling_everything():
+    with persistent_cache(None):   # perf/compile_seconds counts compiles, and a hit is none
         return run_loop(cfg)
 
 
@@ -273,7 +254,7 @@ def test_each_batch_is_learned_at_most_k_updates_after_it_was_generated(
     if k == 1:
         got = k1_run
     else:
-        with _compiling_everything():
+        with persistent_cache(None):
             got = run_loop(tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=k))
     assert [m["step"] for m in got["metrics"]] == [0, 1, 2]
     # the probe: before updates 0 and 2 (probe.every = 2) and after the last, a line of its own

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from ace_jax import config_utils
 from ace_jax.train import trainer
+from tests.jax_cache import persistent_cache
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 STEPS = 2
@@ -139,18 +140,9 @@ def _eight_devices():
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_cache(tmp_path_factory):
-    from jax.experimental.compilation_cache import compilation_cache
-
     _CACHE_DIR[:] = [str(tmp_path_factory.mktemp("jax_cache"))]
-    before = {k: getattr(jax.config, k) for k in (
-        "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
-    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    compilation_cache.reset_cache()         # re-read the settings at the next compile
-    yield
-    for k, v in before.items():              # the rest of the session compiles as before
-        jax.config.update(k, v)
-    compilation_cache.reset_cache()
+    with persistent_cache(_CACHE_DIR[0], min_compile_seconds=0):
+        yield                                # the rest of the session compiles as before
     _CACHE_DIR.clear()
 
 
