@@ -29,6 +29,8 @@ import tempfile
 
 from absl import app, flags
 
+from ace_jax.policy import mirror
+
 _POLICY = flags.DEFINE_string("policy", None, "run:<workdir>[@step] | hf:<dir> | "
                               "openai:<base_url>#<model>")
 _TASKS = flags.DEFINE_string("tasks", "", "Comma-separated task ids; empty: the run's "
@@ -56,17 +58,8 @@ _TASK_SEED = flags.DEFINE_integer("task_seed", 0, "Seed the tasks were prepared 
 _EXEC_LIMIT = flags.DEFINE_float("exec_time_limit_s", 0.0, "Per-execution wall-clock limit; "
                                  "0 = the run's sandbox.max_time_limit_s, else the task's own.")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Disable the progress bar.")
-_COMPILE_CACHE = flags.DEFINE_string(
-    "compile_cache_dir", None, "XLA's persistent compilation cache (ace_jax/runtime/"
-    "compile_cache.py): a restart reuses what an earlier process compiled. Default "
-    "~/.cache/ace_jax/xla, the training runs' default; '' = off.")
-_DISTRIBUTED = flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "always", "never"], "jax.distributed for a pod (every host "
-    "runs this command): auto = on a TPU VM or when the environment names several processes.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", "", "jax.distributed coordinator "
-                                   "host:port (default: detected).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes (0: detected).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process (-1: detected).")
+_POD = mirror.define_pod_flags()
+flags.adopt_module_key_flags(mirror)   # they show in --help
 
 
 def _ints(text: str, name: str) -> list:
@@ -97,12 +90,10 @@ def main(argv):
     from ace_jax.curriculum import buffer
     from ace_jax.env import agent, tasks as tasks_lib
     from ace_jax.eval import harness, reports, run_config
-    from ace_jax.policy import interface, mirror, policy as policy_lib, runs
-    from ace_jax.runtime import compile_cache, storage
+    from ace_jax.policy import interface, policy as policy_lib, runs
+    from ace_jax.runtime import storage
 
-    compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
-    mirror.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                          _PROCESS_ID.value)   # before anything touches a JAX backend
+    _POD.start()   # the compilation cache and jax.distributed, before any JAX backend
     sampling = dict(max_new_tokens=_MAX_NEW.value, temperature=_TEMP.value,
                     max_prompt_tokens=_MAX_PROMPT.value, multihost="leader")
     import jax
@@ -168,7 +159,7 @@ def _follow(sampling: dict) -> None:
     """A pod host other than process 0: builds the same policies as process 0 (collective
     loads), then replays process 0's engine calls until it has finished."""
     from ace_jax.eval import run_config
-    from ace_jax.policy import mirror, policy as policy_lib
+    from ace_jax.policy import policy as policy_lib
 
     policy_lib.policy_from_spec(_POLICY.value, **sampling)
     if _IDEATOR.value:

@@ -25,6 +25,8 @@ import sys
 
 from absl import app, flags
 
+from ace_jax.policy import mirror
+
 _RUN = flags.DEFINE_string("run", None, "A training run directory (launch/tpu_train.py workdir).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --run (default: the newest).")
 _HF = flags.DEFINE_string("hf", None, "An HF model directory (config.json, safetensors, "
@@ -50,17 +52,8 @@ _DECODE_CHUNK_TOKENS = flags.DEFINE_integer(
     "smaller streams more smoothly, larger syncs the host less often.", lower_bound=1)
 _MODEL_NAME = flags.DEFINE_string("model_name", None, "Model id reported by the API "
                                   "(default: the run or directory name).")
-_DISTRIBUTED = flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "always", "never"], "jax.distributed for a pod (every host "
-    "runs this command): auto = on a TPU VM or when the environment names several processes.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", "", "jax.distributed coordinator "
-                                   "host:port (default: detected).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes (0: detected).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process (-1: detected).")
-_COMPILE_CACHE = flags.DEFINE_string(
-    "compile_cache_dir", None, "XLA's persistent compilation cache (ace_jax/runtime/"
-    "compile_cache.py): a restart reuses what an earlier process compiled. Default "
-    "~/.cache/ace_jax/xla, the training runs' default; '' = off.")
+_POD = mirror.define_pod_flags()
+flags.adopt_module_key_flags(mirror)   # they show in --help
 
 
 def main(argv):
@@ -69,14 +62,11 @@ def main(argv):
         raise app.UsageError("give exactly one of --run or --hf")
     if _STEP.value is not None and not _RUN.value:
         raise app.UsageError("--step needs --run")
-    from ace_jax.policy import mirror, policy as policy_lib, serving
-    from ace_jax.runtime import compile_cache
+    from ace_jax.policy import policy as policy_lib, serving
     from ace_jax.train import logs
 
     logs.configure_logging()
-    compile_cache.enable(_COMPILE_CACHE.value)  # unset: the default folder
-    mirror.init_multihost(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                          _PROCESS_ID.value)   # before anything touches a JAX backend
+    _POD.start()   # the compilation cache and jax.distributed, before any JAX backend
     kwargs = dict(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=_TEMPERATURE.value,
                   max_prompt_tokens=_MAX_PROMPT_TOKENS.value, multihost="leader")
     if _MODEL_NAME.value:

@@ -269,7 +269,7 @@ def _open_step(run, model_cfg, step: Optional[int]):
     ckpt_dir = run.checkpoint_dir
     if "://" not in ckpt_dir and not os.path.isdir(ckpt_dir):
         raise PolicyError(f"no checkpoint in {ckpt_dir!r} (the directory does not exist)")
-    _, params_shape = runs._abstract_params(model_cfg)
+    _, params_shape = runs.abstract_params(model_cfg)
     ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=None, async_save=False)
     try:
         steps = ckpt.all_steps()

@@ -1,7 +1,7 @@
 """Several processes, one leader: process 0's engine calls of a ``multihost="leader"``
 `policy.JaxPolicy`, mirrored to the other processes of a pod, which replay them in `follow()`
 until process 0 calls `release_followers()`; and `init_multihost`, the ``jax.distributed`` set-up
-of a command that loads a run on every host.
+of a command that loads a run on every host, with `define_pod_flags`, that command's flags for it.
 
 Nothing here runs at import time; JAX is imported lazily.
 """
@@ -217,9 +217,9 @@ class _Mirror:
         with self.lock:
             engine_id = self.next_engine
             self.next_engine += 1
-            self.send({"op": "engine", "policy": policy._policy_id, "engine": engine_id,
+            self.send({"op": "engine", "policy": policy.mirror_id, "engine": engine_id,
                        "config": dataclasses.asdict(config)})
-            proxy = _LeaderEngine(policy._new_engine(config), engine_id)
+            proxy = _LeaderEngine(policy.local_engine(config), engine_id)
         weakref.finalize(proxy, self.dropped.append, engine_id)   # sent with the next message
         return proxy
 
@@ -265,7 +265,7 @@ def follow(*, poll_s: float = 30.0) -> int:
             return calls
         if op == "engine":
             policy = _MIRROR.policies[msg["policy"]]
-            engines[msg["engine"]] = policy._new_engine(EngineConfig(**msg["config"]))
+            engines[msg["engine"]] = policy.local_engine(EngineConfig(**msg["config"]))
         elif op == "call":
             calls += 1
             try:
@@ -292,6 +292,49 @@ def init_multihost(distributed: str = "auto", coordinator_address: str = "",
     cfg.num_processes = int(num_processes)
     cfg.process_id = int(process_id)
     return sharding.maybe_initialize_distributed(cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodFlags:
+    """The absl flags (``FlagHolder``s) of a command that loads a run on every host of a pod:
+    ``jax.distributed`` as the trainer's ``mesh.*`` keys set it up, and XLA's compilation cache."""
+    distributed: Any
+    coordinator_address: Any
+    num_processes: Any
+    process_id: Any
+    compile_cache_dir: Any
+
+    def start(self) -> bool:
+        """Turns the compilation cache on (unset: its default folder), then `init_multihost`;
+        call it before anything touches a JAX backend. Returns whether it initialised."""
+        from ace_jax.runtime import compile_cache
+
+        compile_cache.enable(self.compile_cache_dir.value)
+        return init_multihost(self.distributed.value, self.coordinator_address.value,
+                              self.num_processes.value, self.process_id.value)
+
+
+def define_pod_flags() -> PodFlags:
+    """Defines ``--distributed``, ``--coordinator_address``, ``--num_processes``,
+    ``--process_id`` and ``--compile_cache_dir`` (``launch/evaluate.py``, ``launch/serve.py``
+    call it once, at module level, then ``flags.adopt_module_key_flags(mirror)`` so that their
+    ``--help`` lists them)."""
+    from absl import flags
+
+    return PodFlags(
+        distributed=flags.DEFINE_enum(
+            "distributed", "auto", ["auto", "always", "never"], "jax.distributed for a pod "
+            "(every host runs this command): auto = on a TPU VM or when the environment names "
+            "several processes."),
+        coordinator_address=flags.DEFINE_string(
+            "coordinator_address", "", "jax.distributed coordinator host:port (default: "
+            "detected)."),
+        num_processes=flags.DEFINE_integer("num_processes", 0, "Processes (0: detected)."),
+        process_id=flags.DEFINE_integer("process_id", -1, "This process (-1: detected)."),
+        compile_cache_dir=flags.DEFINE_string(
+            "compile_cache_dir", None, "XLA's persistent compilation cache (ace_jax/runtime/"
+            "compile_cache.py): a restart reuses what an earlier process compiled. Default "
+            "~/.cache/ace_jax/xla, the training runs' default; '' = off."))
 
 
 def release_followers() -> None:

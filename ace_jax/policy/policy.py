@@ -118,8 +118,9 @@ class JaxPolicy:
         self.placement = placement
         self.multihost = multihost
         # leader mode over parameters that other processes hold too: engine calls are mirrored
+        # (mirror_id: its number among this process's mirrored policies, the same on every one)
         self.mirrored = multihost == "leader" and mirror.spans_processes(model)
-        self._policy_id = mirror.register_mirrored(self) if self.mirrored else None
+        self.mirror_id = mirror.register_mirrored(self) if self.mirrored else None
         self.tokenizer = tokenizer
         self.max_prompt_tokens = int(max_prompt_tokens)
         eos = tuple(tokenizer.convert_tokens_to_ids([tok_lib.IM_END, tok_lib.ENDOFTEXT]))
@@ -149,7 +150,7 @@ class JaxPolicy:
         processes before making it (see `follow`); the other processes cannot make one."""
         config = config or self.engine_config()
         if not self.mirrored:
-            return self._new_engine(config)
+            return self.local_engine(config)
         import jax
 
         if jax.process_index() != 0:
@@ -157,7 +158,9 @@ class JaxPolicy:
                               "other processes run ace_jax.policy.mirror.follow()")
         return mirror.leader_engine(self, config)
 
-    def _new_engine(self, config):
+    def local_engine(self, config):
+        """A new engine on this process alone, never mirrored: `make_engine`'s, and the one
+        `mirror.follow` builds on the other processes to replay process 0's calls."""
         from ace_jax.runtime import engine
 
         return engine.Engine(self.model, self.sampling, config, placement=self.placement)

@@ -214,7 +214,10 @@ def default_placement(run_or_config):
     return None
 
 
-def _abstract_params(model_cfg):
+def abstract_params(model_cfg):
+    """(graphdef, abstract parameters) of a `Qwen3ForCausalLM` of ``model_cfg``: shapes and
+    dtypes only (``nnx.eval_shape``), nothing allocated; what a checkpoint is checked and
+    restored against."""
     from flax import nnx
 
     from models import qwen3
@@ -262,7 +265,7 @@ def load_run_model(workdir, *, step: Optional[int] = None, shardings: Optional[A
     run = workdir if isinstance(workdir, RunFiles) else resolve_run(workdir)
     tokenizer = tok_lib.load_tokenizer(run.tokenizer_dir)
     model_cfg = run_model_config(run, len(tokenizer))
-    graphdef, params_shape = _abstract_params(model_cfg)
+    graphdef, params_shape = abstract_params(model_cfg)
     if shardings is None:
         placement = default_placement(run)
         shardings = None if placement is None else placement.params
@@ -368,7 +371,7 @@ def restore_plan(run_or_config, *, devices: Optional[Sequence[Any]] = None,
         else:
             model_config = _plan_model_config(config)
     placement = run_placement(config, devices)
-    _, params_shape = _abstract_params(model_config)
+    _, params_shape = abstract_params(model_config)
     shardings = placement.params(params_shape)
     from flax import nnx
 

@@ -29,3 +29,13 @@ def test_tpu_train_refuses_a_key_outside_the_schema():
     assert out.returncode == 2
     assert "--config.dry_run.chips: no such config key. Did you mean dry_run.chip" in out.stderr
     assert "Valid keys under dry_run:" in out.stderr
+
+
+@pytest.mark.parametrize("script", ["evaluate.py", "serve.py"])
+def test_the_pod_flags_are_listed_in_help(script):
+    """evaluate.py and serve.py share their pod flags (mirror.define_pod_flags); --help, which
+    lists the main module's flags, lists them too."""
+    out = _run(script, "--help")      # absl prints the help and exits 1
+    for name in ("distributed", "coordinator_address", "num_processes", "process_id",
+                 "compile_cache_dir"):
+        assert f"  --{name}:" in out.stdout, (name, out.stdout[-2000:])
