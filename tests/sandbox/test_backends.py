@@ -12,7 +12,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import types
 import uuid
 import venv
 
