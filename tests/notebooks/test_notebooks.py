@@ -3,8 +3,6 @@ papermill does), from the repository root, in a real Jupyter kernel."""
 import json
 import os
 
-import pytest
-
 from tests.notebooks.nbrun import REPO, outputs_text, run_notebook
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ace_jax.registry import Registry, UnknownNameError
+from ace_jax.registry import UnknownNameError
 from ace_jax.rl import grpo
 from ace_jax.rl.behaviour_weights import tis_lower
 from ace_jax.rl.kl_estimators import kl_divergence
@@ -351,14 +351,6 @@ def test_config_validation_and_describe():
         grpo.clipped_policy_loss(cfg, logprobs=jnp.zeros((1, 2)),
                                  behaviour_logprobs=jnp.zeros((1, 3)), advantages=jnp.zeros(1),
                                  completion_mask=jnp.ones((1, 2)))
-
-
-def test_registering_a_variant_and_duplicate_names():
-    reg = Registry("thing")
-    reg.register("a", aliases=("b",))(lambda: 1)
-    assert reg.names() == ["a", "b"] and reg.get("b")() == 1
-    with pytest.raises(ValueError, match="already registered"):
-        reg.register("a")(lambda: 2)
 
 
 def test_grpo_loss_jits():

@@ -2,7 +2,6 @@
 `validate` refuses each impossible combination with a message that names the keys."""
 import pathlib
 
-import ml_collections
 import pytest
 
 from ace_jax import config_utils
@@ -250,7 +249,6 @@ def test_devices_default_to_jax(cfg):
 def test_the_learner_recomputes_logprobs_at_the_sampling_temperature():
     """On the first step the learner's log-probs equal the behaviour ones only at the
     temperature the learner is given (the trainer gives it ``sampling.temperature``)."""
-    import jax
     import numpy as np
     from flax import nnx
 
