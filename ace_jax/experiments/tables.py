@@ -12,7 +12,12 @@ document it sits between two markers, and only the text between them is generate
 
 ``--check`` (run by CI) recomputes each marked table from the committed raw data and fails when
 one differs from the document, or names a table no function makes, so a number in the docs
-cannot drift from the data it came from. Figures (``--figures``) are written next to the docs.
+cannot drift from the data it came from.
+
+    python -m ace_jax.experiments.tables --figures  # the tables, and docs/figures/<name>.png
+
+A figure is a registered function too (``FIGURES``), of the same raw data; ``--check`` does not
+compare figures (their pixels depend on the matplotlib build), only the tables beside them.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from ace_jax.registry import Registry, UnknownNameError
 REPO = ablation.REPO
 DOCS = ("README.md", "docs/results.md", "docs/offpolicy.md")
 TABLES: Registry[Callable[[str], str]] = Registry("results table")
+FIGURES: Registry[Callable[[str, str], str]] = Registry("results figure")
+FIGURE_DIR = "docs/figures"
 MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 CONFIDENCE = 0.95
 
@@ -185,6 +192,35 @@ def _p(p: float, digits: int = 3) -> str:
     return "n/a" if not np.isfinite(p) else f"{p:.{digits}f}"
 
 
+def _finished(results: str, name: str, arms: Sequence[str]
+              ) -> tuple[dict, list[dict], dict[str, list[int]]]:
+    """``results/<name>``'s runs.json, its metrics rows, and per arm the planned seeds it
+    finished."""
+    folder = os.path.join(results, name)
+    info = json.load(open(os.path.join(folder, "runs.json")))
+    rows = compare.read_csv(os.path.join(folder, "metrics.csv.gz"))
+    done = {(r["arm"], r["seed"]) for r in info["runs"]}
+    return info, rows, {arm: [s for s in info["seeds"] if (arm, s) in done] for arm in arms}
+
+
+def paired_points(results: str, name: str, arms: Sequence[str],
+                  pairs: Sequence[tuple[str, str]], key: str, baseline: str = ""
+                  ) -> tuple[dict[str, dict[int, float]], dict[tuple[str, str], dict[int, float]]]:
+    """The numbers `compare_table` summarises for one probe key, per seed: each arm's gain
+    (``probe_gains``) over the seeds it finished, and each pair's difference x - y over the
+    seeds both finished. Returns (arm -> seed -> gain, (x, y) -> seed -> difference)."""
+    _, rows, seeds = _finished(results, name, (*arms, *([baseline] if baseline else [])))
+    return _per_seed(rows, seeds, key, pairs, baseline)
+
+
+def _per_seed(rows, seeds, key, pairs, baseline):
+    g = probe_gains(rows, key, baseline)
+    gains = {a: {s: g[(a, s)] for s in seeds[a] if (a, s) in g} for a in seeds}
+    diffs = {(x, y): {s: gains[x][s] - gains[y][s] for s in gains[x] if s in gains[y]}
+             for x, y in pairs}
+    return gains, diffs
+
+
 def compare_table(results: str, name: str, arms: Sequence[str],
                   pairs: Sequence[tuple[str, str]], keys: Sequence[str] = PROBE_KEYS,
                   cost: bool = False, family: bool = False, baseline: str = "") -> str:
@@ -200,21 +236,17 @@ def compare_table(results: str, name: str, arms: Sequence[str],
     ``baseline``: the gains' first probe is that arm's (``probe_gains``); a pair (x, baseline)
     is then x's gain itself. Runs that record their commits (``ablation.run_job``) are listed
     by commit under the tables."""
-    folder = os.path.join(results, name)
-    info = json.load(open(os.path.join(folder, "runs.json")))
-    rows = compare.read_csv(os.path.join(folder, "metrics.csv.gz"))
+    info, rows, seeds = _finished(results, name, (*arms, *([baseline] if baseline else [])))
     done = {(r["arm"], r["seed"]) for r in info["runs"]}
-    seeds = {arm: [s for s in info["seeds"] if (arm, s) in done]
-             for arm in (*arms, *([baseline] if baseline else []))}
     planned = len(info["arms"]) * len(info["seeds"])
     out = [f"{sum(a != compare.WARM for a, _ in done)} of {planned} runs finished"
            + ("" if info["complete"] else " (incomplete: no conclusion is drawn)") + ".", "",
            "| probe key | " + " | ".join(f"gain {a}" for a in arms) + " |",
            "|---|" + "---|" * len(arms)]
-    gains = {key: probe_gains(rows, key, baseline) for key in keys}
-    for key, g in gains.items():
-        out.append(f"| {key} | " + " | ".join(
-            _interval([g[(a, s)] for s in seeds[a] if (a, s) in g]) for a in arms) + " |")
+    per_key = {key: _per_seed(rows, seeds, key, pairs, baseline) for key in keys}
+    for key, (gains, _) in per_key.items():
+        out.append(f"| {key} | " + " | ".join(_interval(list(gains[a].values())) for a in arms)
+                   + " |")
     m = len(pairs)
     if family:
         out += ["", "| probe key | paired difference | seeds | mean [95% interval] | seeds > 0 | "
@@ -225,11 +257,8 @@ def compare_table(results: str, name: str, arms: Sequence[str],
         out += ["", "| probe key | paired difference | seeds | mean [95% interval] | "
                     "detectable at 80% power |", "|---|---|---|---|---|"]
     notes = []
-    for key, g in gains.items():
-        diffs = {}
-        for x, y in pairs:
-            both = [s for s in seeds[x] if s in seeds[y] and (x, s) in g and (y, s) in g]
-            diffs[(x, y)] = (both, [g[(x, s)] - g[(y, s)] for s in both])
+    for key, (_, per_pair) in per_key.items():
+        diffs = {xy: (list(d), list(d.values())) for xy, d in per_pair.items()}
         if family:
             p_t = [compare.paired_t_p(d) for _, d in diffs.values()]
             p_flip = [compare.sign_flip_p(d) for _, d in diffs.values()]
@@ -303,6 +332,8 @@ HELDOUT_KEYS = ("probe/heldout_valid_rate", "probe/heldout_score",
                 "probe/heldout_family_valid_rate", "probe/heldout_family_score",
                 "probe/valid_rate_train", "probe/score_train")
 PROCEDURAL_ARMS = ("lp", "uniform", "uniform_cap", "dapo", "reinforce_ada", "sft")
+# plan.md's family: the default's gain (lp - warm), then LP against each other arm
+PROCEDURAL_PAIRS = (("lp", compare.WARM), *[("lp", a) for a in PROCEDURAL_ARMS[1:]])
 
 
 @TABLES.register("procedural_heldout")
@@ -311,9 +342,56 @@ def procedural_heldout(results: str) -> str:
     start on the held-out probe, and one family of six paired comparisons per key: the
     default's gain (lp - warm), LP against truly uniform, uniform with the child cap, DAPO and
     Reinforce-Ada, and RL against the compute-matched SFT control (lp - sft)."""
-    return compare_table(results, "procedural_heldout", PROCEDURAL_ARMS,
-                         [("lp", compare.WARM), *[("lp", a) for a in PROCEDURAL_ARMS[1:]]],
+    return compare_table(results, "procedural_heldout", PROCEDURAL_ARMS, PROCEDURAL_PAIRS,
                          keys=HELDOUT_KEYS, cost=True, family=True, baseline=compare.WARM)
+
+
+@FIGURES.register("procedural_heldout")
+def procedural_heldout_figure(results: str, out_path: str) -> str:
+    """The plan's primary key (``probe/heldout_valid_rate``) seed by seed: left, each arm's gain
+    over its seed's warm start; right, the family of six paired differences (lp - warm is the
+    default's gain). Each with its mean and 95% t-interval (thick) and, on the right, the
+    family-wise Bonferroni interval (thin). Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = HELDOUT_KEYS[0]
+    info = json.load(open(os.path.join(results, "procedural_heldout", "runs.json")))
+    gains, diffs = paired_points(results, "procedural_heldout", PROCEDURAL_ARMS,
+                                 PROCEDURAL_PAIRS, key, baseline=compare.WARM)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    panels = ((left, [(a, gains[a]) for a in PROCEDURAL_ARMS], "gain over the warm start", 1),
+              (right, [(f"{x} - {y}", d) for (x, y), d in diffs.items()],
+               f"paired difference (thin: family-wise, Bonferroni for {len(diffs)})",
+               len(diffs)))
+    for ax, series, title, family in panels:
+        for i, (label, per_seed) in enumerate(series):
+            values = list(per_seed.values())       # in seed order, spread left to right
+            ax.scatter(i + np.linspace(-0.15, 0.15, len(values)), values, s=14, color="0.45",
+                       zorder=3)
+            if len(values) >= 2:
+                mean, low, high = ablation.mean_interval(values, CONFIDENCE)
+                ax.errorbar(i + 0.3, mean, yerr=[[mean - low], [high - mean]], fmt="o",
+                            color="C0", lw=2.5, capsize=3, zorder=4)
+                if family > 1:
+                    _, flow, fhigh = ablation.mean_interval(values, 1 - (1 - CONFIDENCE) / family)
+                    ax.vlines(i + 0.3, flow, fhigh, color="C0", lw=0.8, zorder=3)
+        ax.axhline(0.0, color="k", lw=0.6)
+        ax.set_xticks(range(len(series)), [label for label, _ in series], rotation=25,
+                      ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    left.set_ylabel(f"{key}\n(dots: seeds; bars: mean, 95% t)")
+    done = sum(r["arm"] != compare.WARM for r in info["runs"])
+    fig.suptitle(f"results/procedural_heldout: {done} of {len(info['arms']) * len(info['seeds'])} "
+                 "runs" + ("" if info["complete"] else " (incomplete: no conclusion is drawn)"),
+                 fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path
 
 
 # ------------------------------------------------------------------------ ideator with room
@@ -432,15 +510,32 @@ def run(docs: Sequence[str] = DOCS, *, results: str = "results", root: str = REP
     return differ
 
 
+def write_figure(name: str, *, results: str = "results", root: str = REPO) -> str:
+    """Writes figure ``name`` from ``<root>/<results>`` to ``<root>/docs/figures/<name>.png``;
+    returns its path."""
+    try:
+        return FIGURES.get(name)(os.path.join(root, results),
+                                 os.path.join(root, FIGURE_DIR, f"{name}.png"))
+    except FileNotFoundError as e:
+        raise TableError(f"figure {name!r}: its raw data is missing ({e})") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--check", action="store_true",
                    help="compare, write nothing; exit 1 when a table differs from its data")
+    p.add_argument("--figures", action="store_true",
+                   help=f"also write every figure ({FIGURE_DIR}/<name>.png)")
     p.add_argument("--results", default="results")
     p.add_argument("--root", default=REPO, help="the checkout whose docs and results are used")
     args = p.parse_args(argv)
+    if args.check and args.figures:
+        p.error("--check compares the tables only; --figures writes")
     try:
         differ = run(results=args.results, root=args.root, check=args.check)
+        if args.figures:
+            for name in FIGURES.names():
+                print("figure: " + write_figure(name, results=args.results, root=args.root))
     except TableError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,7 +10,8 @@
 # --seeds replaced) at low priority; its log goes to $WORKTREE.log. Running it again resumes:
 # finished runs are reused, an interrupted one resumes from its checkpoint.
 # `export` writes the finished runs of those seeds with this checkout's code (an export keeps the
-# seeds an earlier export wrote), regenerates docs/results.md and checks it against the raw data.
+# seeds an earlier export wrote), regenerates docs/results.md and its figure and checks them
+# against the raw data.
 #
 # Environment: WORKTREE (default: ../procedural_heldout at the repository's side), PYTHON
 # (default: this checkout's .venv). Stop a run with: pkill -f ace_jax.experiments.compare
@@ -56,7 +57,7 @@ case "${what}" in
     cd "${repo}"
     "${python}" -m ace_jax.experiments.compare "${args[@]}" --export_only \
       --root "${worktree}/runs/procedural_heldout"
-    "${python}" -m ace_jax.experiments.tables
+    "${python}" -m ace_jax.experiments.tables --figures
     "${python}" -m ace_jax.experiments.tables --check
     ;;
   *) echo "run.sh: run, export or command, not ${what}" >&2; exit 2 ;;

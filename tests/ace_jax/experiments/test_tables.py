@@ -391,11 +391,9 @@ def test_the_partial_rollouts_table_reads_the_benchmarks_lines_and_a_change_fail
     assert "| 1 | 0 |" in tables.TABLES.get("partial_rollouts")(str(root / "results"))
 
 
-def test_the_heldout_table_measures_every_arm_from_its_seed_s_warm_start(tmp_path):
-    """results/procedural_heldout: the arms probe only after their last update (probe.at_start
-    = False) and the SFT control only once (rl.num_steps = 0); each gain is taken from the warm
-    start's probe of the same seed, and lp - warm is the default's gain itself. Runs list the
-    commits they ran on."""
+def _heldout_results(tmp_path):
+    """A results/procedural_heldout of two seeds (warm, lp and sft finished); returns (key, the
+    warm starts' probe per seed, the arms' last probe per seed)."""
     key = "probe/heldout_valid_rate"
     warm, final = {0: 0.2, 1: 0.3}, {"lp": {0: 0.5, 1: 0.4}, "sft": {0: 0.25, 1: 0.35}}
     rows = [{"arm": "warm", "seed": s, "step": 0, "probe/updates": 0.0, key: v}
@@ -407,7 +405,7 @@ def test_the_heldout_table_measures_every_arm_from_its_seed_s_warm_start(tmp_pat
         rows.append({"arm": "sft", "seed": s, "step": 0, "probe/updates": 0.0,
                      key: final["sft"][s]})
     folder = tmp_path / "procedural_heldout"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     compare.write_csv(rows, str(folder / "metrics.csv.gz"))
     c = {"commit": "f" * 40, "dirty": False}
     runs = [{"arm": a, "seed": s, "fingerprint": "x", "commits": [c]}
@@ -415,6 +413,15 @@ def test_the_heldout_table_measures_every_arm_from_its_seed_s_warm_start(tmp_pat
     (folder / "runs.json").write_text(json.dumps({
         "arms": {a: {} for a in tables.PROCEDURAL_ARMS}, "seeds": [0, 1], "runs": runs,
         "complete": False}))
+    return key, warm, final
+
+
+def test_the_heldout_table_measures_every_arm_from_its_seed_s_warm_start(tmp_path):
+    """results/procedural_heldout: the arms probe only after their last update (probe.at_start
+    = False) and the SFT control only once (rl.num_steps = 0); each gain is taken from the warm
+    start's probe of the same seed, and lp - warm is the default's gain itself. Runs list the
+    commits they ran on."""
+    key, warm, final = _heldout_results(tmp_path)
     text = tables.procedural_heldout(str(tmp_path))
     assert text.startswith("4 of 12 runs finished (incomplete")
     gain = {a: [final[a][s] - warm[s] for s in warm] for a in final}
@@ -425,3 +432,22 @@ def test_the_heldout_table_measures_every_arm_from_its_seed_s_warm_start(tmp_pat
     mean, low, high = ablation.mean_interval([a - b for a, b in zip(gain["lp"], gain["sft"])])
     assert f"| {mean:+.3f} [{low:+.3f}, {high:+.3f}] |" in row
     assert "| fffffff | 6: warm/0, warm/1, lp/0, lp/1, sft/0, sft/1 |" in text
+
+
+def test_the_heldout_figure_plots_the_table_s_numbers_seed_by_seed(tmp_path):
+    """The figure's points are the per-seed gains and differences the table summarises; --figures
+    writes it under docs/figures of the checkout it is given (a PNG)."""
+    key, warm, final = _heldout_results(tmp_path / "results")
+    gains, diffs = tables.paired_points(str(tmp_path / "results"), "procedural_heldout",
+                                        tables.PROCEDURAL_ARMS, tables.PROCEDURAL_PAIRS, key,
+                                        baseline=compare.WARM)
+    want = {a: {s: pytest.approx(final[a][s] - warm[s]) for s in warm} for a in final}
+    assert {a: g for a, g in gains.items() if g} == {**want, compare.WARM: {0: 0.0, 1: 0.0}}
+    assert diffs[("lp", "sft")] == {s: pytest.approx(final["lp"][s] - final["sft"][s])
+                                    for s in warm}
+    assert diffs[("lp", compare.WARM)] == want["lp"] and diffs[("lp", "dapo")] == {}
+    assert tables.main(["--figures", "--root", str(tmp_path)]) == 0   # no docs there: figures
+    png = (tmp_path / tables.FIGURE_DIR / "procedural_heldout.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    with pytest.raises(SystemExit):
+        tables.main(["--figures", "--check"])
