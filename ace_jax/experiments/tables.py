@@ -26,7 +26,7 @@ import json
 import os
 import re
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -192,13 +192,17 @@ def _p(p: float, digits: int = 3) -> str:
     return "n/a" if not np.isfinite(p) else f"{p:.{digits}f}"
 
 
+def _runs_json(results: str, name: str) -> dict:
+    with open(os.path.join(results, name, "runs.json")) as f:
+        return json.load(f)
+
+
 def _finished(results: str, name: str, arms: Sequence[str]
               ) -> tuple[dict, list[dict], dict[str, list[int]]]:
     """``results/<name>``'s runs.json, its metrics rows, and per arm the planned seeds it
     finished."""
-    folder = os.path.join(results, name)
-    info = json.load(open(os.path.join(folder, "runs.json")))
-    rows = compare.read_csv(os.path.join(folder, "metrics.csv.gz"))
+    info = _runs_json(results, name)
+    rows = compare.read_csv(os.path.join(results, name, "metrics.csv.gz"))
     done = {(r["arm"], r["seed"]) for r in info["runs"]}
     return info, rows, {arm: [s for s in info["seeds"] if (arm, s) in done] for arm in arms}
 
@@ -219,6 +223,17 @@ def _per_seed(rows, seeds, key, pairs, baseline):
     diffs = {(x, y): {s: gains[x][s] - gains[y][s] for s in gains[x] if s in gains[y]}
              for x, y in pairs}
     return gains, diffs
+
+
+def family_tests(per_pair: Mapping[tuple[str, str], Mapping[int, float]]
+                 ) -> dict[tuple[str, str], dict[str, float]]:
+    """Per pair of one family of comparisons (``paired_points``' differences): its paired
+    t-test p (``t``), exact sign-flip p (``flip``), and both Holm-adjusted within the family
+    (``holm_t``, ``holm_flip``)."""
+    diffs = [list(d.values()) for d in per_pair.values()]
+    p_t, p_flip = [compare.paired_t_p(d) for d in diffs], [compare.sign_flip_p(d) for d in diffs]
+    return {xy: {"t": t, "flip": f, "holm_t": ht, "holm_flip": hf} for xy, t, f, ht, hf in
+            zip(per_pair, p_t, p_flip, compare.holm(p_t), compare.holm(p_flip))}
 
 
 def compare_table(results: str, name: str, arms: Sequence[str],
@@ -260,9 +275,9 @@ def compare_table(results: str, name: str, arms: Sequence[str],
     for key, (_, per_pair) in per_key.items():
         diffs = {xy: (list(d), list(d.values())) for xy, d in per_pair.items()}
         if family:
-            p_t = [compare.paired_t_p(d) for _, d in diffs.values()]
-            p_flip = [compare.sign_flip_p(d) for _, d in diffs.values()]
-            holm_t, holm_flip = compare.holm(p_t), compare.holm(p_flip)
+            tests = list(family_tests(per_pair).values())
+            p_t, p_flip = [t["t"] for t in tests], [t["flip"] for t in tests]
+            holm_t, holm_flip = [t["holm_t"] for t in tests], [t["holm_flip"] for t in tests]
         for i, ((x, y), (both, diff)) in enumerate(diffs.items()):
             mde = detectable_effect(diff)
             cells = [key, f"{x} - {y}", ", ".join(map(str, both)) or "none", _interval(diff)]
@@ -342,8 +357,51 @@ def procedural_heldout(results: str) -> str:
     start on the held-out probe, and one family of six paired comparisons per key: the
     default's gain (lp - warm), LP against truly uniform, uniform with the child cap, DAPO and
     Reinforce-Ada, and RL against the compute-matched SFT control (lp - sft)."""
-    return compare_table(results, "procedural_heldout", PROCEDURAL_ARMS, PROCEDURAL_PAIRS,
-                         keys=HELDOUT_KEYS, cost=True, family=True, baseline=compare.WARM)
+    table = compare_table(results, "procedural_heldout", PROCEDURAL_ARMS, PROCEDURAL_PAIRS,
+                          keys=HELDOUT_KEYS, cost=True, family=True, baseline=compare.WARM)
+    if not _runs_json(results, "procedural_heldout")["complete"]:
+        return table
+    _, per_pair = paired_points(results, "procedural_heldout", PROCEDURAL_ARMS,
+                                PROCEDURAL_PAIRS, HELDOUT_KEYS[0], baseline=compare.WARM)
+    return "\n".join([table, "", f"Decision (plan.md's rule, on {HELDOUT_KEYS[0]}):",
+                      *heldout_decision(per_pair)])
+
+
+# plan.md's words for each test of its family: (when x - y > 0, when x - y < 0)
+HELDOUT_CLAIMS = {
+    ("lp", compare.WARM): ("RL raises the held-out valid rate", "RL lowers the held-out valid rate"),
+    **{("lp", a): (f"LP ahead of {a}", f"LP behind {a}") for a in PROCEDURAL_ARMS[1:-1]},
+    ("lp", "sft"): ("RL ahead of more SFT", "RL behind more SFT"),
+}
+
+
+def heldout_decision(per_pair: Mapping[tuple[str, str], Mapping[int, float]],
+                     alpha: float = 1 - CONFIDENCE) -> list[str]:
+    """plan.md's decision, one line per test of the family, then the default's: a test is
+    significant when its Holm-adjusted t-test p is below ``alpha``; its claim in words
+    (``HELDOUT_CLAIMS``) also needs its Holm-adjusted sign-flip p below ``alpha``; otherwise no
+    difference detected, with the smallest effect the design detects at the observed sd.
+    ``configs/local.py``'s default switches to the procedural family only when test (1)
+    (lp - warm) is significant and positive."""
+    lines = []
+    tests = family_tests(per_pair)
+    for i, (xy, d) in enumerate(per_pair.items(), 1):
+        t, values = tests[xy], list(d.values())
+        ps = f"Holm p {_p(t['holm_t'])} (t), {_p(t['holm_flip'], 4)} (sign-flip)"
+        if t["holm_t"] < alpha and t["holm_flip"] < alpha:
+            words = HELDOUT_CLAIMS[xy][0 if np.mean(values) > 0 else 1]
+        elif t["holm_t"] < alpha:
+            words = "significant by the t-test, not by the sign-flip test: no claim in words"
+        else:
+            words = ("no difference detected; the smallest effect this design detects at the "
+                     f"observed sd is {detectable_effect(values):.3f}")
+        lines.append(f"- ({i}) {xy[0]} - {xy[1]}: {words} ({ps}).")
+    first = tests[PROCEDURAL_PAIRS[0]]
+    learns = first["holm_t"] < alpha and np.mean(list(per_pair[PROCEDURAL_PAIRS[0]].values())) > 0
+    lines.append("- configs/local.py's default: " + (
+        "switches to the procedural family (test (1) is significant and positive)." if learns else
+        "keeps the offline suite (test (1) is not significant and positive)."))
+    return lines
 
 
 @FIGURES.register("procedural_heldout")
@@ -358,7 +416,7 @@ def procedural_heldout_figure(results: str, out_path: str) -> str:
     import matplotlib.pyplot as plt
 
     key = HELDOUT_KEYS[0]
-    info = json.load(open(os.path.join(results, "procedural_heldout", "runs.json")))
+    info = _runs_json(results, "procedural_heldout")
     gains, diffs = paired_points(results, "procedural_heldout", PROCEDURAL_ARMS,
                                  PROCEDURAL_PAIRS, key, baseline=compare.WARM)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)

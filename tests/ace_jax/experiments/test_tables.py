@@ -432,6 +432,14 @@ def test_the_heldout_table_measures_every_arm_from_its_seed_s_warm_start(tmp_pat
     mean, low, high = ablation.mean_interval([a - b for a, b in zip(gain["lp"], gain["sft"])])
     assert f"| {mean:+.3f} [{low:+.3f}, {high:+.3f}] |" in row
     assert "| fffffff | 6: warm/0, warm/1, lp/0, lp/1, sft/0, sft/1 |" in text
+    assert "Decision" not in text                        # not before every planned seed is in
+    info = json.loads((tmp_path / "procedural_heldout" / "runs.json").read_text())
+    (tmp_path / "procedural_heldout" / "runs.json").write_text(json.dumps({**info,
+                                                                           "complete": True}))
+    decided = tables.procedural_heldout(str(tmp_path)).split(
+        f"Decision (plan.md's rule, on {key}):\n")[1].splitlines()
+    assert decided[0].startswith("- (1) lp - warm: ") and decided[5].startswith("- (6) lp - sft: ")
+    assert decided[-1].startswith("- configs/local.py's default: ")
 
 
 def test_the_heldout_figure_plots_the_table_s_numbers_seed_by_seed(tmp_path):
@@ -451,3 +459,34 @@ def test_the_heldout_figure_plots_the_table_s_numbers_seed_by_seed(tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     with pytest.raises(SystemExit):
         tables.main(["--figures", "--check"])
+
+
+def test_the_heldout_decision_follows_the_plan_s_rule_once_every_seed_is_in():
+    """plan.md's rule on a known family of ten seeds: a claim in words needs both Holm-adjusted
+    p below 0.05, a t-test alone is named as such, the rest is "no difference detected" with the
+    detectable effect; the default switches only on a significant positive test (1)."""
+    seeds = range(10)
+    rng = np.random.default_rng(0)
+    per_pair = {
+        ("lp", compare.WARM): {s: 0.10 + 0.01 * (s % 3) for s in seeds},      # all up: claimed
+        ("lp", "uniform"): {s: float(v) for s, v in zip(seeds, rng.normal(0, 0.05, 10))},
+        ("lp", "uniform_cap"): dict(zip(seeds, [0.05] * 7 + [-0.01] * 3)),    # 3 below 0
+        ("lp", "dapo"): {s: float(v) for s, v in zip(seeds, rng.normal(0, 0.05, 10))},
+        ("lp", "reinforce_ada"): {s: float(v) for s, v in zip(seeds, rng.normal(0, 0.05, 10))},
+        ("lp", "sft"): {s: -0.08 - 0.01 * (s % 2) for s in seeds},            # all down
+    }
+    tests = tables.family_tests(per_pair)
+    assert tests[("lp", "sft")]["holm_flip"] < 0.05 and tests[("lp", "uniform")]["holm_t"] > 0.05
+    lines = tables.heldout_decision(per_pair)
+    assert lines[0].startswith("- (1) lp - warm: RL raises the held-out valid rate (Holm p ")
+    assert lines[5].startswith("- (6) lp - sft: RL behind more SFT (")
+    assert "no difference detected; the smallest effect this design detects" in lines[1]
+    # 7 of 10 above 0: the t-test rejects (Holm p 0.027), the sign-flip test (16 of 1024
+    # assignments, Holm p 0.0625) does not
+    assert tests[("lp", "uniform_cap")]["holm_t"] < 0.05 < tests[("lp", "uniform_cap")]["holm_flip"]
+    assert "significant by the t-test, not by the sign-flip test" in lines[2]
+    assert lines[-1] == ("- configs/local.py's default: switches to the procedural family "
+                         "(test (1) is significant and positive).")
+    per_pair[("lp", compare.WARM)] = {s: -v for s, v in per_pair[("lp", compare.WARM)].items()}
+    assert tables.heldout_decision(per_pair)[-1].endswith("keeps the offline suite (test (1) is "
+                                                          "not significant and positive).")
