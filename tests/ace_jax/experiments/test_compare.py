@@ -82,3 +82,23 @@ def test_an_export_keeps_the_runs_an_earlier_export_of_the_same_settings_wrote(t
     info = compare.export(out, str(second), {"lp": {"x": 2}}, [1], command="c", config="x",
                           warm_root=str(second))
     assert [(r["arm"], r["seed"]) for r in info["runs"]] == [("warm", 1), ("lp", 1)]
+
+
+def test_the_procedural_heldout_runner_runs_the_plan_s_settings(tmp_path):
+    """results/procedural_heldout/run.sh runs plan.md's command with the seeds it is given: the
+    settings compare parses from it (config, overrides, arms) are the committed runs.json's, so
+    its runs join the committed ones on export."""
+    import pathlib
+    import subprocess
+
+    folder = pathlib.Path(__file__).resolve().parents[3] / "results" / "procedural_heldout"
+    out = subprocess.run(["bash", str(folder / "run.sh"), "command", "7"], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out[out.index("--seeds") + 1] == "7"
+    assert compare.main(out + ["--export_only", "--root", str(tmp_path / "runs"),
+                               "--results", str(tmp_path)]) == 0
+    ours = json.loads((tmp_path / "procedural_heldout" / "runs.json").read_text())
+    committed = json.loads((folder / "runs.json").read_text())
+    for key in ("config", "overrides", "arms"):
+        assert ours[key] == committed[key], key
+    assert ours["seeds"] == [7] and ours["runs"] == []
