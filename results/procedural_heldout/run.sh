@@ -9,9 +9,9 @@
 # (deviations.md says why), and runs plan.md's own command there (read from plan.md, with
 # --seeds replaced) at low priority; its log goes to $WORKTREE.log. Running it again resumes:
 # finished runs are reused, an interrupted one resumes from its checkpoint.
-# `export` writes the finished runs of those seeds with this checkout's code (an export keeps the
-# seeds an earlier export wrote), regenerates docs/results.md and its figure and checks them
-# against the raw data.
+# `export` writes, with this checkout's code, every finished run the worktree holds of the plan's
+# seeds (SEEDS, and any other seed's finished arms; an export keeps the runs an earlier export
+# wrote), regenerates docs/results.md and its figure and checks them against the raw data.
 #
 # Environment: WORKTREE (default: ../procedural_heldout at the repository's side), PYTHON
 # (default: this checkout's .venv). Stop a run with: pkill -f ace_jax.experiments.compare
