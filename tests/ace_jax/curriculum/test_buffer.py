@@ -122,7 +122,7 @@ def test_pruning_policy_keeps_protected_and_one_per_task_status():
     root_hi, root_lo = buf.seed()
     ok_ids = buf.add_children(root_hi, [B.Child(f"ok{i}", ok(0.6 + 0.01 * i), 1.0) for i in range(4)], step=0)
     to_ids = buf.add_children(root_hi, [B.Child(f"to{i}", fail(Status.TIMEOUT), 0.0) for i in range(3)], step=0)
-    lo_ids = buf.add_children(root_lo, [B.Child(f"l{i}", fail(Status.OOM), 0.0) for i in range(3)], step=10)
+    buf.add_children(root_lo, [B.Child(f"l{i}", fail(Status.OOM), 0.0) for i in range(3)], step=10)
     assert len(buf) == 12
     buf.mark_sampled([ok_ids[0], to_ids[0]], 20)   # selected in the current step
     removed = buf.prune(step=20, target_size=6)

@@ -320,8 +320,8 @@ def test_pruned_states_are_never_chosen():
     cfg.capacity, cfg.protect_recent_steps = 32, 0
     buf = B.EvolvingBuffer(cfg, [TaskTargets("t", 1.0, 0.5, 0.0)])
     root = buf.seed()[0]
-    kids = buf.add_children(root, [B.Child(f"c{i}", ExecutionResult(Status.OK, dev_score=0.6), float(i % 2))
-                                   for i in range(20)], step=0)
+    buf.add_children(root, [B.Child(f"c{i}", ExecutionResult(Status.OK, dev_score=0.6), float(i % 2))
+                            for i in range(20)], step=0)
     removed = set(buf.prune(step=50, target_size=8))
     assert len(removed) == 13 and len(buf) == 8
     smp = L.Sampler.from_config(L.default_config())
