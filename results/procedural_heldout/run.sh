@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Runs seeds of plan.md's command, then adds them to this folder's raw data (issue 51).
 #
-#   bash results/procedural_heldout/run.sh run 4,5      # hours: ~2.5 h a seed on 2 cores
+#   bash results/procedural_heldout/run.sh run 4,6      # ~1 h a seed alone on 2 cores
 #   bash results/procedural_heldout/run.sh export 4,5   # runs.json / metrics.csv.gz, then tables
 #   bash results/procedural_heldout/run.sh command 4,5  # prints the compare arguments it runs
 #
 # `run` makes a worktree at the plan's commit (97d309c) with commit 89b6e6d's grading applied
 # (deviations.md says why), and runs plan.md's own command there (read from plan.md, with
 # --seeds replaced) at low priority; its log goes to $WORKTREE.log. Running it again resumes:
-# finished runs are reused, an interrupted one resumes from its checkpoint.
+# finished runs are reused, an interrupted one resumes from its checkpoint. A seed alone keeps
+# about 1.25 of 2 cores busy: a second `run` of other seeds (e.g. `run 5,7` beside `run 4,6`)
+# shares the worktree (each seed's runs are folders of their own) and takes the rest, ~80 min a
+# seed each.
 # `export` writes, with this checkout's code, every finished run the worktree holds of the plan's
 # seeds (SEEDS, and any other seed's finished arms; an export keeps the runs an earlier export
 # wrote), regenerates docs/results.md and its figure and checks them against the raw data.
