@@ -17,6 +17,12 @@ launch tests run; a notebook's quick look); ``procedural`` = the same run on the
 family's training instances with the held-out probe on its held-out instances and held-out family
 (``_procedural``); ``procedural_smoke`` = that run shrunk as ``smoke`` is, on two training
 instances and four held-out ones.
+
+Why the default stays on the offline suite: the registered comparison on the procedural family
+(``results/procedural_heldout/plan.md``, 10 seeds; docs/results.md) did not show the default's
+RL raising the held-out valid rate by the plan's rule (+0.085 [+0.021, +0.149], Holm-adjusted
+t-test p 0.075), and the plan switches the default only if it does; the same compute spent on
+more SFT did better than RL there (-0.114 [-0.178, -0.050]).
 """
 import ml_collections
 
