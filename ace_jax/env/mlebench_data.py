@@ -32,13 +32,11 @@ says how to install it: ``MLEBENCH_INSTALL``); loading the staged files does not
 """
 from __future__ import annotations
 
-import csv
 import datetime
 import hashlib
 import importlib.metadata
 import importlib.util
 import inspect
-import io
 import json
 import logging
 import os
@@ -46,15 +44,13 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
-import zipfile
 from typing import Any, Optional, Sequence
 
-import numpy as np
-import pandas as pd
 import yaml
 
 from ace_jax.runtime import storage
 from sandbox.tasks import mlebench as mlebench_task
+from sandbox.tasks import mlebench_raw
 
 log = logging.getLogger("ace_jax.env.mlebench_data")
 
@@ -64,9 +60,6 @@ log = logging.getLogger("ace_jax.env.mlebench_data")
 MLEBENCH_INSTALL = ("git clone https://github.com/openai/mle-bench && (cd mle-bench && "
                     "git lfs fetch --all && git lfs pull) && pip install --no-deps -e mle-bench "
                     "&& pip install 'py7zr>=0.21' 'appdirs>=1.4.4'")
-
-#: The competitions ``write_synthetic_raw`` can write raw files for: one text, one tabular.
-SYNTHETIC_COMPETITIONS = ("spooky-author-identification", "tabular-playground-series-dec-2021")
 
 #: The manifest ``stage`` writes last into ``<dest>/<id>/``.
 STAGED_MANIFEST = "STAGED.json"
@@ -252,141 +245,15 @@ def prepare_from_raw(competition_ids: Sequence[str], raw_root: "os.PathLike | st
 
 # ------------------------------------------------------------------------------ synthetic raw
 
-_SPOOKY_AUTHORS = {  # author -> (share of Kaggle's train.csv, words typical of the author)
-    "EAP": (0.40, "raven chamber midnight pendulum heart tomb cask lady mystery ratiocination "
-                  "burial masque lattice phantasm ebony".split()),
-    "HPL": (0.29, "eldritch cyclopean nameless abyss tentacled antediluvian blasphemous gibbous "
-                  "shoggoth cult madness arkham whippoorwill fungous squamous".split()),
-    "MWS": (0.31, "creature wretched misery geneva affection countenance despair father "
-                  "elizabeth sorrow beloved tears mountains ardour benevolence".split()),
-}
-_SPOOKY_COMMON = ("the of and a to in was that it his my i with as had which upon by from this "
-                  "but not be".split())
-#: Kaggle's ``sample_submission.csv`` values, which MLE-bench's prepare.py also uses.
-_SPOOKY_PRIOR = {"EAP": 0.403493538995863, "HPL": 0.287808366106543, "MWS": 0.308698094897594}
+#: The competitions ``write_synthetic_raw`` can write raw files for: MLE-bench Lite's 22.
+SYNTHETIC_COMPETITIONS = mlebench_raw.LITE
 
 
-def _zip_csv(path: pathlib.Path, name: str, df: pd.DataFrame, **to_csv) -> None:
-    """Writes ``df`` as ``name`` inside the zip ``path`` (deflated, as Kaggle's are)."""
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, **to_csv)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr(name, buf.getvalue())
-
-
-def _spooky_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> list[pathlib.Path]:
-    """Kaggle's spooky-author-identification download, extracted: ``train.zip`` (``train.csv``:
-    id,text,author, every field quoted), ``test.zip`` (``test.csv``: id,text) and
-    ``sample_submission.zip`` (id,EAP,HPL,MWS). Each sentence mixes common words with words
-    typical of its author (about 30% of them): a bag-of-words model learns it."""
-    authors = list(_SPOOKY_AUTHORS)
-    n_test = max(n_rows // 3, 1)
-    ids = [f"id{i:05d}" for i in rng.choice(100_000, n_rows + n_test, replace=False)]
-
-    def sentences(n: int) -> tuple[list[str], list[str]]:
-        who = rng.choice(authors, size=n, p=[_SPOOKY_AUTHORS[a][0] for a in authors])
-        texts = []
-        for a in who:
-            words = [str(rng.choice(_SPOOKY_AUTHORS[a][1])) if rng.random() < 0.3
-                     else str(rng.choice(_SPOOKY_COMMON)) for _ in range(int(rng.integers(8, 20)))]
-            texts.append(" ".join(words).capitalize() + rng.choice([".", ",", ";", "?"]))
-        return texts, [str(a) for a in who]
-
-    text, author = sentences(n_rows)
-    _zip_csv(raw / "train.zip", "train.csv",
-             pd.DataFrame({"id": ids[:n_rows], "text": text, "author": author}),
-             quoting=csv.QUOTE_ALL)
-    test_text, _ = sentences(n_test)
-    _zip_csv(raw / "test.zip", "test.csv", pd.DataFrame({"id": ids[n_rows:], "text": test_text}),
-             quoting=csv.QUOTE_ALL)
-    _zip_csv(raw / "sample_submission.zip", "sample_submission.csv",
-             pd.DataFrame({"id": ids[n_rows:], **_SPOOKY_PRIOR}))
-    return [raw / "train.zip", raw / "test.zip", raw / "sample_submission.zip"]
-
-
-#: tabular-playground-series-dec-2021 (Forest Cover Type, GAN-made): feature columns and ranges.
-_COVER_NUMERIC = {
-    "Elevation": (1800, 3900), "Aspect": (0, 360), "Slope": (0, 60),
-    "Horizontal_Distance_To_Hydrology": (0, 1400), "Vertical_Distance_To_Hydrology": (-150, 560),
-    "Horizontal_Distance_To_Roadways": (0, 7000), "Hillshade_9am": (0, 255),
-    "Hillshade_Noon": (0, 255), "Hillshade_3pm": (0, 255),
-    "Horizontal_Distance_To_Fire_Points": (0, 7000),
-}
-#: Elevation bands (upper edges, metres) -> Cover_Type; the learnable signal.
-_COVER_BANDS = ((2250, 4), (2500, 3), (2800, 6), (3100, 2), (3400, 1), (10_000, 7))
-
-
-def _cover_rows(ids: np.ndarray, rng: np.random.Generator, with_target: bool) -> pd.DataFrame:
-    """Rows in Kaggle's column order: Id, 10 numeric features, Wilderness_Area1-4,
-    Soil_Type1-40 (one-hot each), [Cover_Type]: the band of Elevation, 10% of labels random."""
-    n = len(ids)
-    cols: dict[str, Any] = {"Id": ids}
-    for name, (lo, hi) in _COVER_NUMERIC.items():
-        cols[name] = rng.integers(lo, hi, n)
-    area, soil = rng.integers(0, 4, n), rng.integers(0, 40, n)
-    for k in range(4):
-        cols[f"Wilderness_Area{k + 1}"] = (area == k).astype(int)
-    for k in range(40):
-        cols[f"Soil_Type{k + 1}"] = (soil == k).astype(int)
-    if with_target:
-        edges = np.array([e for e, _ in _COVER_BANDS])
-        label = np.array([c for _, c in _COVER_BANDS])[np.searchsorted(edges, cols["Elevation"],
-                                                                       side="right")]
-        noise = rng.random(n) < 0.1
-        label[noise] = rng.choice([c for _, c in _COVER_BANDS], int(noise.sum()))
-        cols["Cover_Type"] = label
-    return pd.DataFrame(cols)
-
-
-def _cover_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> list[pathlib.Path]:
-    """Kaggle's tabular-playground-series-dec-2021 download, extracted: ``train.csv`` (Id from 0,
-    features, Cover_Type), ``test.csv`` (Id from 4,000,000 as on Kaggle, no Cover_Type) and
-    ``sample_submission.csv`` (Id,Cover_Type = 2)."""
-    n_test = max(n_rows // 3, 1)
-    _cover_rows(np.arange(n_rows), rng, True).to_csv(raw / "train.csv", index=False)
-    test_ids = np.arange(4_000_000, 4_000_000 + n_test)
-    _cover_rows(test_ids, rng, False).to_csv(raw / "test.csv", index=False)
-    pd.DataFrame({"Id": test_ids, "Cover_Type": 2}).to_csv(raw / "sample_submission.csv",
-                                                           index=False)
-    return [raw / "train.csv", raw / "test.csv", raw / "sample_submission.csv"]
-
-
-_SYNTHETIC_WRITERS = {"spooky-author-identification": _spooky_raw,
-                      "tabular-playground-series-dec-2021": _cover_raw}
-
-
-def write_synthetic_raw(competition_id: str, raw_dir: "os.PathLike | str", *, n_rows: int = 400,
+def write_synthetic_raw(competition_id: str, raw_dir: "os.PathLike | str", *, n_rows: int = 60,
                         seed: int = 0) -> list[pathlib.Path]:
-    """Small made-up raw files in the layout Kaggle ships for ``competition_id``.
-
-    What ``raw_dir`` holds after ``mlebench prepare`` extracted Kaggle's download, i.e. what the
-    competition's ``prepare.py`` reads: for ``spooky-author-identification`` ``train.zip`` (with
-    ``train.csv``: id,text,author in EAP/HPL/MWS), ``test.zip`` and ``sample_submission.zip``; for
-    ``tabular-playground-series-dec-2021`` ``train.csv`` (Id, 54 features, Cover_Type),
-    ``test.csv`` and ``sample_submission.csv``. The labels carry a learnable signal (author words;
-    elevation bands) with some noise.
-
-    Args:
-      competition_id: one of ``SYNTHETIC_COMPETITIONS``.
-      raw_dir: the folder to write (created), e.g. ``raw_root/<id>``.
-      n_rows: rows of the training file (MLE-bench's preparers keep 10% as the test answers);
-        the raw test file gets a third as many.
-      seed: the seed of the rows.
-
-    Returns:
-      the files written.
-
-    Raises:
-      ValueError: ``competition_id`` is not one of ``SYNTHETIC_COMPETITIONS``, or n_rows < 20.
-    """
-    if competition_id not in _SYNTHETIC_WRITERS:
-        raise ValueError(f"no synthetic raw files for {competition_id!r}; available: "
-                         f"{list(SYNTHETIC_COMPETITIONS)} (other competitions need Kaggle's files)")
-    if n_rows < 20:
-        raise ValueError(f"n_rows={n_rows}: need at least 20 (10% become the test answers)")
-    raw = pathlib.Path(raw_dir)
-    raw.mkdir(parents=True, exist_ok=True)
-    return _SYNTHETIC_WRITERS[competition_id](raw, n_rows, np.random.default_rng([seed, 48]))
+    """Small made-up raw files in the layout Kaggle ships for ``competition_id`` (one of MLE-bench
+    Lite's, ``SYNTHETIC_COMPETITIONS``): ``sandbox.tasks.mlebench_raw.write_synthetic_raw``."""
+    return mlebench_raw.write_synthetic_raw(competition_id, raw_dir, n_rows=n_rows, seed=seed)
 
 
 # ------------------------------------------------------------------------------------ stage

@@ -2,9 +2,12 @@
 
 MLE-bench keeps two trees per competition ``<id>``:
 
-  * the data dir (``mlebench prepare``): ``<data_dir>/<id>/prepared/public/`` (train/test files,
-    ``sample_submission.csv``, ``description.md``) and ``<data_dir>/<id>/prepared/private/test.csv``
-    (the answers, in the submission's column layout);
+  * the data dir (``mlebench prepare``): ``<data_dir>/<id>/prepared/public/`` (what the agent sees)
+    and ``<data_dir>/<id>/prepared/private/`` (the answers). Which files hold the answers and the
+    sample submission is the competition's own ``config.yaml`` (``dataset.answers``,
+    ``dataset.sample_submission``, paths relative to the data dir: ``test.csv``, ``answers.csv``,
+    ``sampleSubmission.csv``, ``test.jsonl``, a sample submission under ``private/``...); nothing
+    here assumes a file name (``declared_files``);
   * the competition dir (the repo's ``mlebench/competitions/<id>/``): ``config.yaml`` (``grader.name``,
     ``grader.grade_fn`` = ``"module.path:function"``), ``description.md``, ``leaderboard.csv``
     (Kaggle's final private leaderboard, a ``score`` column, best first; stored with Git LFS).
@@ -22,17 +25,22 @@ duplicates, values; then MLE-bench's grader on every row, as MLE-bench's ``/vali
 before either half is scored, so a problem in the half not being graded still makes it invalid.
 Whatever MLE-bench scores as None (its ``InvalidSubmissionError`` or any other exception of its
 grader on the whole file) is our ``InvalidSubmissionError``. The score comes from MLE-bench's own
-grade function (``grader.grade_fn``) when it can be imported; otherwise from our metric of the
-same name when we have one (``GRADER_ALIASES``); otherwise loading fails with
-``UnsupportedGraderError``. The task records which (``MLEBenchTask.grader_source``: ``"mlebench"``
-or ``"ours:<metric>"``).
+grade function (``grader.grade_fn``): the staged copy of the grader beside the data when there is
+one (the grader of the MLE-bench that prepared the data), else the installed package's; both need
+``mlebench`` importable. Otherwise, and only as a named, loud fallback (a warning at every load),
+from our metric of the same name when we have one (``GRADER_ALIASES``); otherwise loading fails
+with ``UnsupportedGraderError``. The task records which (``MLEBenchTask.grader_source``:
+``"mlebench"``, ``"mlebench:staged"`` or ``"ours:<metric>"``). Answers that are no CSV (e.g.
+``test.jsonl``) are not split: dev and final are both the whole answers (``split_by`` says so).
 
 Isolation: an MLE-bench task's private answers sit on the host (``prepared/private``), so it needs
 a sandbox backend that hides them and the network (``Task.requires_isolation`` is True).
 
 Leaderboard: a missing ``leaderboard.csv`` gives a task without a reference leaderboard (it trains
-and evaluates; medals and HumanRank are not available). A Git LFS pointer in its place, or a file
-without a numeric ``score`` column, is a ``LeaderboardError`` that says what to run.
+and evaluates; medals, HumanRank and the reward's headroom term are not available). A Git LFS
+pointer in its place (what a pip install of MLE-bench without ``git lfs pull`` holds) does the same,
+loudly: a warning at load, ``MLEBenchTask.leaderboard_error`` says what to run, and the run's
+closing summary repeats it. A file without a numeric ``score`` column is a ``LeaderboardError``.
 """
 from __future__ import annotations
 
@@ -42,6 +50,8 @@ import importlib.util
 import logging
 import os
 import pathlib
+import sys
+import types
 from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
@@ -63,6 +73,30 @@ GRADER_ALIASES = {
     "rmse": "rmse", "root-mean-squared-error": "rmse", "mae": "mae", "mean-absolute-error": "mae",
     "rmsle": "rmsle", "mean-column-wise-rmsle": "rmsle",
     "f1-macro": "macro_f1", "macro-f1": "macro_f1", "macro_f1": "macro_f1",
+    "root_mean_squared_error": "rmse", "column-wise roc auc": "auc",
+}
+
+#: Every grader name of MLE-bench's 82 competition configs -> whether lower scores are better.
+#: MLE-bench infers the direction from the leaderboard; this table gives it where the leaderboard
+#: is a Git LFS pointer (a pip install without ``git lfs pull``) and our metric has no twin.
+GRADER_LOWER_IS_BETTER = {
+    **{name: False for name in (
+        "AUC", "MAP@12", "MAP@5", "accuracy", "auc-roc", "auroc-multi-label",
+        "column-wise ROC AUC", "column-wise-spearman", "dice-coefficient", "dice-hausdorff-combo",
+        "f0.5-score", "f1-score", "global-dice", "jaccard-similarity",
+        "jigsaw-unintended-bias-in-toxicity-classification-score", "kendall-tau",
+        "label-ranking-average-precision", "mAP-at-IoU>0.4", "macro-f1-score", "map-at-5",
+        "matthews-correlation-coefficient", "mean-average-precision", "mean-column-wise-roc-auc",
+        "mean-precision-intersection-over-union-at-different-thresholds", "micro-f1-score",
+        "modified-laplace-log-likelihood", "multi-class-classification-accuracy",
+        "pearson-correlation-coefficient", "probabilistic-f1-score", "quadratic-weighted-kappa",
+        "weighted-auroc", "word-level-jaccard-score")},
+    **{name: True for name in (
+        "KL-divergence", "average-haversine-distance", "levenhstein-distance",
+        "levenshtein-distance", "log-loss", "log-mean-absolute-error", "mean-absolute-error",
+        "mean-angular-error", "mean-column-wise-rmsle", "multi-class-log-loss",
+        "root-mean-squared-error", "root_mean_squared_error", "top-1-classification-error",
+        "weighted-multi-label-log-loss")},
 }
 
 
@@ -89,17 +123,63 @@ def _read_yaml(path: pathlib.Path) -> dict:
     return data
 
 
-def _import_grade_fn(spec: str) -> Optional[Callable[[pd.DataFrame, pd.DataFrame], Any]]:
-    """Imports ``"module.path:function"``; None if the module is not importable."""
-    if not spec or ":" not in spec:
-        return None
-    module, _, name = spec.partition(":")
+def _mlebench_importable() -> bool:
     try:
-        if importlib.util.find_spec(module.split(".")[0]) is None:
-            return None
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
+        return importlib.util.find_spec("mlebench") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _import_grade_fn(spec: str, competition_dir: Optional[pathlib.Path] = None,
+                     ) -> tuple[Optional[Callable[[pd.DataFrame, pd.DataFrame], Any]], str]:
+    """MLE-bench's grade function of ``config.yaml``'s ``"module.path:function"``.
+
+    When ``competition_dir`` holds the grader's own file (``grade.py``, as ``stage`` puts it beside
+    the data) and is not the installed package's folder, that staged copy is imported, as a
+    package of its own so its relative imports (``from .classes import ...``) resolve: the host
+    grades with the grader of the MLE-bench that prepared the data. Either way the grader imports
+    ``mlebench`` itself, so nothing is imported without it.
+
+    Returns:
+      ``(grade_fn, source)``: source ``"mlebench:staged"`` or ``"mlebench"``; ``(None, why)`` when
+      ``mlebench`` or the module is not importable.
+    """
+    if not spec or ":" not in spec:
+        return None, f"config.yaml's grader.grade_fn {spec!r} is no 'module:function'"
+    if not _mlebench_importable():
+        return None, "mlebench is not installed"
+    module, _, name = spec.partition(":")
+    parts = module.split(".")
+    if competition_dir is not None and (competition_dir / f"{parts[-1]}.py").is_file():
+        installed = _installed_competition_dir(competition_dir.name)
+        if installed is None or installed.resolve() != competition_dir.resolve():
+            pkg = "_mlebench_staged_" + "".join(c if c.isalnum() else "_" for c in
+                                                str(competition_dir.resolve()))
+            if pkg not in sys.modules:
+                holder = types.ModuleType(pkg)
+                holder.__path__ = [str(competition_dir)]
+                sys.modules[pkg] = holder
+            try:
+                return getattr(importlib.import_module(f"{pkg}.{parts[-1]}"), name), "mlebench:staged"
+            except (ImportError, AttributeError) as e:
+                log.warning("the staged grader %s does not import (%s: %s); trying the installed "
+                            "mlebench's", competition_dir / f"{parts[-1]}.py", type(e).__name__, e)
+    try:
+        return getattr(importlib.import_module(module), name), "mlebench"
+    except (ImportError, AttributeError) as e:
+        return None, f"its grade_fn {spec!r} does not import ({type(e).__name__}: {e})"
+
+
+def _installed_competition_dir(competition_id: str) -> Optional[pathlib.Path]:
+    """The installed ``mlebench`` package's ``competitions/<id>/`` (None without it)."""
+    try:
+        spec = importlib.util.find_spec("mlebench")
+    except (ImportError, ValueError):
         return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = pathlib.Path(list(spec.submodule_search_locations)[0]) / "competitions" / competition_id
+    return d if d.is_dir() else None
 
 
 def find_competition_dir(competition_id: str, data_dir: "os.PathLike | str") -> pathlib.Path:
@@ -113,12 +193,7 @@ def find_competition_dir(competition_id: str, data_dir: "os.PathLike | str") -> 
     beside = pathlib.Path(data_dir) / competition_id
     if (beside / "config.yaml").is_file():
         return beside
-    spec = importlib.util.find_spec("mlebench")
-    if spec is not None and spec.submodule_search_locations:
-        d = pathlib.Path(list(spec.submodule_search_locations)[0]) / "competitions" / competition_id
-        if d.is_dir():
-            return d
-    return pathlib.Path(data_dir) / competition_id
+    return _installed_competition_dir(competition_id) or beside
 
 
 def is_git_lfs_pointer(path: "os.PathLike | str") -> bool:
@@ -185,7 +260,14 @@ class MLEBenchTask(base.Task):
         (``find_competition_dir``).
       baseline_error: why the sample submission did not grade ("" when it did; then
         ``baseline_score`` is None).
-      grader_source: which grader scores it: ``"mlebench"`` (``grade_fn``) or ``"ours:<metric>"``.
+      grader_source: which grader scores it: ``"mlebench"`` (the installed package's ``grade_fn``),
+        ``"mlebench:staged"`` (the grader staged beside the data) or ``"ours:<metric>"`` (the
+        fallback).
+      sample_submission_file: the declared sample submission (may lie under ``private/``).
+      split_by: how the answers split into dev and final halves: ``"id"`` (by the id column) or
+        ``"none"`` (answers that are no CSV: both splits grade on all of them).
+      leaderboard_error: why the reference leaderboard is missing although a file is there (a Git
+        LFS pointer: what to run); "" otherwise.
       requires_isolation: True (class attribute): the private answers are on the host.
     """
 
@@ -198,6 +280,9 @@ class MLEBenchTask(base.Task):
     competition_dir: Optional[pathlib.Path] = None
     baseline_error: str = ""
     grader_source: str = ""
+    sample_submission_file: Optional[pathlib.Path] = None
+    split_by: str = "id"
+    leaderboard_error: str = ""
 
     def __post_init__(self):
         if self.competition_dir is not None:
@@ -214,6 +299,8 @@ class MLEBenchTask(base.Task):
         """JSON-ready record; the grade function is recorded by name only."""
         d = super().to_dict()
         d["answers_file"] = str(self.answers_file)
+        d["sample_submission_file"] = (None if self.sample_submission_file is None
+                                       else str(self.sample_submission_file))
         d["competition_dir"] = None if self.competition_dir is None else str(self.competition_dir)
         d["dev_ids"] = sorted(self.dev_ids)
         d["grade_fn"] = None if self.grade_fn is None else (
@@ -221,13 +308,18 @@ class MLEBenchTask(base.Task):
         return d
 
     def leaderboard_hint(self) -> str:
+        if self.leaderboard_error:
+            return self.leaderboard_error
         where = self.competition_dir or "?"
         return (f"the MLE-bench competition folder {where} has no leaderboard.csv (the task still "
                 "trains and evaluates; medals and HumanRank are reported as n/a)")
 
     def _all_answers(self) -> pd.DataFrame:
         if "_answers_df" not in self.__dict__:
-            df = pd.read_csv(self.answers_file, dtype={self.id_column: str})
+            df = read_answers(self.answers_file, self.id_column)
+            if self.split_by == "none":
+                self.__dict__["_answers_df"] = df
+                return df
             if self.id_column not in df.columns:
                 raise ValueError(f"{self.answers_file}: no id column {self.id_column!r}")
             df[self.id_column] = df[self.id_column].str.strip()
@@ -240,6 +332,8 @@ class MLEBenchTask(base.Task):
 
     def _split_answers(self, split: str) -> pd.DataFrame:
         df = self._all_answers()
+        if self.split_by == "none":
+            return df
         in_dev = df[self.id_column].astype(str).isin(self.dev_ids)
         return df[in_dev if split == "dev" else ~in_dev].reset_index(drop=True)
 
@@ -255,6 +349,9 @@ class MLEBenchTask(base.Task):
           InvalidSubmissionError: naming the problem (and the first few offending ids).
         """
         sub = grading.read_submission(submission_csv, self.id_column)
+        if self.split_by == "none":       # MLE-bench's grader is the only judge of such answers
+            self._run_grade_fn(sub, self._all_answers(), whole=True)
+            return sub
         if self.grade_fn is None:
             return grading.validate_submission(
                 sub, id_column=self.id_column, target_columns=self.target_columns,
@@ -274,7 +371,8 @@ class MLEBenchTask(base.Task):
         file that passed whole, another exception propagates (a grader bug: ``grader_error``).
         """
         try:
-            score = self.grade_fn(submission.reset_index(drop=True), answers.reset_index(drop=True))
+            score = self.grade_fn(*(x.reset_index(drop=True) if isinstance(x, pd.DataFrame) else x
+                                    for x in (submission, answers)))
         except Exception as e:  # noqa: BLE001 - sorted into invalid submission / grader bug
             if _is_mlebench_invalid(e):
                 raise grading.InvalidSubmissionError(str(e)) from e
@@ -301,6 +399,8 @@ class MLEBenchTask(base.Task):
         if self.grade_fn is None:
             a = answers.set_index(self.id_column)[list(self.target_columns)]
             return grading.score_submission(validated, a, self.metric)
+        if self.split_by == "none":
+            return self._run_grade_fn(validated, answers, whole=False)
         rows = validated[validated[self.id_column].isin(set(answers[self.id_column]))]
         return self._run_grade_fn(rows, answers, whole=False)
 
@@ -323,6 +423,60 @@ def _known_labels(answers: pd.DataFrame, train_csv: pathlib.Path,
     return tuple(sorted(seen))
 
 
+class DeclaredFileError(FileNotFoundError):
+    """A file a competition's ``config.yaml`` declares is missing (or lies outside its folder)."""
+
+
+def read_answers(path: "os.PathLike | str", id_column: Optional[str] = None) -> Any:
+    """An answers file as MLE-bench's ``load_answers`` reads it: a ``.csv`` as a DataFrame (the id
+    column as stripped strings when given and present), a ``.jsonl`` as a list of dicts.
+
+    Raises:
+      ValueError: another kind of file (MLE-bench grades only these two).
+    """
+    path = pathlib.Path(path)
+    if path.suffix == ".csv":
+        df = pd.read_csv(path, float_precision="round_trip",
+                         dtype={id_column: str} if id_column else None)
+        if id_column and id_column in df.columns:
+            df[id_column] = df[id_column].str.strip()
+        return df
+    if path.suffix == ".jsonl":
+        import json
+
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    raise ValueError(f"{path}: answers of kind {path.suffix!r}; MLE-bench grades .csv and .jsonl")
+
+
+def declared_files(competition_id: str, config: dict, data_dir: "os.PathLike | str",
+                   ) -> dict[str, pathlib.Path]:
+    """The data files a competition's ``config.yaml`` declares (``dataset:``), resolved.
+
+    MLE-bench writes them relative to its data dir (``<id>/prepared/private/answers.csv``). Every
+    declared entry is returned (``answers``, ``sample_submission``, ``gold_submission`` where
+    declared), as ``data_dir / path``; nothing is checked to exist here.
+
+    Raises:
+      ValueError: ``dataset`` lacks ``answers`` or ``sample_submission``, or a path leaves the
+        competition's own folder.
+    """
+    dataset = config.get("dataset") or {}
+    missing = [k for k in ("answers", "sample_submission") if not dataset.get(k)]
+    if missing:
+        raise ValueError(f"competition {competition_id!r}: config.yaml's dataset declares no "
+                         f"{' and no '.join(missing)} (it has {sorted(dataset)})")
+    root = pathlib.Path(data_dir)
+    out = {}
+    for key, rel in dataset.items():
+        rel = pathlib.PurePosixPath(str(rel))
+        if rel.is_absolute() or ".." in rel.parts or rel.parts[:1] != (competition_id,):
+            raise ValueError(f"competition {competition_id!r}: config.yaml declares {key} "
+                             f"{str(rel)!r}, outside the competition's folder {competition_id}/")
+        out[str(key)] = root.joinpath(*rel.parts)
+    return out
+
+
 def load_mlebench_task(
     competition_id: str,
     data_dir: "os.PathLike | str",
@@ -335,6 +489,10 @@ def load_mlebench_task(
 ) -> MLEBenchTask:
     """Reads a prepared MLE-bench competition into a Task.
 
+    Every file read is the one the competition's ``config.yaml`` declares (``declared_files``):
+    its answers (``.csv``, or ``.jsonl`` graded whole) and its sample submission (whose first
+    column is the id, the rest the targets), wherever MLE-bench's preparer put them.
+
     Args:
       competition_id: e.g. ``"spooky-author-identification"``.
       data_dir: the MLE-bench data root holding ``<id>/prepared/{public,private}``.
@@ -345,62 +503,97 @@ def load_mlebench_task(
       use_mlebench_grader: use ``grader.grade_fn`` when importable (False: force our metric).
 
     Returns:
-      the task; ``leaderboard`` is empty when the competition has no ``leaderboard.csv``, and
+      the task; ``leaderboard`` is empty when the competition has no usable ``leaderboard.csv``
+      (``leaderboard_error`` says why when a Git LFS pointer stands in its place), and
       ``baseline_score`` is None (``baseline_error`` says why) when the sample submission does not
-      grade.
+      grade. ``grader_source`` names the grader; a fallback to ours is logged as a warning.
 
     Raises:
-      FileNotFoundError: a required file is missing (named in the message).
+      DeclaredFileError: config.yaml or a file it declares is missing (named in the message).
       UnsupportedGraderError: no importable grade function and no matching metric of ours.
-      LeaderboardError: leaderboard.csv is a Git LFS pointer or has no numeric ``score`` column.
+      LeaderboardError: leaderboard.csv has no numeric ``score`` column.
     """
     data_dir = pathlib.Path(data_dir)
     prepared = data_dir / competition_id / "prepared"
     public, private = prepared / "public", prepared / "private"
     comp = pathlib.Path(competition_dir) if competition_dir else find_competition_dir(
         competition_id, data_dir)
-    for p in (public / "sample_submission.csv", private / "test.csv", comp / "config.yaml"):
-        if not p.exists():
-            hint = ("; stage the competition with `python launch/stage_mlebench.py` (it puts "
-                    "MLE-bench's config.yaml beside the data) or install mlebench"
-                    if p.name == "config.yaml" else "")
-            raise FileNotFoundError(f"MLE-bench competition {competition_id!r}: missing {p}{hint}")
+    if not (comp / "config.yaml").is_file():
+        raise DeclaredFileError(
+            f"MLE-bench competition {competition_id!r}: missing {comp / 'config.yaml'}; stage the "
+            "competition with `python launch/stage_mlebench.py` (it puts MLE-bench's config.yaml "
+            "beside the data) or install mlebench")
     cfg = _read_yaml(comp / "config.yaml")
+    files = declared_files(competition_id, cfg, data_dir)
+    for key in ("answers", "sample_submission"):
+        if not files[key].exists():
+            raise DeclaredFileError(
+                f"MLE-bench competition {competition_id!r}: missing {files[key]} (config.yaml's "
+                f"dataset.{key}: {cfg['dataset'][key]!r}); prepare the competition with "
+                f"MLE-bench's preparer (`python launch/stage_mlebench.py --prepare ...` or "
+                f"`mlebench prepare -c {competition_id}`)")
+    answers_file, sample_file = files["answers"], files["sample_submission"]
     grader = cfg.get("grader") or {}
     grader_name = str(grader.get("name", ""))
-    grade_fn = _import_grade_fn(str(grader.get("grade_fn", ""))) if use_mlebench_grader else None
+    grade_fn, source = (_import_grade_fn(str(grader.get("grade_fn", "")), comp)
+                        if use_mlebench_grader else (None, "use_mlebench_grader=False"))
     metric = GRADER_ALIASES.get(grader_name.lower())
-    if (grade_fn is None and use_mlebench_grader and metric is not None
-            and importlib.util.find_spec("mlebench") is not None):
-        log.warning("%s: mlebench is installed but its grade_fn %r does not import; scoring with "
-                    "our metric %r", competition_id, grader.get("grade_fn"), metric)
     if grade_fn is None and metric is None:
         raise UnsupportedGraderError(
-            f"competition {competition_id!r} uses grader {grader_name!r}: install mlebench so its "
-            f"grade_fn {grader.get('grade_fn')!r} can be imported, or add the metric to "
-            f"sandbox.grading (known aliases: {sorted(GRADER_ALIASES)})")
+            f"competition {competition_id!r} uses grader {grader_name!r} and {source}: install "
+            "MLE-bench and what its graders import (scripts/install_mlebench.sh), or add the "
+            f"metric to sandbox.grading (our fallback metrics: {sorted(GRADER_ALIASES)})")
+    if grade_fn is None:
+        why = source
+        log.warning("%s: NOT graded by MLE-bench (%s): falling back to our metric %r, which may "
+                    "differ from MLE-bench's grader %r; install MLE-bench on every host "
+                    "(scripts/install_mlebench.sh)", competition_id, why, metric, grader_name)
 
-    sample = pd.read_csv(public / "sample_submission.csv", nrows=5)
+    sample = pd.read_csv(sample_file, nrows=5)
     id_column = str(sample.columns[0])
     target_columns = tuple(str(c) for c in sample.columns[1:])
-    answers = pd.read_csv(private / "test.csv", dtype={id_column: str})
-    if id_column not in answers.columns:
-        raise ValueError(f"{private / 'test.csv'}: no id column {id_column!r} (from sample_submission)")
+    split_by = "id" if answers_file.suffix == ".csv" else "none"
+    if split_by == "id":
+        head = pd.read_csv(answers_file, nrows=0)
+        if id_column not in head.columns:
+            raise ValueError(f"{answers_file}: no id column {id_column!r} (the first column of "
+                             f"{sample_file.name}); it has {list(head.columns)[:8]}")
+        answers = read_answers(answers_file, id_column)
+    elif grade_fn is None:
+        raise UnsupportedGraderError(
+            f"competition {competition_id!r}: answers {answers_file.name} are no CSV, which only "
+            "MLE-bench's own grader reads; install mlebench (scripts/install_mlebench.sh)")
+    else:
+        log.warning("%s: answers %s are no CSV: dev and final both grade on all of them",
+                    competition_id, answers_file.name)
 
     lb_path = comp / "leaderboard.csv"
-    leaderboard = read_leaderboard(lb_path) if lb_path.exists() else []
+    leaderboard, leaderboard_error = [], ""
+    if lb_path.exists() and is_git_lfs_pointer(lb_path):
+        leaderboard_error = (
+            f"{lb_path} is a Git LFS pointer, not the leaderboard: medals, HumanRank and the "
+            f"reward's headroom term are unavailable for {competition_id}; {_lfs_pull_hint(lb_path)}")
+        log.warning("%s", leaderboard_error)
+    elif lb_path.exists():
+        leaderboard = read_leaderboard(lb_path)
     if metric is not None:
         lower = grading.get_metric(metric).lower_is_better
     elif "lower_is_better" in cfg or "is_lower_better" in grader:
         lower = bool(cfg.get("lower_is_better", grader.get("is_lower_better")))
     elif len(leaderboard) >= 2:
         lower = leaderboard[0] < leaderboard[-1]  # MLE-bench's own inference
+    elif grader_name in GRADER_LOWER_IS_BETTER:
+        lower = GRADER_LOWER_IS_BETTER[grader_name]
     else:
-        raise ValueError(f"competition {competition_id!r}: cannot tell the metric direction")
+        why = leaderboard_error or f"no {lb_path}"
+        raise ValueError(f"competition {competition_id!r}: cannot tell the metric direction of "
+                         f"grader {grader_name!r} without its leaderboard ({why})")
 
-    ids = sorted(set(answers[id_column].astype(str).str.strip()))
-    rng = np.random.default_rng([seed, 11])
-    dev_ids = frozenset(np.asarray(ids, dtype=object)[rng.permutation(len(ids))[: len(ids) // 2]])
+    dev_ids: frozenset = frozenset()
+    if split_by == "id":
+        ids = sorted(set(answers[id_column].astype(str)))
+        rng = np.random.default_rng([seed, 11])
+        dev_ids = frozenset(np.asarray(ids, dtype=object)[rng.permutation(len(ids))[: len(ids) // 2]])
 
     desc_path = comp / "description.md"
     if not desc_path.exists():
@@ -419,11 +612,13 @@ def load_mlebench_task(
         leaderboard_source=f"MLE-bench leaderboard.csv ({len(leaderboard)} Kaggle teams)" if leaderboard else "",
         seed=seed,
         source=f"MLE-bench prepared competition at {prepared}; competition folder {comp}",
-        answers_file=private / "test.csv", grader_name=grader_name, grade_fn=grade_fn,
+        answers_file=answers_file, grader_name=grader_name, grade_fn=grade_fn,
         dev_ids=dev_ids, competition_dir=comp,
-        grader_source="mlebench" if grade_fn is not None else f"ours:{metric}")
+        grader_source=source if grade_fn is not None else f"ours:{metric}",
+        sample_submission_file=sample_file, split_by=split_by,
+        leaderboard_error=leaderboard_error)
     try:
-        task.baseline_score = task.grade(public / "sample_submission.csv", "dev")
+        task.baseline_score = task.grade(sample_file, "dev")
     except grading.InvalidSubmissionError as e:
-        task.baseline_score, task.baseline_error = None, f"sample_submission.csv is invalid: {e}"
+        task.baseline_score, task.baseline_error = None, f"{sample_file.name} is invalid: {e}"
     return task

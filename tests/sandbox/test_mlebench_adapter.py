@@ -118,7 +118,9 @@ def test_label_competition_with_accuracy(tmp_path):
         pub / "sample_submission.csv", index=False)
     truth = pd.DataFrame({"PassengerId": ids, "Transported": [i % 2 == 0 for i in range(20)]})
     truth.to_csv(priv / "test.csv", index=False)
-    (root / "cls" / "config.yaml").write_text("grader:\n  name: accuracy\n")
+    (root / "cls" / "config.yaml").write_text(
+        "dataset:\n  answers: cls/prepared/private/test.csv\n"
+        "  sample_submission: cls/prepared/public/sample_submission.csv\ngrader:\n  name: accuracy\n")
     task = mlebench.load_mlebench_task("cls", root)
     assert task.labels == ("False", "True") and task.leaderboard == []
     truth.to_csv(tmp_path / "gold.csv", index=False)
@@ -308,20 +310,26 @@ LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
                "size 48213\n")
 
 
-def test_a_git_lfs_pointer_leaderboard_says_what_to_run(tmp_path):
+def test_a_git_lfs_pointer_leaderboard_is_said_loudly_and_the_task_still_loads(tmp_path, caplog):
+    """What a pip install of MLE-bench holds without `git lfs pull`: the task trains and grades,
+    the warning and ``leaderboard_error`` say what is unavailable and what to run."""
     _write_competition(tmp_path, "toy", "multi-class-log-loss")
     (tmp_path / "toy" / "leaderboard.csv").write_text(LFS_POINTER)
-    with pytest.raises(mlebench.LeaderboardError,
-                       match=r"this leaderboard.csv is a Git LFS pointer.*git lfs pull"):
-        mlebench.load_mlebench_task("toy", tmp_path)
+    with caplog.at_level("WARNING", logger="sandbox.tasks.mlebench"):
+        task = mlebench.load_mlebench_task("toy", tmp_path)
+    assert task.leaderboard == [] and task.baseline_score is not None
+    assert re.search(r"Git LFS pointer.*medals, HumanRank and the reward's headroom term are "
+                     r"unavailable.*git lfs pull", task.leaderboard_error)
+    assert task.leaderboard_error in caplog.text
+    with pytest.raises(NoLeaderboardError, match="Git LFS pointer"):
+        task.medal_thresholds()
     # In an mle-bench checkout layout the message names the checkout to run it in.
     comp = tmp_path / "checkout" / "mlebench" / "competitions" / "toy"
     comp.mkdir(parents=True)
     for name in ("config.yaml", "description.md", "leaderboard.csv"):
         (comp / name).write_bytes((tmp_path / "toy" / name).read_bytes())
-    with pytest.raises(mlebench.LeaderboardError) as info:
-        mlebench.load_mlebench_task("toy", tmp_path, comp)
-    assert f"in the mle-bench checkout ({(tmp_path / 'checkout').resolve()})" in str(info.value)
+    task = mlebench.load_mlebench_task("toy", tmp_path, comp)
+    assert f"in the mle-bench checkout ({(tmp_path / 'checkout').resolve()})" in task.leaderboard_error
     assert mlebench.is_git_lfs_pointer(comp / "leaderboard.csv")
     assert not mlebench.is_git_lfs_pointer(comp / "config.yaml")
 

@@ -9,6 +9,7 @@ MLE-bench's own (the installed ``mlebench`` package); only the raw rows are synt
 """
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -215,7 +216,9 @@ def test_staged_bucket_loads_and_grades_with_mlebench(bucket, tmp_path):
     for task in loaded:
         cid, staged = task.task_id, cache / "mlebench" / task.task_id
         assert not (staged / "raw").exists()
-        assert task.grader_source == "mlebench" and task.grade_fn is not None
+        # the grader staged beside the data (MLE-bench's own file, imported from there)
+        assert task.grader_source == "mlebench:staged" and task.grade_fn is not None
+        assert pathlib.Path(inspect.getsourcefile(task.grade_fn)) == staged / "grade.py"
         assert task.requires_isolation and str(task.private_dir) in task.hidden_paths
         assert task.competition_dir == staged and task.public_dir == staged / "prepared/public"
         mle = _mlebench_competition_dir(cid)
