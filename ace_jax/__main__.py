@@ -110,7 +110,7 @@ def main(argv):
         summary = t.run()
     finally:
         t.close()
-    print(summary_lib.format_run_summary(summary), flush=True)
+    print(summary_lib.format_run_summary(summary, tasks=t.tasks), flush=True)
 
 
 def _dry_run(cfg) -> None:

@@ -202,7 +202,8 @@ def _rehearsal(c: ml_collections.ConfigDict) -> None:
     layout, expert-parallel MoE, MLE-bench tasks from gs://, a gs:// workdir, the bwrap sandbox
     with the Kaggle stack."""
     c.name = "ace30b-rehearsal"
-    c.tasks.ids = ("spooky-author-identification", "tabular-playground-series-dec-2021")
+    c.tasks.ids = ("random-acts-of-pizza", "aerial-cactus-identification",
+                   "tabular-playground-series-dec-2021")
     c.model.preset = "tiny_moe"        # what the dry run builds; the run reads config.json
     c.model.overrides.update(REHEARSAL_MODEL)
     c.model.runtime.update(dict(dtype="float32", param_dtype="float32"))

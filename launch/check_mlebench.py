@@ -32,7 +32,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Scratch folder (raw/, data/, cach
                                "temporary folder, removed at the end.")
 _DEST = flags.DEFINE_string("dest", "", "Where to stage: gs://bucket/prefix or a folder; empty: "
                             "<workdir>/bucket.")
-_N_ROWS = flags.DEFINE_integer("n_rows", 60, "Training-set size of each synthetic competition.")
+_N_ROWS = flags.DEFINE_integer("n_rows", 200, "Training-set size of each synthetic competition.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and the dev split.")
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/ace30b.py:rehearsal", "The run config whose sandbox section (backend, "

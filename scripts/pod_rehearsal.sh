@@ -16,11 +16,11 @@
 # resumed, tasks, mlebench_prepared, engine, tokenizer_bytes_per_host, kaggle_stack, exported,
 # the bytes each host downloaded, seconds per phase).
 #
-# Environment: REHEARSAL_DIR (default: a new folder under /tmp), MLEBENCH_SRC (an extracted
-# mle-bench checkout: installed with pip when mlebench is not importable), VENV_SEED (the venv
+# Environment: REHEARSAL_DIR (default: a new folder under /tmp), MLEBENCH_SRC (a copy of
+# MLE-bench's repository), VENV_SEED (the venv
 # every worker uses; default: the active one), WHEELHOUSE (offline wheels for the sandbox's env).
-# Without mlebench the competitions are written by tests/sandbox/mlebench_competition.py instead
-# (mlebench_prepared: false in the JSON).
+# MLE-bench is installed with scripts/install_mlebench.sh (from MLEBENCH_SRC, else GitHub) when it
+# is not importable; the competitions are MLE-bench Lite's, prepared by MLE-bench's own code.
 #
 # What differs from a pod, and why: the bucket is an emulator, so Orbax's OCDBT layout is off
 # (ace_jax/runtime/checkpoint.py says why: the emulator sends no object generation with a read);
@@ -68,27 +68,21 @@ git init -q --bare "${root}/origin.git"
 git -C "${repo}" push -q "${root}/origin.git" "${snapshot}:refs/heads/rehearsal"
 export REPO_URL="${root}/origin.git" BRANCH=rehearsal
 export BUCKET=ace-rehearsal CONFIG=configs/ace30b.py:rehearsal
-COMPETITIONS="spooky-author-identification,tabular-playground-series-dec-2021"
+# MLE-bench Lite: the runbook's example (text, json), an image competition and a tabular one
+COMPETITIONS="random-acts-of-pizza,aerial-cactus-identification,tabular-playground-series-dec-2021"
 TASK_IDS="('${COMPETITIONS//,/\',\'}')"
 MLEBENCH_DATA="${root}/mlebench-data"
-EVAL_TASK=spooky-author-identification
+EVAL_TASK=random-acts-of-pizza
 
 # --- what the user puts in the bucket (docs/tpu.md section 3) --------------------------------------
 phase data
 python scripts/rehearsal.py hf-folder --out "gs://${BUCKET}/Qwen3-30B-A3B"
-if ! python -c 'import mlebench' 2>/dev/null && [[ -n "${MLEBENCH_SRC:-}" ]]; then
-  python -m pip install -q --no-deps "${MLEBENCH_SRC}" && python -m pip install -q py7zr appdirs
+if [[ -n "${MLEBENCH_SRC:-}" ]] || ! python -c 'import mlebench.registry' 2>/dev/null; then
+  bash scripts/install_mlebench.sh ${MLEBENCH_SRC:+"${MLEBENCH_SRC}"}
 fi
-if python -c 'import mlebench' 2>/dev/null; then
-  python scripts/rehearsal.py competitions --raw "${root}/raw" --data "${MLEBENCH_DATA}" --ids "${COMPETITIONS}"
-else
-  echo "mlebench is not importable (set MLEBENCH_SRC): two competitions of the test fixture" \
-       "stand in (hand-written config.yaml; mlebench_prepared: false)" >&2
-  COMPETITIONS="fixture-text-a,fixture-text-b"
-  TASK_IDS="('fixture-text-a','fixture-text-b')" EVAL_TASK=fixture-text-a
-  python -m tests.sandbox.mlebench_competition "${MLEBENCH_DATA}" "${COMPETITIONS}"
-fi
+python scripts/rehearsal.py competitions --raw "${root}/raw" --data "${MLEBENCH_DATA}" --ids "${COMPETITIONS}"
 python launch/stage_mlebench.py --data_dir=$MLEBENCH_DATA --competitions=$COMPETITIONS --dest=gs://$BUCKET/mlebench  # runbook
+python launch/check_mlebench.py --competitions=$COMPETITIONS  # runbook
 phase_end data
 
 phase setup

@@ -30,6 +30,8 @@
 #                on the worker; else uv installs 3.11; else setup stops and says what to do)
 #   SANDBOX_VENV where setup builds the sandbox's Kaggle stack (default: REMOTE_DIR/.sandbox-venv;
 #                requirements-sandbox.txt; pass --config.sandbox.python=<it>/bin/python)
+#   MLEBENCH_SRC a copy of MLE-bench's repository on every worker (setup installs MLE-bench from it;
+#                unset: from its git repository, scripts/install_mlebench.sh)
 #   WHEELHOUSE   a folder of wheels (pip download -r requirements-sandbox.txt -d DIR): the sandbox
 #                env is then installed offline from it
 #
@@ -148,7 +150,7 @@ else
 fi
 cd ${REMOTE_DIR}
 $(printf '%q ' env PYTHON="${PYTHON:-}" VENV_SEED="${VENV_SEED:-}" SANDBOX_VENV="${SANDBOX_VENV:-}" \
-    WHEELHOUSE="${WHEELHOUSE:-}" TRANSPORT="${TRANSPORT}") bash scripts/worker_setup.sh"
+    WHEELHOUSE="${WHEELHOUSE:-}" MLEBENCH_SRC="${MLEBENCH_SRC:-}" TRANSPORT="${TRANSPORT}") bash scripts/worker_setup.sh"
     ;;
   exec)
     cmd="$(user_command "$@")"

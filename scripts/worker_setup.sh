@@ -10,6 +10,8 @@
 #                 (local rehearsal workers share one disk; a pod's hosts never set this)
 #   SANDBOX_VENV  where the sandbox's venv goes (default: .sandbox-venv in the checkout; elsewhere,
 #                 .sandbox-venv becomes a link to it)
+#   MLEBENCH_SRC  a copy of MLE-bench's repository (a host without GitHub access); unset: cloned
+#                 from GitHub. MLE-bench's graders score every execution on this host.
 #   WHEELHOUSE    wheels for the sandbox's venv (installed offline from them when given)
 #   TRANSPORT     "local": CPU workers of this machine, so no jax[tpu]
 set -euo pipefail
@@ -55,6 +57,11 @@ if [[ -z "${VENV_SEED:-}" ]]; then
     pip install --quiet "jax[tpu]==${JAX_VERSION}"
   fi
 fi
+# MLE-bench (its preparers, graders and competition files) in the trainer's venv: every host
+# grades its own executions with MLE-bench's grade_fn (without it, a loud fallback to our metrics).
+if [[ -z "${VENV_SEED:-}" ]] || ! python -c 'import mlebench.registry' 2>/dev/null; then
+  bash scripts/install_mlebench.sh ${MLEBENCH_SRC:+"${MLEBENCH_SRC}"}
+fi
 
 # The sandbox's interpreter and the Kaggle stack (requirements-sandbox.txt).
 # configs/ace30b.py runs executions with .sandbox-venv/bin/python (sandbox.python): a SANDBOX_VENV
@@ -69,5 +76,6 @@ if [[ "$(realpath -m "${sandbox_venv}")" != "$(realpath -m .sandbox-venv)" ]]; t
   ln -sfn "${sandbox_venv}" .sandbox-venv
 fi
 
+python -c 'import mlebench.registry' || { echo "setup: MLE-bench does not import" >&2; exit 1; }
 python -c 'import sys, jax; print("worker setup:", sys.version.split()[0], "jax", jax.__version__, jax.local_device_count(), "local", jax.devices()[0].device_kind, "devices")'
 echo "worker setup: sandbox python ${sandbox_venv}/bin/python"

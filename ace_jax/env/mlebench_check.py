@@ -86,7 +86,7 @@ def _step(row: Row, name: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
 
 
 def check_end_to_end(ids: Sequence[str], *, workdir: "str | pathlib.Path", dest: str = "",
-                     sandbox: Any = None, n_rows: int = 60, seed: int = 0,
+                     sandbox: Any = None, n_rows: int = 200, seed: int = 0,
                      progress: Optional[Callable[[Row], None]] = None) -> list[Row]:
     """Runs each competition through the whole path a user's run takes (see the module doc).
 

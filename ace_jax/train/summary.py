@@ -4,7 +4,7 @@ checkpoints and TensorBoard logs are. Built from ``Trainer.run``'s summary and t
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -31,9 +31,24 @@ def run_curves(path: str | None, window: int = 5) -> dict[str, Any]:
     return out
 
 
-def format_run_summary(summary: dict[str, Any]) -> str:
+def task_caveats(tasks: Sequence[Any]) -> list[str]:
+    """What a run's tasks lack, one line each: a reference leaderboard that is a Git LFS pointer
+    (no medals, HumanRank or headroom term) and a grader that is our fallback, not MLE-bench's."""
+    out = []
+    for t in tasks:
+        if getattr(t, "leaderboard_error", ""):
+            out.append(f"{t.task_id}: {t.leaderboard_error}")
+        if str(getattr(t, "grader_source", "")).startswith("ours:"):
+            out.append(f"{t.task_id}: graded by our fallback metric {t.grader_source[5:]!r}, not "
+                       f"MLE-bench's grader {getattr(t, 'grader_name', '')!r} "
+                       "(install MLE-bench: scripts/install_mlebench.sh)")
+    return out
+
+
+def format_run_summary(summary: dict[str, Any], tasks: Sequence[Any] = ()) -> str:
     """The lines a training run ends with (``Trainer.run``'s summary): steps and minutes, first vs
-    last valid rate and probe, where the metrics, checkpoints and TensorBoard logs are."""
+    last valid rate and probe, where the metrics, checkpoints and TensorBoard logs are, and what
+    the run's ``tasks`` lack (``task_caveats``)."""
     c = summary.get("curves") or {}
     name = f"{summary['name']}: " if summary.get("name") else ""
     lines = [f"done: {name}{summary['steps']} RL steps in {summary['minutes']:.1f} min, "
@@ -51,4 +66,5 @@ def format_run_summary(summary: dict[str, Any]) -> str:
     lines += [f"  metrics         {summary['metrics']}",
               f"  checkpoints     {summary['checkpoints']}",
               f"  tensorboard     tensorboard --logdir {summary['tensorboard']}"]
+    lines += [f"  warning         {c}" for c in task_caveats(tasks)]
     return "\n".join(lines)

@@ -52,7 +52,7 @@ import os
 import pathlib
 import sys
 import types
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -449,6 +449,41 @@ def read_answers(path: "os.PathLike | str", id_column: Optional[str] = None) -> 
     raise ValueError(f"{path}: answers of kind {path.suffix!r}; MLE-bench grades .csv and .jsonl")
 
 
+def _dev_half(answers: pd.DataFrame, id_column: str, target_columns: Sequence[str],
+              seed: int) -> frozenset:
+    """Half of the answer ids (seeded), stratified by the first target column the answers hold
+    when it has at most 50 values (a class label, a 0/1 flag): so both halves of a small test set
+    hold every class that has two rows, and a ranking metric (AUC) is defined on each."""
+    rng = np.random.default_rng([seed, 11])
+    first = next((c for c in target_columns if c in answers.columns), None)
+    rows = answers.drop_duplicates(id_column)
+    if first is None or rows[first].nunique(dropna=False) > 50:
+        strata = [sorted(rows[id_column].astype(str))]
+    else:
+        keys = rows[first].astype(str)
+        strata = [sorted(rows.loc[keys == k, id_column].astype(str)) for k in sorted(set(keys))]
+    dev, carry = [], 0
+    for ids in strata:           # odd strata alternate which half gets the extra row
+        take = (len(ids) + carry) // 2
+        carry = (len(ids) + carry) % 2
+        dev += list(np.asarray(ids, dtype=object)[rng.permutation(len(ids))[:take]])
+    return frozenset(dev)
+
+
+def _id_column(sample: pd.DataFrame, answers: pd.DataFrame) -> Optional[str]:
+    """The column of the sample submission that names its rows: the first one, in the file's
+    order, that the answers hold with distinct, non-empty values and that the sample does not fill
+    with one constant (a target). Usually the first column; ``Comment`` in
+    detecting-insults-in-social-commentary, whose sample submission starts with its target."""
+    for c in sample.columns:
+        if c not in answers.columns or sample[c].nunique(dropna=False) <= 1 < len(sample):
+            continue
+        values = answers[c]
+        if values.notna().all() and values.str.strip().is_unique:
+            return str(c)
+    return None
+
+
 def declared_files(competition_id: str, config: dict, data_dir: "os.PathLike | str",
                    ) -> dict[str, pathlib.Path]:
     """The data files a competition's ``config.yaml`` declares (``dataset:``), resolved.
@@ -549,21 +584,24 @@ def load_mlebench_task(
                     "differ from MLE-bench's grader %r; install MLE-bench on every host "
                     "(scripts/install_mlebench.sh)", competition_id, why, metric, grader_name)
 
-    sample = pd.read_csv(sample_file, nrows=5)
-    id_column = str(sample.columns[0])
-    target_columns = tuple(str(c) for c in sample.columns[1:])
     split_by = "id" if answers_file.suffix == ".csv" else "none"
     if split_by == "id":
-        head = pd.read_csv(answers_file, nrows=0)
-        if id_column not in head.columns:
-            raise ValueError(f"{answers_file}: no id column {id_column!r} (the first column of "
-                             f"{sample_file.name}); it has {list(head.columns)[:8]}")
+        sample = pd.read_csv(sample_file, dtype=str)
+        answers = pd.read_csv(answers_file, dtype=str)
+        id_column = _id_column(sample, answers)
+        if id_column is None:
+            raise ValueError(f"{answers_file}: no column of {sample_file.name} "
+                             f"({list(sample.columns)[:8]}) identifies its rows")
         answers = read_answers(answers_file, id_column)
-    elif grade_fn is None:
+    else:
+        sample = pd.read_csv(sample_file, nrows=5)
+        id_column = str(sample.columns[0])
+    target_columns = tuple(str(c) for c in sample.columns if str(c) != id_column)
+    if split_by == "none" and grade_fn is None:
         raise UnsupportedGraderError(
             f"competition {competition_id!r}: answers {answers_file.name} are no CSV, which only "
             "MLE-bench's own grader reads; install mlebench (scripts/install_mlebench.sh)")
-    else:
+    if split_by == "none":
         log.warning("%s: answers %s are no CSV: dev and final both grade on all of them",
                     competition_id, answers_file.name)
 
@@ -591,9 +629,7 @@ def load_mlebench_task(
 
     dev_ids: frozenset = frozenset()
     if split_by == "id":
-        ids = sorted(set(answers[id_column].astype(str)))
-        rng = np.random.default_rng([seed, 11])
-        dev_ids = frozenset(np.asarray(ids, dtype=object)[rng.permutation(len(ids))[: len(ids) // 2]])
+        dev_ids = _dev_half(answers, id_column, target_columns, seed)
 
     desc_path = comp / "description.md"
     if not desc_path.exists():

@@ -42,6 +42,9 @@ def _mlebench_importable() -> bool:
     return True
 
 
+if os.environ.get("CI") == "true" and not _mlebench_importable():
+    raise RuntimeError("CI=true and MLE-bench is not importable: .ci/run installs it with "
+                       "scripts/install_mlebench.sh")
 needs_mlebench = pytest.mark.skipif(
     not _mlebench_importable(),
     reason="mlebench is not installed (MLE-bench's own prepare code and graders are needed); "

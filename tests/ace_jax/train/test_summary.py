@@ -23,3 +23,23 @@ def test_the_run_summary_states_the_curves_and_where_things_are(tmp_path):
     assert "0.25 (first 2 steps) -> 0.75 (last 2)" in text
     assert "score 0.100 -> 0.300, valid rate 0.25 -> 0.50 (after 0 -> 4 updates)" in text
     assert "tensorboard --logdir gs://b/r/tensorboard" in text and "gs://b/r/checkpoints" in text
+
+
+def test_the_run_summary_repeats_what_its_tasks_lack():
+    """An MLE-bench task whose leaderboard is a Git LFS pointer, and one graded by our fallback
+    metric, are each named at the end of the run; a task that lacks neither adds no line."""
+    import types
+
+    lfs = types.SimpleNamespace(task_id="a", leaderboard_error="a.csv is a Git LFS pointer; run "
+                                "`git lfs pull`", grader_source="mlebench")
+    ours = types.SimpleNamespace(task_id="b", leaderboard_error="", grader_source="ours:auc",
+                                 grader_name="auc-roc")
+    fine = types.SimpleNamespace(task_id="c", leaderboard_error="", grader_source="mlebench:staged")
+    text = summary.format_run_summary(dict(name="", steps=1, minutes=1.0, metrics="m",
+                                           checkpoints="c", tensorboard="t"),
+                                      tasks=[lfs, ours, fine])
+    warnings = [line for line in text.splitlines() if line.startswith("  warning")]
+    assert warnings == [
+        "  warning         a: a.csv is a Git LFS pointer; run `git lfs pull`",
+        "  warning         b: graded by our fallback metric 'auc', not MLE-bench's grader "
+        "'auc-roc' (install MLE-bench: scripts/install_mlebench.sh)"]
