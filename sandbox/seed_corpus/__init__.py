@@ -67,6 +67,10 @@ def sft_task_ids() -> list[str]:
 def list_scripts(task_id: Optional[str] = None) -> list[SeedScript]:
     """Every seed script (of one task, or all offline tasks), ordered by task then file name.
 
+    An MLE-bench Lite competition gets its baseline scripts (``mlebench/<id>/``, each checked end
+    to end by ``launch/check_mlebench.py``); they have no measured score on Kaggle's data, so
+    they are SFT and tokenizer corpus, not scored seed states.
+
     A procedural instance of the training split gets its rendered baseline scripts; a held-out
     or held-out-family instance raises KeyError (it is not in the SFT corpus)."""
     ids = [task_id] if task_id else task_ids()
@@ -83,8 +87,11 @@ def list_scripts(task_id: Optional[str] = None) -> list[SeedScript]:
             out += proc_scripts.baseline_scripts(t)
             continue
         d = CORPUS_DIR / t
+        if not d.is_dir():            # an MLE-bench Lite competition's baseline(s)
+            d = CORPUS_DIR / "mlebench" / t
         if not d.is_dir():
-            raise KeyError(f"no seed scripts for task {t!r}; have {task_ids()}")
+            raise KeyError(f"no seed scripts for task {t!r}; have {task_ids()} and MLE-bench "
+                           "Lite's competitions")
         out += [SeedScript(t, p.name, p.read_text()) for p in sorted(d.glob("[0-9]*.py"))]
     return out
 

@@ -143,3 +143,13 @@ def test_a_lite_competition_end_to_end(cid, tmp_path, gs_dest, rehearsal_sandbox
     assert row.graded_by_mlebench and row.grader == "mlebench:staged"
     assert row.status == "ok"
     assert row.sample_score is not None and row.baseline_score is not None
+
+
+def test_the_lite_baselines_are_seed_scripts():
+    from sandbox import seed_corpus
+
+    for cid in mlebench_raw.LITE:
+        scripts = seed_corpus.list_scripts(cid)
+        assert [s.name for s in scripts] == [p.name for p in mlebench_raw.baseline_scripts(cid)]
+        assert all("./submission/submission.csv" in s.code for s in scripts), cid
+    assert "random-acts-of-pizza" not in seed_corpus.task_ids()   # not the offline suite
