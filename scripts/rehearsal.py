@@ -100,7 +100,7 @@ def make_competitions(raw: str, data: str, ids: list[str]) -> dict:
     from ace_jax.env import mlebench_data
 
     for cid in ids:
-        mlebench_data.write_synthetic_raw(cid, os.path.join(raw, cid))
+        mlebench_data.write_synthetic_raw(cid, os.path.join(raw, cid), n_rows=200)
     mlebench_data.prepare_from_raw(ids, raw, data)
     return {"prepared": ids, "data_dir": data}
 
