@@ -19,6 +19,7 @@ staged, loaded, executed, valid, grader) and ends with one JSON line: ``competit
 """
 import json
 import logging
+import os
 import sys
 import tempfile
 
@@ -34,9 +35,22 @@ _DEST = flags.DEFINE_string("dest", "", "Where to stage: gs://bucket/prefix or a
                             "<workdir>/bucket.")
 _N_ROWS = flags.DEFINE_integer("n_rows", 200, "Training-set size of each synthetic competition.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and the dev split.")
+_PREPARE_PYTHON = flags.DEFINE_string(
+    "prepare_python", "auto", "The interpreter MLE-bench's preparers run in: one with MLE-bench "
+    "and tensorflow (siim-isic-melanoma-classification reads TFRecords), built by `bash "
+    "scripts/install_mlebench.sh --prepare-venv .mlebench-prepare-venv`; auto: that venv's python "
+    "when it exists, else this process; empty: this process.")
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/ace30b.py:rehearsal", "The run config whose sandbox section (backend, "
     "interpreter, workers, limits) executes the baselines.")
+
+
+def prepare_python():
+    """--prepare_python resolved: "auto" is .mlebench-prepare-venv/bin/python when there."""
+    if _PREPARE_PYTHON.value != "auto":
+        return _PREPARE_PYTHON.value or None
+    auto = os.path.join(".mlebench-prepare-venv", "bin", "python")
+    return auto if os.path.exists(auto) else None
 
 
 def main(argv):
@@ -72,7 +86,7 @@ def main(argv):
             rows = mlebench_check.check_end_to_end(
                 ids, workdir=_WORKDIR.value or tmp, dest=_DEST.value,
                 sandbox=_CONFIG.value.sandbox, n_rows=_N_ROWS.value, seed=_SEED.value,
-                progress=progress)
+                prepare_python=prepare_python(), progress=progress)
     print(mlebench_check.table(rows), flush=True)
     out = mlebench_check.summary(rows)
     print(json.dumps(out, sort_keys=True), flush=True)

@@ -6,6 +6,11 @@
 #   bash scripts/install_mlebench.sh                  # clone github.com/openai/mle-bench (+ git lfs pull)
 #   bash scripts/install_mlebench.sh PATH             # a copy of the repository (e.g. a machine
 #   MLEBENCH_SRC=PATH bash scripts/install_mlebench.sh   # without access to GitHub); read-only is fine
+#   bash scripts/install_mlebench.sh [PATH] --prepare-venv DIR
+#       also a venv DIR of its own for MLE-bench's preparers, with tensorflow (siim-isic-melanoma-
+#       classification's preparer reads TFRecords with it; the trainer's venv must not hold it:
+#       with tensorflow importable, Orbax's epath sends gs:// through tf.io.gfile instead of
+#       gcsfs). launch/check_mlebench.py uses .mlebench-prepare-venv when it exists.
 #
 # MLE-bench goes in with --no-deps: its own list pulls tensorflow, kaggle, docker, openai and more
 # for commands a trainer host never runs. The copy is built from a scratch folder, since pip builds
@@ -13,7 +18,13 @@
 # `git lfs pull` holds Git LFS pointers; the tasks then load without medals (a warning says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src="${1:-${MLEBENCH_SRC:-}}"
+src="${MLEBENCH_SRC:-}" prepare_venv=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --prepare-venv) prepare_venv="$2"; shift 2 ;;
+    *) src="$1"; shift ;;
+  esac
+done
 pip_q() { pip install --quiet --disable-pip-version-check "$@"; }
 
 pip_q -r requirements-mlebench.txt
@@ -36,4 +47,16 @@ trap 'rm -rf "${build}"' EXIT
 cp -r "${src}/." "${build}/"
 chmod -R u+w "${build}"
 pip_q --no-deps --force-reinstall "${build}"   # a few seconds
+if [[ -n "${prepare_venv}" ]]; then
+  # the preparers' own venv: MLE-bench, what they import, tensorflow; numpy / pandas /
+  # scikit-learn / scipy at requirements.txt's pins (the preparers' splits depend on them)
+  [[ -x "${prepare_venv}/bin/python" ]] || python3 -m venv "${prepare_venv}"
+  grep -E '^(numpy|pandas|scikit-learn|scipy|pyyaml|tqdm)[=<>]' requirements.txt > "${build}/pins.txt"
+  "${prepare_venv}/bin/pip" install --quiet --disable-pip-version-check -c "${build}/pins.txt" \
+    -r requirements-mlebench.txt numpy pandas scikit-learn scipy pyyaml tqdm pillow \
+    "tensorflow-cpu>=2.16,<3"
+  "${prepare_venv}/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "${build}"
+  "${prepare_venv}/bin/python" -c 'import mlebench.registry, tensorflow' 2>/dev/null \
+    && echo "install_mlebench: preparers' venv ${prepare_venv} (with tensorflow)"
+fi
 python -c 'from mlebench.registry import registry; print("install_mlebench: mlebench", len(registry.list_competition_ids()), "competitions from", "'"${src}"'")'

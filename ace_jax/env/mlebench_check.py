@@ -87,6 +87,7 @@ def _step(row: Row, name: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
 
 def check_end_to_end(ids: Sequence[str], *, workdir: "str | pathlib.Path", dest: str = "",
                      sandbox: Any = None, n_rows: int = 200, seed: int = 0,
+                     prepare_python: Optional[str] = None,
                      progress: Optional[Callable[[Row], None]] = None) -> list[Row]:
     """Runs each competition through the whole path a user's run takes (see the module doc).
 
@@ -97,6 +98,8 @@ def check_end_to_end(ids: Sequence[str], *, workdir: "str | pathlib.Path", dest:
       sandbox: the pool's settings (a run config's ``sandbox`` section; None: the defaults).
       n_rows: the synthetic training set's size per competition.
       seed: seed of the synthetic data and of the dev split.
+      prepare_python: the interpreter MLE-bench's preparers run in (``prepare_from_raw``'s
+        ``python``); None: this process.
       progress: called with each finished row.
 
     Returns:
@@ -121,7 +124,7 @@ def check_end_to_end(ids: Sequence[str], *, workdir: "str | pathlib.Path", dest:
             def prepare():
                 mlebench_raw.write_synthetic_raw(cid, raw, n_rows=n_rows, seed=seed)
                 mlebench_data.prepare_from_raw([cid], workdir / "raw", workdir / "data",
-                                               overwrite=True)
+                                               overwrite=True, python=prepare_python)
 
             ok = (_step(row, "prepared", prepare)[0] and _step(
                 row, "staged", lambda: mlebench_data.stage(workdir / "data", [cid], dest))[0])

@@ -147,7 +147,35 @@ def _is_prepared(competition) -> bool:
             and competition.answers.is_file() and competition.sample_submission.is_file())
 
 
-def _prepare_one(competition, raw: pathlib.Path, overwrite: bool) -> dict[str, Any]:
+#: Runs one competition's preparer in another interpreter (``prepare_from_raw(python=...)``):
+#: argv = competition id, MLE-bench data dir, raw dir.
+_PREPARE_IN_SUBPROCESS = """
+import pathlib, sys
+from mlebench.registry import registry
+cid, data, raw = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+c = registry.set_data_dir(data).get_competition(cid)
+c.prepare_fn(raw=raw, public=c.public_dir, private=c.private_dir)
+"""
+
+
+def _run_preparer(competition, raw: pathlib.Path, python: Optional[str]) -> None:
+    """MLE-bench's preparer of ``competition`` on ``raw``: here, or in the interpreter ``python``
+    (one with MLE-bench and what the preparer imports, e.g. tensorflow for siim's TFRecords; see
+    ``scripts/install_mlebench.sh --prepare-venv``)."""
+    if not python:
+        competition.prepare_fn(raw=raw, public=competition.public_dir,
+                               private=competition.private_dir)
+        return
+    data_dir = competition.public_dir.parent.parent.parent
+    proc = subprocess.run([python, "-c", _PREPARE_IN_SUBPROCESS, competition.id, str(data_dir),
+                           str(raw)], capture_output=True, text=True)
+    if proc.returncode:
+        raise PrepareError(f"{competition.id}: MLE-bench's preparer failed in {python} (exit "
+                           f"{proc.returncode}): {proc.stderr.strip()[-1500:]}")
+
+
+def _prepare_one(competition, raw: pathlib.Path, overwrite: bool,
+                 python: Optional[str] = None) -> dict[str, Any]:
     """``mlebench prepare``'s steps after its Kaggle download for one competition, on ``raw``.
 
     Returns the record written to ``<data_dir>/<id>/mlebench_prepare.json``.
@@ -182,8 +210,7 @@ def _prepare_one(competition, raw: pathlib.Path, overwrite: bool) -> dict[str, A
     else:
         log.info("%s: preparing with MLE-bench's %s on %s", cid,
                  _callable_name(competition.prepare_fn), raw)
-        competition.prepare_fn(raw=raw, public=competition.public_dir,
-                               private=competition.private_dir)
+        _run_preparer(competition, raw, python)
     (competition.public_dir / "description.md").write_text(competition.description)
     log.info("%s: checksums %s", cid, _CHECKSUMS_SKIPPED)
     for d in (competition.public_dir, competition.private_dir):
@@ -203,7 +230,8 @@ def _prepare_one(competition, raw: pathlib.Path, overwrite: bool) -> dict[str, A
 
 
 def prepare_from_raw(competition_ids: Sequence[str], raw_root: "os.PathLike | str",
-                     data_dir: "os.PathLike | str", *, overwrite: bool = False) -> dict[str, Any]:
+                     data_dir: "os.PathLike | str", *, overwrite: bool = False,
+                     python: Optional[str] = None) -> dict[str, Any]:
     """Runs MLE-bench's own preparer of each competition on raw files already on disk.
 
     The steps of ``mlebench prepare`` (``mlebench.data.download_and_prepare_dataset``) after its
@@ -221,6 +249,10 @@ def prepare_from_raw(competition_ids: Sequence[str], raw_root: "os.PathLike | st
       raw_root: holds ``<id>/`` with Kaggle's files of each competition (extracted, or the zip).
       data_dir: MLE-bench's data folder: ``<id>/prepared/{public,private}`` are written there,
         and ``<id>/mlebench_prepare.json`` (who prepared it, from which raw files).
+      python: run each preparer in this interpreter instead of here (it needs MLE-bench and what
+        the preparer imports: ``scripts/install_mlebench.sh --prepare-venv DIR`` builds one with
+        tensorflow, which siim-isic-melanoma-classification's preparer needs and the trainer's
+        venv leaves out); None: in this process.
 
     Returns:
       ``{"data_dir", "mlebench": mlebench_info(), "competitions": {id: record}}``.
@@ -238,7 +270,7 @@ def prepare_from_raw(competition_ids: Sequence[str], raw_root: "os.PathLike | st
     out = {}
     for cid in competition_ids:
         out[cid] = _prepare_one(registry.get_competition(cid), pathlib.Path(raw_root) / cid,
-                                overwrite)
+                                overwrite, python)
     return {"data_dir": str(pathlib.Path(data_dir).resolve()), "mlebench": mlebench_info(),
             "competitions": out}
 

@@ -115,29 +115,67 @@ def _dicom(jpeg: bytes, row: pd.Series, rng: np.random.Generator) -> bytes:
 
 # ---------------------------------------------------------------------------------- TFRecords
 
+def _varint(v: int) -> bytes:
+    v &= (1 << 64) - 1                 # int64 on the wire: two's complement, 10 bytes if negative
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _example(features: dict[str, "bytes | int"]) -> bytes:
+    """A ``tf.train.Example`` serialised as TensorFlow's deterministic serialisation does (map
+    keys sorted): bytes -> a BytesList feature, int -> an Int64List (packed)."""
+    entries = b""
+    for key in sorted(features):
+        v = features[key]
+        feature = (_field(1, _field(1, v)) if isinstance(v, bytes)       # bytes_list
+                   else _field(3, _field(1, _varint(int(v)))))         # int64_list, packed
+        entries += _field(1, _field(1, key.encode()) + _field(2, feature))
+    return _field(1, entries)
+
+
+_CRC32C = [0] * 256
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
+    _CRC32C[_i] = _c
+
+
+def _masked_crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def _write_tfrecord(path: pathlib.Path, rows: pd.DataFrame, jpegs: dict[str, bytes]) -> None:
-    import tensorflow as tf  # only here: writing TFRecords needs it
-
-    def ints(v: int) -> tf.train.Feature:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
-
-    def raw_bytes(v: bytes) -> tf.train.Feature:
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
-
+    """Kaggle's TFRecords: one ``tf.train.Example`` per image, in TFRecord framing (length,
+    masked CRC32C of it, the record, its masked CRC32C), written without TensorFlow."""
     sites = [s for s, _ in SITES if s is not None]
-    with tf.io.TFRecordWriter(str(path)) as writer:
+    with open(path, "wb") as f:
         for _, r in rows.iterrows():
             site = r["anatom_site_general_challenge"]
-            feature = {
-                "image": raw_bytes(jpegs[r["image_name"]]),
-                "image_name": raw_bytes(r["image_name"].encode()),
-                "patient_id": ints(int(r["patient_id"][3:])),
-                "sex": ints({"male": 1, "female": 0}.get(r["sex"], -1)),
-                "age_approx": ints(-1 if pd.isna(r["age_approx"]) else r["age_approx"]),
-                "anatom_site_general_challenge": ints(-1 if pd.isna(site) else sites.index(site)),
-            }
-            example = tf.train.Example(features=tf.train.Features(feature=feature))
-            writer.write(example.SerializeToString(deterministic=True))  # map order fixed
+            record = _example({
+                "image": jpegs[r["image_name"]],
+                "image_name": r["image_name"].encode(),
+                "patient_id": int(r["patient_id"][3:]),
+                "sex": {"male": 1, "female": 0}.get(r["sex"], -1),
+                "age_approx": -1 if pd.isna(r["age_approx"]) else int(r["age_approx"]),
+                "anatom_site_general_challenge": -1 if pd.isna(site) else sites.index(site),
+            })
+            length = struct.pack("<Q", len(record))
+            f.write(length + struct.pack("<I", _masked_crc32c(length)) + record
+                    + struct.pack("<I", _masked_crc32c(record)))
 
 
 def _both_classes(target: np.ndarray, rows: np.ndarray, need: int,
