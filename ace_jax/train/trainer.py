@@ -510,16 +510,16 @@ class Trainer:
     def _restore(self) -> bool:
         """Restores checkpoint + buffer of the newest iteration present in both; False if none."""
         target = self._train_state()
-        steps = self.checkpointer.all_steps()
-        if not steps:
+        steps, ckpt = self.checkpointer.all_steps(), self.checkpointer
+        info = self.store.restore(self.buffer) if steps else None
+        if steps and info is None:   # killed before its first buffer commit landed: afresh
+            log.warning("checkpoints %s dropped (no buffer commit)", ckpt.delete_after(-1))
+        if info is None:
             return False
-        info = self.store.restore(self.buffer)
-        buf_step = None if info is None else info.step
-        usable = [s for s in steps if buf_step is None or s <= buf_step]
-        if buf_step is None or not usable:
-            raise SetupError(f"checkpoints exist at steps {steps} but the buffer store has "
-                             f"{'no commit' if buf_step is None else f'step {buf_step}'}: "
-                             "the run directory is inconsistent")
+        buf_step, usable = info.step, [s for s in steps if s <= info.step]
+        if not usable:
+            raise SetupError(f"checkpoints exist at steps {steps} but the buffer store has step "
+                             f"{buf_step}: the run directory is inconsistent")
         step = max(usable)
         if step != buf_step:
             raise SetupError(f"the buffer store is at step {buf_step} but the newest usable "

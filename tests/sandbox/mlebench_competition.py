@@ -1,6 +1,8 @@
-"""A small MLE-bench competition folder, written by the tests that need one (the adapter's in
-tests/sandbox, the trainer's and evaluation's on an MLE-bench task in tests/ace_jax), and a script
-an agent could write for it."""
+"""A small MLE-bench-shaped competition folder with a hand-written config.yaml, for
+tests/sandbox/test_mlebench_adapter.py alone: the adapter's mechanics (our fallback metrics, a
+grader that crashes or is missing, leaderboard files) on graders MLE-bench does not have. Every
+other test uses MLE-bench's own competitions (tests/mlebench_prepared.py), and a script an agent
+could write for it."""
 import textwrap
 
 import numpy as np

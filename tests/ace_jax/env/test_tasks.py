@@ -57,39 +57,40 @@ def test_training_needs_a_baseline_and_warns_without_a_leaderboard(cache, monkey
 
 def test_mlebench_tasks_from_a_bucket_are_staged_once_each(gcs_emulator, monkeypatch, tmp_path):
     """``tasks.data_dir=gs://...``: only the competitions asked for are copied into the cache
-    (public and private apart, as prepared), reused until their remote files change."""
+    (public and private apart, as prepared), reused until their remote files change. The
+    competitions are MLE-bench's own (its config.yaml, preparer and grader)."""
     import fsspec
 
+    from ace_jax.env import mlebench_data
     from ace_jax.runtime import storage
-    from tests.sandbox.mlebench_competition import write_competition
+    from tests import mlebench_prepared
 
+    a, b = "spooky-author-identification", "tabular-playground-series-dec-2021"
+    data = mlebench_prepared.prepare(tmp_path, [a, b])
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
     monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
     url = "gs://" + gcs_emulator.prefix() + "/mlebench"
-    prepared = tmp_path / "prepared"
-    for cid in ("toy-a", "toy-b"):
-        write_competition(prepared, cid, "multi-class-log-loss")
-        storage.upload_dir(str(prepared / cid), storage.join(url, cid))
+    mlebench_data.stage(data, [a, b], url)
     cache = tmp_path / "cache"
-    [task] = tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url,
-                                  cache_dir=str(cache))
-    staged = cache / "mlebench" / "toy-a"
-    assert sorted(os.listdir(cache / "mlebench")) == ["toy-a"]        # toy-b never fetched
+    [task] = tasks_lib.load_tasks([a], source="mlebench", data_dir=url, cache_dir=str(cache))
+    staged = cache / "mlebench" / a
+    assert sorted(os.listdir(cache / "mlebench")) == [a]              # b never fetched
     assert task.public_dir == staged / "prepared" / "public"
     assert str(staged / "prepared" / "private") in task.hidden_paths
-    assert task.description.startswith("# Toy authors") and len(task.leaderboard) == 10
+    assert task.description == (staged / "description.md").read_text()
+    assert task.description.startswith("# Overview")
     marker = (staged / "prepared" / "public" / ".complete").stat().st_mtime_ns
-    tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url, cache_dir=str(cache))
+    tasks_lib.load_tasks([a], source="mlebench", data_dir=url, cache_dir=str(cache))
     assert (staged / "prepared" / "public" / ".complete").stat().st_mtime_ns == marker  # reused
-    storage.write_text(storage.join(url, "toy-a", "description.md"), "# Changed\n")
-    [task] = tasks_lib.load_tasks(["toy-a"], source="mlebench", data_dir=url,
-                                  cache_dir=str(cache))
+    storage.write_text(storage.join(url, a, "description.md"), "# Changed\n")
+    [task] = tasks_lib.load_tasks([a], source="mlebench", data_dir=url, cache_dir=str(cache))
     assert task.description == "# Changed\n"
-    with pytest.raises(tasks_lib.TaskLoadError, match="holds no competition 'toy-c'"):
-        tasks_lib.load_tasks(["toy-c"], source="mlebench", data_dir=url, cache_dir=str(cache))
+    with pytest.raises(tasks_lib.TaskLoadError, match="holds no competition 'random-acts-of-pizza'"):
+        tasks_lib.load_tasks(["random-acts-of-pizza"], source="mlebench", data_dir=url,
+                             cache_dir=str(cache))
     # no competition named with a bucket: refused (a bucket is never downloaded whole)
     with pytest.raises(tasks_lib.TaskLoadError, match="name the competitions"):
         tasks_lib.load_tasks(source="mlebench", data_dir=url, cache_dir=str(cache))
-    got = tasks_lib.load_tasks(["toy-a", "toy-b"], source="mlebench", data_dir=url,
-                               cache_dir=str(cache))
-    assert [t.task_id for t in got] == ["toy-a", "toy-b"]
+    got = tasks_lib.load_tasks([a, b], source="mlebench", data_dir=url, cache_dir=str(cache))
+    assert [t.task_id for t in got] == [a, b]
+    assert {t.grader_source for t in got} == {"mlebench:staged"}

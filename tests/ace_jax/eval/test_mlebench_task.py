@@ -1,6 +1,7 @@
 """Training targets and evaluation on an MLE-bench competition without a leaderboard (the
-adapter itself: tests/sandbox/test_mlebench_adapter.py)."""
-import math
+adapter itself: tests/sandbox/test_mlebench_adapter.py): MLE-bench's own
+spooky-author-identification, prepared by its preparer, its folder copied without leaderboard.csv."""
+import shutil
 
 import pytest
 
@@ -13,7 +14,8 @@ from sandbox.result import Status
 from sandbox.tasks import mlebench
 from sandbox.tasks.base import NoLeaderboardError
 from sandbox.tasks.targets import TaskTargets, task_targets
-from tests.sandbox.mlebench_competition import AGENT_CODE, write_competition
+from tests import mlebench_prepared
+from tests.sandbox.mlebench_competition import AGENT_CODE
 
 class FixedPolicy:
     """A ChatPolicy answering every step with the same script."""
@@ -30,16 +32,24 @@ class FixedPolicy:
 def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
     """Targets fall back to headroom 1 and baseline-relative rewards; evaluation reports medals
     and HumanRank as n/a; grading is unaffected."""
-    write_competition(tmp_path, "nolb", "multi-class-log-loss", leaderboard=None)
-    task = mlebench.load_mlebench_task("nolb", tmp_path, memory_limit_mb=1024, time_limit_s=30)
+    cid = "spooky-author-identification"
+    data = mlebench_prepared.prepare(tmp_path / "mle", [cid])
+    from mlebench.registry import registry
+
+    comp = tmp_path / "competitions" / cid
+    shutil.copytree(registry.get_competitions_dir() / cid, comp,
+                    ignore=shutil.ignore_patterns("leaderboard.csv"))
+    task = mlebench.load_mlebench_task(cid, data, comp, memory_limit_mb=1024, time_limit_s=30)
+    assert task.grader_source == "mlebench:staged"
     assert not task.has_leaderboard and task.leaderboard_source == ""
     with pytest.raises(NoLeaderboardError,
-                       match=r"competition folder .*nolb has no leaderboard.csv .*n/a"):
+                       match=rf"competition folder .*{cid} has no leaderboard.csv .*n/a"):
         task.medal(0.5)
     with pytest.raises(NoLeaderboardError):
         task.position_score(0.5)
 
-    base = math.log(3)
+    base = task.baseline_score                     # the sample submission's dev log loss
+    assert 0.5 < base < 2.0
     targets = task_targets(task)
     assert (targets.gold, targets.median, targets.has_leaderboard) == (None, None, False)
     assert targets.baseline == pytest.approx(base) and targets.spread == pytest.approx(base)
@@ -65,16 +75,17 @@ def test_a_competition_without_leaderboard_trains_and_evaluates(tmp_path):
                      allow_unisolated=True) as pool:
         ep = runner.run_episode(FixedPolicy(good), task, pool, seed=0, max_steps=1)
     out = ep.outcome
-    assert out.valid and out.test_score == pytest.approx(base, rel=1e-9)
+    sample = task.sample_submission_file
+    assert out.valid and out.test_score == pytest.approx(task.grade(sample, "test"), rel=1e-9)
     assert [out.gold, out.silver, out.bronze, out.any_medal, out.above_median, out.human_rank] \
         == [None] * 6
     tasks, overall, notes = scoring.summarize([ep])
-    assert any("nolb has no reference leaderboard: medals and HumanRank n/a" in n for n in notes)
+    assert any(f"{cid} has no reference leaderboard: medals and HumanRank n/a" in n for n in notes)
     result = harness.EvaluationResult(
-        policy="fixed", config={"tasks": ["nolb"], "seeds": [0], "max_steps": 1,
+        policy="fixed", config={"tasks": [cid], "seeds": [0], "max_steps": 1,
                                 "time_budget_s": None, "stagnation_steps": 2, "advisor": None},
         episodes=[ep], tasks=tasks, overall=overall, notes=notes, wall_s=1.0)
-    row = next(l for l in reports.format_table(result).splitlines() if l.startswith("nolb"))
+    row = next(l for l in reports.format_table(result).splitlines() if l.startswith(cid[:20]))
     cells = row.split()
     assert cells[2] == "100" and cells[3:9] == ["n/a"] * 6, row  # valid %, then the six n/a
     assert reports.format_markdown(result).count("n/a") >= 6

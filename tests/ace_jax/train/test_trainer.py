@@ -321,6 +321,29 @@ def test_a_failed_background_save_gets_no_buffer_commit(k1_run, tiny_setup, tmp_
     assert untimed(run_loop(cfg)) == untimed(k1_run)
 
 
+def test_a_run_killed_before_its_first_buffer_commit_starts_afresh(k1_run, tiny_setup, tmp_path):
+    """Iteration 0's checkpoint is written but its buffer commit never lands (a host lost in
+    between, as the rehearsal's gloo time-out did): the same command drops that checkpoint,
+    starts afresh and ends as the straight run (it used to stop: "the run directory is
+    inconsistent")."""
+    import os
+
+    cfg = tiny_loop_cfg(tiny_setup, tmp_path / "run", max_staleness=1)
+    cfg.checkpoint.save_interval_steps = 2
+    cfg.checkpoint.async_save = True
+    t = trainer.Trainer(cfg, progress=False)
+
+    def lost(*args, **kw):
+        raise RuntimeError("host lost before the buffer commit (injected)")
+    t.store.commit = lost
+    with pytest.raises(RuntimeError, match="injected"):
+        t.run()
+    t.close()
+    assert [p for p in os.listdir(tmp_path / "run" / "checkpoints") if p.isdigit()] == ["0"]
+    untimed = lambda run: {k: v for k, v in run.items() if k != "perf"}  # noqa: E731
+    assert untimed(run_loop(cfg)) == untimed(k1_run)
+
+
 def test_token_budget_ends_the_run_at_the_step_that_spends_it(tiny_setup, tmp_path):
     """``rl.token_budget``: no step goes out once the run has generated that many completion
     tokens (k = 1: the step in flight is still learned on); the final probe is the line after

@@ -389,25 +389,25 @@ def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
     slices of the parameters (tensorstore's count of the bytes each process read, against
     the parameter files' size: a process reading everything would read about all of it), and
     runs its share of the implementer's scripts."""
-    from ace_jax.runtime import storage
-    from tests.sandbox.mlebench_competition import write_competition
+    from ace_jax.env import mlebench_data
+    from tests import mlebench_prepared
 
+    cid = "spooky-author-identification"      # MLE-bench's own, prepared by its preparer
+    data = mlebench_prepared.prepare(tmp_path / "mle", [cid])
     source = sharded_runs("fsdp4_expert2")["workdir"]
     bucket = "gs://" + gcs_emulator.prefix() + "/mlebench"
-    write_competition(tmp_path / "prepared", "toy-authors", "multi-class-log-loss")
     env = dict(_env(4), **gcs_emulator.env())
     import fsspec
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
     monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon", "skip_instance_cache": True})
-    storage.upload_dir(str(tmp_path / "prepared" / "toy-authors"),
-                       storage.join(bucket, "toy-authors"))
+    mlebench_data.stage(data, [cid], bucket)
     workdir = tmp_path / "run"
     cmd = [sys.executable, str(REPO / "launch/tpu_train.py"), "--config=configs/ideator.py",
            f"--config.workdir={workdir}", "--no_progress",
            f"--config.model.init_from_run={source}",
            *[f"--config.model.overrides.{k}={v}" for k, v in OVERRIDES.items()],
            "--config.tasks.source=mlebench", f"--config.tasks.data_dir={bucket}",
-           "--config.tasks.ids=('toy-authors',)",
+           f"--config.tasks.ids=('{cid}',)",
            "--config.rl.num_steps=2", "--config.rl.batch_states=1", "--config.rl.group_size=4",
            "--config.sampling.max_new_tokens=24", "--config.ideator.implementer_max_new_tokens=24",
            "--config.sandbox.backend=process", "--config.sandbox.allow_unisolated=True",
@@ -426,7 +426,7 @@ def test_two_processes_run_the_ideator_from_a_run_on_tasks_in_a_bucket(
     for i, text in enumerate(logs):
         assert f"process {i} of 2: 4 of 8 devices" in text, text[-2000:]
         assert f"process {i} of 2 ran" in text, text[-2000:]
-        assert os.listdir(tmp_path / f"tasks{i}" / "mlebench") == ["toy-authors"]
+        assert os.listdir(tmp_path / f"tasks{i}" / "mlebench") == [cid]
         read = [int(x.split(" read ")[1].split(" bytes")[0]) for x in text.splitlines()
                 if f"process {i} read " in x and f"checkpoint step {step_dir.name} in "
                 f"{step_dir.parent}" in x]
