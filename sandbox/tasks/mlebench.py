@@ -146,11 +146,12 @@ def _import_grade_fn(spec: str, competition_dir: Optional[pathlib.Path] = None,
     """
     if not spec or ":" not in spec:
         return None, f"config.yaml's grader.grade_fn {spec!r} is no 'module:function'"
-    if not _mlebench_importable():
-        return None, "mlebench is not installed"
     module, _, name = spec.partition(":")
     parts = module.split(".")
-    if competition_dir is not None and (competition_dir / f"{parts[-1]}.py").is_file():
+    if parts[0] == "mlebench" and not _mlebench_importable():
+        return None, "mlebench is not installed"
+    if (parts[0] == "mlebench" and competition_dir is not None
+            and (competition_dir / f"{parts[-1]}.py").is_file()):
         installed = _installed_competition_dir(competition_dir.name)
         if installed is None or installed.resolve() != competition_dir.resolve():
             pkg = "_mlebench_staged_" + "".join(c if c.isalnum() else "_" for c in
