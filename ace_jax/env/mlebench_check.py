@@ -202,7 +202,7 @@ def check_declared(ids: Sequence[str], *, competitions_dir: Optional[pathlib.Pat
                     else mlebench_task.find_competition_dir(cid, tmp))
 
             def build():
-                cfg = mlebench_task._read_yaml(comp / "config.yaml")
+                cfg = mlebench_task.read_config(comp / "config.yaml")
                 for path in mlebench_task.declared_files(cid, cfg, tmp).values():
                     _placeholder(path, "id", "target")
 

@@ -82,7 +82,7 @@ def test_every_config_loads_from_its_declared_file_names():
     # every grader of MLE-bench imports on this host (none fell back to ours)
     assert {r.grader for r in rows} == {"mlebench"}
     for r in rows:   # the direction of every grader is known without its leaderboard
-        cfg = mlebench_task._read_yaml(registry.get_competitions_dir() / r.competition / "config.yaml")
+        cfg = mlebench_task.read_config(registry.get_competitions_dir() / r.competition / "config.yaml")
         assert cfg["grader"]["name"] in mlebench_task.GRADER_LOWER_IS_BETTER, r.competition
 
 
@@ -91,7 +91,7 @@ def test_a_missing_declared_file_names_the_declared_path(tmp_path):
     guess as sample_submission.csv)."""
     cid = "random-acts-of-pizza"
     comp = registry.get_competitions_dir() / cid
-    cfg = mlebench_task._read_yaml(comp / "config.yaml")
+    cfg = mlebench_task.read_config(comp / "config.yaml")
     files = mlebench_task.declared_files(cid, cfg, tmp_path)
     assert files["sample_submission"].name == "sampleSubmission.csv"
     files["answers"].parent.mkdir(parents=True)
