@@ -10,24 +10,18 @@ from __future__ import annotations
 
 import io
 import pathlib
-import zipfile
 
 import numpy as np
 import pandas as pd
 from PIL import Image
+
+from sandbox.tasks.mlebench_raw._zip import write_zip
 
 SIZE = 32
 #: Kaggle's train.csv: 13,136 of 17,500 images have a cactus.
 P_CACTUS = 0.75
 #: Kaggle's test.zip holds 4,000 images against train.zip's 17,500.
 TEST_SHARE = 4000 / 17500
-_DATE = (2019, 3, 8, 0, 0, 0)  # fixed zip timestamps: the same rng gives the same bytes
-
-
-def _zip(path: pathlib.Path, files: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for name, data in files.items():
-            z.writestr(zipfile.ZipInfo(name, _DATE), data, compress_type=zipfile.ZIP_DEFLATED)
 
 
 def _blob(img: np.ndarray, rng: np.random.Generator, colour, length: float, width: float) -> None:
@@ -73,7 +67,8 @@ def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
               for i, c, f in zip(train_ids, has_cactus, flipped)}
     pd.DataFrame({"id": train_ids, "has_cactus": has_cactus}).to_csv(raw / "train.csv",
                                                                      index=False)
-    _zip(raw / "train.zip", images)
-    _zip(raw / "test.zip", {f"test/{i}": _image(rng, rng.random() < P_CACTUS) for i in test_ids})
+    write_zip(raw / "train.zip", images)
+    write_zip(raw / "test.zip",
+              {f"test/{i}": _image(rng, rng.random() < P_CACTUS) for i in test_ids})
     pd.DataFrame({"id": test_ids, "has_cactus": 0.5}).to_csv(raw / "sample_submission.csv",
                                                              index=False)

@@ -20,16 +20,10 @@ import zipfile
 import numpy as np
 from PIL import Image
 
+from sandbox.tasks.mlebench_raw._zip import zip_entry
+
 _WIDTH = 32
 _HEIGHTS = (15, 25)  # Kaggle's 258 and 420 pixel pages, scaled to 32 wide
-
-
-def _entry(name: str) -> zipfile.ZipInfo:
-    """A deflated zip member with a fixed timestamp (the same bytes on every run)."""
-    info = zipfile.ZipInfo(name, date_time=(2018, 1, 1, 0, 0, 0))
-    info.compress_type = zipfile.ZIP_DEFLATED
-    info.external_attr = 0o644 << 16
-    return info
 
 
 def _png(arr: np.ndarray) -> bytes:
@@ -76,14 +70,14 @@ def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
             zipfile.ZipFile(raw / "train_cleaned.zip", "w", zipfile.ZIP_DEFLATED) as zc:
         for i in train_ids:
             clean, noisy = _page(rng)
-            zt.writestr(_entry(f"train/{i}.png"), _png(noisy))
-            zc.writestr(_entry(f"train_cleaned/{i}.png"), _png(clean))
+            zt.writestr(zip_entry(f"train/{i}.png"), _png(noisy))
+            zc.writestr(zip_entry(f"train_cleaned/{i}.png"), _png(clean))
     rows = ["id,value"]
     with zipfile.ZipFile(raw / "test.zip", "w", zipfile.ZIP_DEFLATED) as zs:
         for i in test_ids:
             _, noisy = _page(rng)
-            zs.writestr(_entry(f"test/{i}.png"), _png(noisy))
+            zs.writestr(zip_entry(f"test/{i}.png"), _png(noisy))
             h, w = noisy.shape
             rows += [f"{i}_{r}_{c},1" for r in range(1, h + 1) for c in range(1, w + 1)]
     with zipfile.ZipFile(raw / "sampleSubmission.csv.zip", "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr(_entry("sampleSubmission.csv"), "\n".join(rows) + "\n")
+        z.writestr(zip_entry("sampleSubmission.csv"), "\n".join(rows) + "\n")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import io
 import pathlib
-import zipfile
 
 import numpy as np
 import pandas as pd
 from PIL import Image
+
+from sandbox.tasks.mlebench_raw._zip import write_zip
 
 #: Kaggle's test.zip holds 12,500 images against train.zip's 25,000.
 TEST_SHARE = 0.5
@@ -23,13 +24,6 @@ TEST_SHARE = 0.5
 FUR = {"dog": ((150, 100, 55), (205, 160, 90), (95, 60, 35), (35, 30, 28)),
        "cat": ((125, 125, 135), (220, 218, 212), (200, 125, 65), (35, 30, 28))}
 FUR_P = {"dog": (0.45, 0.3, 0.1, 0.15), "cat": (0.5, 0.25, 0.1, 0.15)}
-_DATE = (2016, 9, 1, 0, 0, 0)  # fixed zip timestamps: the same rng gives the same bytes
-
-
-def _zip(path: pathlib.Path, files: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for name, data in files.items():
-            z.writestr(zipfile.ZipInfo(name, _DATE), data, compress_type=zipfile.ZIP_DEFLATED)
 
 
 def _image(rng: np.random.Generator, animal: str) -> bytes:
@@ -55,9 +49,9 @@ def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
     train = {f"train/{animal}.{k}.jpg": _image(rng, animal)
              for animal, count in (("cat", n_cats), ("dog", n_rows - n_cats))
              for k in range(count)}
-    _zip(raw / "train.zip", train)
+    write_zip(raw / "train.zip", train)
     n_test = max(round(n_rows * TEST_SHARE), 4)
-    _zip(raw / "test.zip", {f"test/{i}.jpg": _image(rng, str(rng.choice(["cat", "dog"])))
+    write_zip(raw / "test.zip", {f"test/{i}.jpg": _image(rng, str(rng.choice(["cat", "dog"])))
                             for i in range(1, n_test + 1)})
     pd.DataFrame({"id": range(1, n_test + 1), "label": 0.5}).to_csv(
         raw / "sample_submission.csv", index=False)

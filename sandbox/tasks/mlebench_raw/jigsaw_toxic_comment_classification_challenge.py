@@ -13,12 +13,12 @@ column's AUC is defined.
 from __future__ import annotations
 
 import csv
-import io
 import pathlib
-import zipfile
 
 import numpy as np
 import pandas as pd
+
+from sandbox.tasks.mlebench_raw._zip import zip_csv
 
 CLASSES = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
 #: P(toxic); P(class | toxic) for the other five (P(class | not toxic) is 2% each).
@@ -28,7 +28,6 @@ P_GIVEN_TOXIC = {"severe_toxic": 0.25, "obscene": 0.5, "threat": 0.2, "insult": 
 #: Kaggle's test.csv has 153,164 comments against train.csv's 159,571; 58% of them unscored (-1).
 TEST_SHARE = 153164 / 159571
 P_UNSCORED = 89186 / 153164
-_DATE = (2017, 12, 13, 0, 0, 0)  # fixed zip timestamps: the same rng gives the same bytes
 
 _WORDS = {
     "toxic": "stupid idiotic dumb worthless ridiculous garbage".split(),
@@ -42,13 +41,6 @@ _NEUTRAL = ("the article page edit source citation please thanks wikipedia talk 
             "i you this that is was for not be have with as on added removed image consensus "
             "policy discussion reference user sentence paragraph vandalism history notable "
             "content template link").split()
-
-
-def _zip_csv(path: pathlib.Path, name: str, df: pd.DataFrame, **to_csv) -> None:
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, **to_csv)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr(zipfile.ZipInfo(name, _DATE), buf.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
 
 
 def _labels(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -107,8 +99,8 @@ def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
     labels = pd.DataFrame(np.where(scored[:, None], y_test, -1), columns=CLASSES)
     labels.insert(0, "id", test_ids)
 
-    _zip_csv(raw / "train.csv.zip", "train.csv", train, quoting=csv.QUOTE_NONNUMERIC)
-    _zip_csv(raw / "test.csv.zip", "test.csv", test, quoting=csv.QUOTE_NONNUMERIC)
-    _zip_csv(raw / "test_labels.csv.zip", "test_labels.csv", labels)
+    zip_csv(raw / "train.csv.zip", "train.csv", train, quoting=csv.QUOTE_NONNUMERIC)
+    zip_csv(raw / "test.csv.zip", "test.csv", test, quoting=csv.QUOTE_NONNUMERIC)
+    zip_csv(raw / "test_labels.csv.zip", "test_labels.csv", labels)
     sample = pd.DataFrame({"id": test_ids, **{c: 0.5 for c in CLASSES}})
-    _zip_csv(raw / "sample_submission.csv.zip", "sample_submission.csv", sample)
+    zip_csv(raw / "sample_submission.csv.zip", "sample_submission.csv", sample)

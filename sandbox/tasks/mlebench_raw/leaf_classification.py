@@ -21,26 +21,15 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from sandbox.tasks.mlebench_raw._zip import zip_csv, zip_entry
+
 _PER_SPECIES = 6
-
-
-def _entry(name: str) -> zipfile.ZipInfo:
-    """A deflated zip member with a fixed timestamp (the same bytes on every run)."""
-    info = zipfile.ZipInfo(name, date_time=(2018, 1, 1, 0, 0, 0))
-    info.compress_type = zipfile.ZIP_DEFLATED
-    info.external_attr = 0o644 << 16
-    return info
 
 
 def _species_names() -> list[str]:
     # the 99 names the grader's columns use (MLE-bench's copy of Kaggle's species list)
     classes = importlib.import_module("mlebench.competitions.leaf-classification.classes")
     return list(classes.CLASSES)
-
-
-def _zip_csv(path: pathlib.Path, name: str, df: pd.DataFrame) -> None:
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr(_entry(name), df.to_csv(index=False))
 
 
 def _silhouette(rng: np.random.Generator, lobes: int, elong: float, depth: float) -> bytes:
@@ -93,12 +82,12 @@ def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
 
     train = pd.DataFrame([row(i) for i in train_ids])
     test = pd.DataFrame([row(i) for i in test_ids]).drop(columns=["species"])
-    _zip_csv(raw / "train.csv.zip", "train.csv", train)
-    _zip_csv(raw / "test.csv.zip", "test.csv", test)
+    zip_csv(raw / "train.csv.zip", "train.csv", train)
+    zip_csv(raw / "test.csv.zip", "test.csv", test)
     sample = pd.DataFrame({"id": test_ids, **{s: 1 / len(names) for s in names}})
-    _zip_csv(raw / "sample_submission.csv.zip", "sample_submission.csv", sample)
+    zip_csv(raw / "sample_submission.csv.zip", "sample_submission.csv", sample)
     with zipfile.ZipFile(raw / "images.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for i in sorted(leaf_of):
             p = profile[leaf_of[i]]
             leaf = _silhouette(rng, p["lobes"], p["elong"], p["depth"])
-            z.writestr(_entry(f"images/{i}.jpg"), leaf)
+            z.writestr(zip_entry(f"images/{i}.jpg"), leaf)

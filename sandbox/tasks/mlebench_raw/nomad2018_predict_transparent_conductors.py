@@ -22,6 +22,8 @@ import zipfile
 import numpy as np
 import pandas as pd
 
+from sandbox.tasks.mlebench_raw._zip import zip_csv, zip_entry
+
 #: spacegroup -> (atom counts, cell lengths (angstrom) of a 40-atom cell, angles alpha/beta/gamma)
 _SPACEGROUPS = {
     12: ((20, 40, 80), (24.0, 6.2, 6.1), (90.0, 103.8, 90.0)),
@@ -40,14 +42,6 @@ _COLUMNS = ["id", "spacegroup", "number_of_total_atoms", "percent_atom_al", "per
 _HEADER = ("#=======================================================\n"
            "#Created using the Atomic Simulation Environment (ASE)\n"
            "#=======================================================\n")
-
-
-def _entry(name: str) -> zipfile.ZipInfo:
-    """A deflated zip member with a fixed timestamp (the same bytes on every run)."""
-    info = zipfile.ZipInfo(name, date_time=(2018, 1, 1, 0, 0, 0))
-    info.compress_type = zipfile.ZIP_DEFLATED
-    info.external_attr = 0o644 << 16
-    return info
 
 
 def _cell(a: float, b: float, c: float, alpha: float, beta: float, gamma: float) -> np.ndarray:
@@ -93,28 +87,23 @@ def _crystal(rng: np.random.Generator) -> tuple[dict, str]:
     return row, "".join(lines)
 
 
-def _zip_csv(path: pathlib.Path, name: str, df: pd.DataFrame) -> None:
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr(_entry(name), df.to_csv(index=False))
-
-
 def _write(raw: pathlib.Path, split: str, n: int, rng: np.random.Generator) -> pd.DataFrame:
     rows = []
     with zipfile.ZipFile(raw / f"{split}.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for i in range(1, n + 1):
             row, geometry = _crystal(rng)
             rows.append({"id": i, **row})
-            z.writestr(_entry(f"{split}/{i}/geometry.xyz"), geometry)
+            z.writestr(zip_entry(f"{split}/{i}/geometry.xyz"), geometry)
     df = pd.DataFrame(rows)[_COLUMNS]
     if split == "test":
         df = df.drop(columns=["formation_energy_ev_natom", "bandgap_energy_ev"])
-    _zip_csv(raw / f"{split}.csv.zip", f"{split}.csv", df)
+    zip_csv(raw / f"{split}.csv.zip", f"{split}.csv", df)
     return df
 
 
 def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
     _write(raw, "train", n_rows, rng)
     test = _write(raw, "test", max(n_rows // 4, 1), rng)  # Kaggle: 2400 train, 600 test
-    _zip_csv(raw / "sample_submission.csv.zip", "sample_submission.csv",
+    zip_csv(raw / "sample_submission.csv.zip", "sample_submission.csv",
              pd.DataFrame({"id": test["id"], "formation_energy_ev_natom": 0.1779,
                            "bandgap_energy_ev": 1.8892}))

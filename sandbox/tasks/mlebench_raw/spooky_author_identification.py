@@ -6,12 +6,12 @@ shares and the sample submission's priors are Kaggle's."""
 from __future__ import annotations
 
 import csv
-import io
 import pathlib
-import zipfile
 
 import numpy as np
 import pandas as pd
+
+from sandbox.tasks.mlebench_raw._zip import zip_csv
 
 _SPOOKY_AUTHORS = {  # author -> (share of Kaggle's train.csv, words typical of the author)
     "EAP": (0.40, "raven chamber midnight pendulum heart tomb cask lady mystery ratiocination "
@@ -46,19 +46,11 @@ def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
         return texts, [str(a) for a in who]
 
     text, author = sentences(n_rows)
-    _zip_csv(raw / "train.zip", "train.csv",
+    zip_csv(raw / "train.zip", "train.csv",
              pd.DataFrame({"id": ids[:n_rows], "text": text, "author": author}),
              quoting=csv.QUOTE_ALL)
     test_text, _ = sentences(n_test)
-    _zip_csv(raw / "test.zip", "test.csv", pd.DataFrame({"id": ids[n_rows:], "text": test_text}),
+    zip_csv(raw / "test.zip", "test.csv", pd.DataFrame({"id": ids[n_rows:], "text": test_text}),
              quoting=csv.QUOTE_ALL)
-    _zip_csv(raw / "sample_submission.zip", "sample_submission.csv",
+    zip_csv(raw / "sample_submission.zip", "sample_submission.csv",
              pd.DataFrame({"id": ids[n_rows:], **_SPOOKY_PRIOR}))
-
-
-def _zip_csv(path: pathlib.Path, name: str, df: pd.DataFrame, **to_csv) -> None:
-    """Writes ``df`` as ``name`` inside the zip ``path`` (deflated, as Kaggle's are)."""
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, **to_csv)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr(name, buf.getvalue())

@@ -15,17 +15,13 @@ pools so that most recur; some tokens are ambiguous (a year read as a CARDINAL, 
 """
 from __future__ import annotations
 
-import csv
-import io
 import pathlib
-import zipfile
 
 import numpy as np
-import pandas as pd
+
+from sandbox.tasks.mlebench_raw import _text_normalization
 
 #: en_test_2 has 12,000 sentences, about a tenth of en_train's (after MLE-bench's split, its test).
-TEST_SHARE = 0.1
-_DATE = (2017, 11, 14, 0, 0, 0)  # fixed zip timestamps: the same rng gives the same bytes
 
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
          "fifteen sixteen seventeen eighteen nineteen").split()
@@ -158,22 +154,5 @@ def _sentence(rng: np.random.Generator) -> list[tuple[str, str, str]]:
     return tokens
 
 
-def _zip_csv(path: pathlib.Path, name: str, df: pd.DataFrame) -> None:
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, quoting=csv.QUOTE_NONNUMERIC)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr(zipfile.ZipInfo(name, _DATE), buf.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
-
-
-def _rows(rng: np.random.Generator, n_sentences: int) -> pd.DataFrame:
-    rows = [(s, t, *tok) for s in range(n_sentences) for t, tok in enumerate(_sentence(rng))]
-    return pd.DataFrame(rows, columns=["sentence_id", "token_id", "class", "before", "after"])
-
-
 def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
-    _zip_csv(raw / "en_train.csv.zip", "en_train.csv", _rows(rng, n_rows))
-    test = _rows(rng, max(round(n_rows * TEST_SHARE), 2))[["sentence_id", "token_id", "before"]]
-    _zip_csv(raw / "en_test_2.csv.zip", "en_test_2.csv", test)
-    sample = pd.DataFrame({"id": test["sentence_id"].astype(str) + "_"
-                           + test["token_id"].astype(str), "after": test["before"]})
-    _zip_csv(raw / "en_sample_submission_2.csv.zip", "en_sample_submission_2.csv", sample)
+    _text_normalization.write_raw(raw, "en", _sentence, n_rows, rng)

@@ -16,17 +16,17 @@ from __future__ import annotations
 import math
 import pathlib
 import struct
-import zipfile
 
 import numpy as np
 import pandas as pd
+
+from sandbox.tasks.mlebench_raw._zip import write_zip
 
 RATE = 2_000
 SECONDS = 0.5
 TRAIN_DAYS = ("20090328", "20090329", "20090330", "20090331")
 TEST_DAYS = ("20090404", "20090405", "20090406")
 POSITIVE_SHARE = 0.3
-_ZIP_TIME = (2013, 5, 1, 0, 0, 0)
 
 
 def _extended(x: float) -> bytes:
@@ -83,16 +83,6 @@ def _labels(n: int, rng: np.random.Generator) -> np.ndarray:
     return y
 
 
-def _zip(path: pathlib.Path, files: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for name in sorted({n.split("/")[0] + "/" for n in files}):
-            z.writestr(zipfile.ZipInfo(name, date_time=_ZIP_TIME), b"")
-        for name, data in files.items():
-            info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
-            info.external_attr = 0o644 << 16
-            z.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
-
-
 def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
     n_test = max(n_rows // 2, 12)
     counts = [n_rows - n_rows // 2, n_rows // 2, n_test - n_test // 2, n_test // 2]
@@ -100,11 +90,11 @@ def write_raw(raw: pathlib.Path, n_rows: int, rng: np.random.Generator) -> None:
     labels = np.concatenate([_labels(n_rows, rng), _labels(n_test, rng)])
     train = {f"train2/{s}_TRAIN{i}_{y}.aif": _aiff(_clip(y, rng))
              for i, (s, y) in enumerate(zip(stamps, labels))}
-    _zip(raw / "train2.zip", train)
+    write_zip(raw / "train2.zip", train, folders=True)
     n_old_test = max(n_rows // 6, 6)
     old = _stamps(TEST_DAYS, [n_old_test - 2 * (n_old_test // 3)] + [n_old_test // 3] * 2, rng)
     clips = [f"{s}_Test{i}.aif" for i, s in enumerate(old)]
-    _zip(raw / "test2.zip", {f"test2/{c}": _aiff(_clip(int(rng.random() < POSITIVE_SHARE), rng))
-                             for c in clips})
+    test = {f"test2/{c}": _aiff(_clip(int(rng.random() < POSITIVE_SHARE), rng)) for c in clips}
+    write_zip(raw / "test2.zip", test, folders=True)
     pd.DataFrame({"clip": clips, "probability": 0}).to_csv(raw / "sampleSubmission.csv",
                                                             index=False)
