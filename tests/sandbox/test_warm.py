@@ -121,8 +121,11 @@ for act in (lambda: os.kill(1, signal.SIGKILL), lambda: os.kill(1, signal.SIGTER
 def test_a_dead_zygote_is_an_error_once_then_replaced(pools, fake_task):
     _, warm = pools
     warm.run(fake_task, GOOD_CODE)
-    future = warm.submit(fake_task, "import time\ntime.sleep(5)\n")
-    time.sleep(1.0)
+    future = warm.submit(fake_task, "import time\ntime.sleep(30)\n")
+    deadline = time.monotonic() + 25
+    while not _busy(warm) and time.monotonic() < deadline:   # the job has started
+        time.sleep(0.05)
+    assert _busy(warm), "the job never started"
     for pid in warm.backend.warm.resident_pids() | {z.pid for z in _busy(warm)}:
         try:
             os.kill(pid, signal.SIGKILL)  # from the host: the zygote and its bwrap die
