@@ -14,8 +14,11 @@ key is the program, its compile options, the devices and the jax / XLA versions)
 ``JAX_COMPILATION_CACHE_DIR=`` (empty) turns it off.
 """
 import os
+import re
 import shutil
 import tempfile
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -37,3 +40,23 @@ def pytest_sessionfinish(session):
     if not hasattr(session.config, "workerinput") and \
             os.environ.get("JAX_COMPILATION_CACHE_DIR") == _RUN_CACHE:
         shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+
+
+#: Skip reasons that mean a dependency CI installs is missing (.ci/run installs bwrap's wheel,
+#: jax[tpu]'s libtpu and MLE-bench): under CI=true such a skip is a failure, so a broken install
+#: step cannot pass unnoticed as a row of skips.
+_MISSING_IN_CI = re.compile(r"bubblewrap unusable here|libtpu|mlebench is not installed|"
+                            r"MLE-bench is not installed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") != "true" or not report.skipped or not isinstance(
+            report.longrepr, tuple):
+        return
+    reason = str(report.longrepr[2])
+    if _MISSING_IN_CI.search(reason):
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: a dependency CI installs is missing ({reason})"
