@@ -214,9 +214,7 @@ def test_a_mesh_axis_is_never_used_twice():
     assert sh.logical_to_pspec(("embed", "heads"), rules) == P("fsdp", "tensor")
     mesh = sh.make_mesh(mesh_cfg(fsdp=2, tensor=2, expert=2))
     spec = sh.logical_to_pspec(("mlp", "embed", "heads"), rules, shape=(8, 8, 8), mesh=mesh)
-    assert spec == P("fsdp", None, "tensor")
-    flat = [a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))]
-    assert len(flat) == len(set(flat))
+    assert spec == P("fsdp", None, "tensor")   # each mesh axis once: embed gave up its fsdp
 
 
 def test_rule_and_axes_errors():
