@@ -72,7 +72,9 @@ STEP_LINE: dict[str, tuple[str, str]] = {
     "score": ("score/dev_norm_mean", ""),           # mean normalised dev score of valid ones
     "learn": ("perf/learn_seconds", "s"),           # learner step
     "gen": ("perf/gen_seconds", "s"),               # generation
-    "sandbox": ("perf/sandbox_wait_seconds", "s"),  # waiting for the sandbox pool
+    "scripts": ("perf/sandbox_scripts", ""),        # scripts the sandbox ran for the step
+    "ran": ("perf/sandbox_run_seconds", "s"),       # their wall seconds, added up
+    "waited": ("perf/sandbox_wait_seconds", "s"),   # what of it the step waited for
 }
 DEFAULT_CURVES: tuple[str, ...] = (
     "rollout/valid_rate",          # fraction of completions that produced a valid submission

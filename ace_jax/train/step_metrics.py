@@ -17,7 +17,7 @@ from ace_jax.curriculum import buffer as buffer_lib, learnability
 from ace_jax.env import rewards
 from ace_jax.train import metrics as metrics_lib
 from ace_jax.train.rollouts import StepRollouts
-from sandbox.result import Status
+from sandbox.result import ExecutionResult, Status
 from sandbox.tasks.targets import TaskTargets
 
 
@@ -47,12 +47,23 @@ def rollout_metrics(s: StepRollouts, targets: Mapping[str, TaskTargets],
         "rollout/generated_tokens": float(s.gen_tokens),
         "rollout/refill_rounds": float(s.refill_rounds),
         "rollout/prompt_truncated": float(s.truncated),
+        **sandbox_metrics([r.result for r in rs]),
     }
     for status in Status:
         m[f"rollout/status/{status.value}"] = sum(
             r.result is not None and r.result.status is status for r in rs) / n
     m["rollout/status/invalid_format"] = sum(not r.action.valid for r in rs) / n
     return m
+
+
+def sandbox_metrics(results: Sequence[Optional[ExecutionResult]]) -> dict[str, float]:
+    """The scripts the sandbox ran for a step (``perf/sandbox_scripts``: executions that started;
+    a completion without a code block has no result) and their wall seconds added up
+    (``perf/sandbox_run_seconds``). They run side by side, overlapping generation and learning:
+    ``perf/sandbox_wait_seconds`` is the part the step waited for."""
+    ran = [r for r in results if r is not None and r.exit_code is not None]
+    return {"perf/sandbox_scripts": float(len(ran)),
+            "perf/sandbox_run_seconds": float(sum(r.wall_s for r in ran))}
 
 
 def root_child_metrics(is_root: Sequence[bool], valid: Sequence[bool]) -> dict[str, float]:

@@ -156,11 +156,13 @@ def test_one_line_per_step_with_the_watched_numbers(tmp_path):
         for step in (1, 2):
             w.write(step, {"reward/mean": 0.3125, "rollout/valid_rate": 0.5,
                            "score/dev_norm_mean": 0.78125, "perf/learn_seconds": 2.06,
-                           "perf/gen_seconds": 5.25, "perf/sandbox_wait_seconds": 1.2,
+                           "perf/gen_seconds": 5.25, "perf/sandbox_scripts": 16.0,
+                           "perf/sandbox_run_seconds": 9.34, "perf/sandbox_wait_seconds": 0.0,
                            "grpo/loss": 0.01, "lp/mean": 3.0})
     lines = out.getvalue().splitlines()
+    # the scripts the sandbox ran and their time, apart from the time the step waited for them
     assert lines == ["step 1/20  reward 0.312  valid 0.5  score 0.781  learn 2.1s  gen 5.2s  "
-                     "sandbox 1.2s", lines[0].replace("step 1/", "step 2/")]
+                     "scripts 16  ran 9.3s  waited 0.0s", lines[0].replace("step 1/", "step 2/")]
 
 
 def test_step_line_above_the_bar_and_off_on_request(tmp_path):

@@ -19,3 +19,16 @@ def test_root_child_metrics():
                  "rollout/valid_rate_child": pytest.approx(1 / 3)}
     assert step_metrics.root_child_metrics([True, True], [False, True]) == {
         "rollout/root_frac": 1.0, "rollout/valid_rate_root": 0.5}  # no child rollouts: no key
+
+
+def test_sandbox_metrics_count_the_scripts_that_ran_and_add_their_seconds():
+    """A completion without a code block has no result, a sandbox that never started the script
+    no exit code: neither counts as a script run."""
+    from sandbox.result import ExecutionResult, Status
+
+    results = [ExecutionResult(Status.OK, exit_code=0, wall_s=2.5),
+               ExecutionResult(Status.RUNTIME_ERROR, exit_code=1, wall_s=0.25),
+               ExecutionResult(Status.SANDBOX_ERROR, exit_code=None, wall_s=0.0),
+               None]
+    assert step_metrics.sandbox_metrics(results) == {"perf/sandbox_scripts": 2.0,
+                                                     "perf/sandbox_run_seconds": 2.75}
