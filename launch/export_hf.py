@@ -6,11 +6,12 @@
 
 The directory loads with ``transformers.AutoModelForCausalLM.from_pretrained``, vLLM, and
 ``launch/serve.py --hf=<out>``. An existing non-empty ``--out`` is refused unless ``--overwrite``.
-It runs on a CPU host and streams (one block of one parameter in memory at a time, no device
-used); the last line reports the tensors' size and the export's peak host memory.
+It runs on the host's CPU and streams (one block of one parameter in memory at a time, no
+device used); the last line reports the tensors' size and the export's peak host memory. It forces
+jax's CPU platform before jax starts: on one worker of a TPU pod (``WORKERS=0 tpu_pod_run.sh exec``)
+it never initialises the TPU runtime, which would wait for the pod's other hosts.
 """
 import sys
-
 
 from absl import app, flags
 
@@ -28,6 +29,9 @@ def main(argv):
     del argv
     if not _RUN.value or not _OUT.value:
         raise app.UsageError("--run and --out are required")
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")   # before any backend: never the TPU runtime
     from ace_jax.policy import export
     from ace_jax.runtime import checkpoint
     from models import hf_mapping

@@ -157,7 +157,7 @@ scripts/tpu_pod_run.sh exec -- python launch/evaluate.py --policy=run:gs://$BUCK
 phase_end evaluate
 
 phase export
-WORKERS=0 scripts/tpu_pod_run.sh exec -- python launch/export_hf.py --run=gs://$BUCKET/runs/ace30b --out=gs://$BUCKET/exports/ace30b  # runbook
+WORKERS=0 scripts/tpu_pod_run.sh exec -- python launch/export_hf.py --run=gs://$BUCKET/runs/ace30b --out=gs://$BUCKET/exports/ace30b --dtype=bfloat16  # runbook
 phase_end export
 
 python scripts/rehearsal.py summary --root "${root}" --workdir "${workdir}" \

@@ -174,3 +174,36 @@ def test_cli(exported, tmp_path):
     assert (tmp_path / "cli" / "model.safetensors.index.json").is_file()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "not empty" in p.stderr
+
+
+_EXPORT_AND_REPORT_BACKENDS = """
+import json, runpy, sys
+from absl import flags
+module = runpy.run_path(sys.argv[1], run_name="export_hf")    # its flags, not its app.run
+flags.FLAGS(sys.argv[1:])
+module["main"]([sys.argv[1]])
+from jax._src import xla_bridge
+print(json.dumps({"backends": sorted(xla_bridge._backends),
+                  "tried": sorted(getattr(xla_bridge, "_backend_errors", {}))}))
+"""
+
+
+def test_the_export_never_initialises_an_accelerator_runtime(exported, tmp_path):
+    """With JAX_PLATFORMS unset, on a host where jax would try the TPU runtime (libtpu is
+    installed here: jax tries it and records the failure), the export initialises only the CPU
+    backend: on one worker of a pod, the TPU runtime would wait for the other hosts."""
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed: jax would not try a TPU here either way")
+    workdir = exported[0]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    cmd = [sys.executable, "-c", _EXPORT_AND_REPORT_BACKENDS,
+           os.path.join(ROOT, "launch", "export_hf.py"), f"--run={workdir}",
+           f"--out={tmp_path / 'cpu'}", "--dtype=bfloat16"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"backends": ["cpu"], "tried": []}, got
+    cfg = json.load(open(tmp_path / "cpu" / "config.json"))
+    assert cfg["torch_dtype"] == "bfloat16"   # the runbook's export
