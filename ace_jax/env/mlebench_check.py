@@ -105,68 +105,77 @@ def check_end_to_end(ids: Sequence[str], *, workdir: "str | pathlib.Path", dest:
     Returns:
       one ``Row`` per competition, in the order of ``ids``.
     """
-    from ace_jax.env import mlebench_data, tasks as tasks_lib
     from sandbox.pool import SandboxPool
-    from sandbox.tasks import mlebench_raw
 
     workdir = pathlib.Path(workdir)
     dest = dest or str(workdir / "bucket")
+    pools: list = []    # one pool for every competition, made when the first one needs it
+
+    def pool():
+        if not pools:
+            pools.append(SandboxPool.from_config(sandbox or {}))
+        return pools[0]
+
     rows = []
-    pool = None
     try:
         for cid in ids:
-            row, t0 = Row(cid), time.monotonic()
-            rows.append(row)
-            raw = workdir / "raw" / cid
-            if raw.exists():
-                shutil.rmtree(raw)
-
-            def prepare():
-                mlebench_raw.write_synthetic_raw(cid, raw, n_rows=n_rows, seed=seed)
-                mlebench_data.prepare_from_raw([cid], workdir / "raw", workdir / "data",
-                                               overwrite=True, python=prepare_python)
-
-            ok = (_step(row, "prepared", prepare)[0] and _step(
-                row, "staged", lambda: mlebench_data.stage(workdir / "data", [cid], dest))[0])
-            task = None
-            if ok:
-                ok, loaded = _step(row, "loaded", lambda: tasks_lib.load_tasks(
-                    [cid], source="mlebench", data_dir=dest, cache_dir=str(workdir / "cache"),
-                    seed=seed))
-                task = loaded[0] if ok else None
-            if task is not None:
-                row.grader, row.sample_score = task.grader_source, task.baseline_score
-                row.leaderboard = task.leaderboard_error or (
-                    "" if task.leaderboard else "no leaderboard.csv")
-                scripts = mlebench_raw.baseline_scripts(cid)
-                if not scripts:
-                    row.failed = f"executed: no baseline script in {mlebench_raw.BASELINES_DIR / cid}"
-                else:
-                    if pool is None:
-                        pool = _step(row, "pool", lambda: SandboxPool.from_config(sandbox or {}))[1]
-                    if pool is not None:
-                        ok, result = _step(row, "executed",
-                                           lambda: pool.run(task, scripts[0].read_text()))
-                        if ok and result.status.value == "sandbox_error":
-                            row.executed = False
-                            row.failed = f"executed: sandbox_error: {result.error}"
-                        elif ok:
-                            row.status = result.status.value
-                            row.baseline_score = result.dev_score
-                            if result.valid_submission:
-                                row.valid = True
-                            else:
-                                row.failed = (f"valid: {result.status.value}: {result.error} "
-                                              f"{result.stderr[-600:]}".strip())
-                if row.sample_score is None and not row.failed:
-                    row.failed = f"sample: {task.baseline_error}"
-            row.seconds = round(time.monotonic() - t0, 1)
+            t0 = time.monotonic()
+            rows.append(_end_to_end_one(cid, workdir, dest, pool, n_rows=n_rows, seed=seed,
+                                        prepare_python=prepare_python))
+            rows[-1].seconds = round(time.monotonic() - t0, 1)
             if progress:
-                progress(row)
+                progress(rows[-1])
     finally:
-        if pool is not None:
-            pool.close()
+        for p in pools:
+            p.close()
     return rows
+
+
+def _end_to_end_one(cid: str, workdir: pathlib.Path, dest: str, pool: Callable[[], Any], *,
+                    n_rows: int, seed: int, prepare_python: Optional[str]) -> Row:
+    """One competition's row of ``check_end_to_end``; it stops at the first step that fails."""
+    from ace_jax.env import mlebench_data, tasks as tasks_lib
+    from sandbox.result import Status
+    from sandbox.tasks import mlebench_raw
+
+    row = Row(cid)
+    raw = workdir / "raw" / cid
+    if raw.exists():
+        shutil.rmtree(raw)
+
+    def prepare():
+        mlebench_raw.write_synthetic_raw(cid, raw, n_rows=n_rows, seed=seed)
+        mlebench_data.prepare_from_raw([cid], workdir / "raw", workdir / "data", overwrite=True,
+                                       python=prepare_python)
+
+    if not (_step(row, "prepared", prepare)[0] and _step(
+            row, "staged", lambda: mlebench_data.stage(workdir / "data", [cid], dest))[0]):
+        return row
+    ok, loaded = _step(row, "loaded", lambda: tasks_lib.load_tasks(
+        [cid], source="mlebench", data_dir=dest, cache_dir=str(workdir / "cache"), seed=seed))
+    if not ok:
+        return row
+    task = loaded[0]
+    row.grader, row.sample_score = task.grader_source, task.baseline_score
+    row.leaderboard = task.leaderboard_error or ("" if task.leaderboard else "no leaderboard.csv")
+    scripts = mlebench_raw.baseline_scripts(cid)
+    if not scripts:
+        row.failed = f"executed: no baseline script in {mlebench_raw.BASELINES_DIR / cid}"
+        return row
+    ok, result = _step(row, "executed", lambda: pool().run(task, scripts[0].read_text()))
+    if not ok:
+        return row
+    row.status, row.baseline_score = result.status.value, result.dev_score
+    if result.status is Status.SANDBOX_ERROR:
+        row.executed = False
+        row.failed = f"executed: sandbox_error: {result.error}"
+    elif not result.valid_submission:
+        row.failed = f"valid: {result.status.value}: {result.error} {result.stderr[-600:]}".strip()
+    else:
+        row.valid = True
+        if task.baseline_score is None:
+            row.failed = f"sample: {task.baseline_error}"
+    return row
 
 
 def _placeholder(path: pathlib.Path, id_column: str, target: str) -> None:
@@ -174,7 +183,8 @@ def _placeholder(path: pathlib.Path, id_column: str, target: str) -> None:
     suffix)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps({id_column: str(i), target: 0}) + "\n" for i in range(4)))
+        path.write_text("".join(json.dumps({id_column: str(i), target: 0}) + "\n"
+                                for i in range(4)))
     elif path.suffix:
         pd.DataFrame({id_column: [str(i) for i in range(4)], target: 0}).to_csv(path, index=False)
     else:
