@@ -44,9 +44,12 @@ fi
   exit 2; }
 build="$(mktemp -d)"
 trap 'rm -rf "${build}"' EXIT
-cp -r "${src}/." "${build}/"
-chmod -R u+w "${build}"
-pip_q --no-deps --force-reinstall "${build}"   # a few seconds
+mkdir -p "${build}/src" && cp -r "${src}/." "${build}/src/"
+chmod -R u+w "${build}/src"
+# one wheel, built once, for this venv and the preparers' venv
+pip wheel --quiet --disable-pip-version-check --no-deps -w "${build}/wheel" "${build}/src"
+wheel="$(ls "${build}"/wheel/mlebench-*.whl)"
+pip_q --no-deps --force-reinstall "${wheel}"
 if [[ -n "${prepare_venv}" ]]; then
   # the preparers' own venv: MLE-bench, what they import, tensorflow; numpy / pandas /
   # scikit-learn / scipy at requirements.txt's pins (the preparers' splits depend on them)
@@ -55,8 +58,10 @@ if [[ -n "${prepare_venv}" ]]; then
   "${prepare_venv}/bin/pip" install --quiet --disable-pip-version-check -c "${build}/pins.txt" \
     -r requirements-mlebench.txt numpy pandas scikit-learn scipy pyyaml tqdm pillow \
     "tensorflow-cpu>=2.16,<3"
-  "${prepare_venv}/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "${build}"
-  "${prepare_venv}/bin/python" -c 'import mlebench.registry, tensorflow' 2>/dev/null \
-    && echo "install_mlebench: preparers' venv ${prepare_venv} (with tensorflow)"
+  "${prepare_venv}/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "${wheel}"
+  "${prepare_venv}/bin/python" -c 'import mlebench.registry, tensorflow' || {
+    echo "install_mlebench: the preparers' venv ${prepare_venv} does not import mlebench and tensorflow" >&2
+    exit 1; }
+  echo "install_mlebench: preparers' venv ${prepare_venv} (with tensorflow)"
 fi
 python -c 'from mlebench.registry import registry; print("install_mlebench: mlebench", len(registry.list_competition_ids()), "competitions from", "'"${src}"'")'
